@@ -1,0 +1,112 @@
+"""Every config key, its default and its meaning: the one schema all experiment configs start from.
+
+Experiment configs call `base_config()` and change values; they never add keys. Nothing derived is
+stored here (step counts from epochs, class counts from the dataset, per-device batch): the trainer
+resolves those at run time, so a command-line override never leaves a stale value behind.
+
+Config files take `key=value,key=value` arguments (`configs/default.py:model_name=ViT-Ze/4`); see
+`parse_arg`. Full reference: configs/README.md.
+"""
+
+from ml_collections import config_dict
+
+from vit_jax.errors import UserError
+
+placeholder = config_dict.placeholder
+
+
+def base_config() -> config_dict.ConfigDict:
+  c = config_dict.ConfigDict()
+
+  # Model: a variant name decoded by vit_jax.models (ViT-B/16, R50+ViT-B/16, ViT-Mu/4, any ViT-X/p).
+  c.model_name = 'ViT-B/16'
+  c.model = config_dict.ConfigDict()
+  c.model.classifier = 'token'            # token | gap | unpooled
+  c.model.representation_size = placeholder(int)  # pre-logits Dense+tanh width; None = no pre-logits
+  c.model.posemb = 'learned'              # learned | sincos2d | none
+  c.model.dropout_rate = 0.0              # after every dense layer but qkv, and after adding posemb
+  c.model.attention_dropout_rate = 0.0    # on the attention weights
+  c.model.stochastic_depth = 0.0          # max drop-path rate, linear in depth
+  c.model.dtype = 'float32'               # compute dtype: float32 | bfloat16
+  c.model.param_dtype = 'float32'         # parameter dtype (keep float32 for training)
+  c.model.head_bias_init = 0.0            # initial head bias (-10 for sigmoid i21k pre-training)
+  c.model.gelu_approximate = True         # tanh GELU as the original; False = exact erf
+  c.model.remat = False                   # rematerialise each encoder block (saves memory)
+
+  # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
+  c.dataset = 'mnist5k'
+  c.data_dir = placeholder(str)           # tfds data_dir (local or gs://); None = tfds default
+  c.train_split = 'train'
+  c.eval_split = 'test'
+  c.num_classes = placeholder(int)        # None = read from the dataset's metadata
+  c.image_size = 224                      # side of the square model input, pixels
+  c.pp = config_dict.ConfigDict()
+  c.pp.train_crop = 'inception'           # inception | resize_crop | pad_crop | resize
+  c.pp.eval_crop = 'central'              # central (resize_small + central crop) | resize
+  c.pp.resize = placeholder(int)          # resize_small side for resize_crop/central; None = image_size
+  c.pp.pad = 0                            # padding for pad_crop, pixels
+  c.pp.flip = True                        # random horizontal flip (off for digits)
+  c.pp.channels = placeholder(int)        # None = the dataset's own; 3 tiles grayscale to RGB
+  c.shuffle_buffer = 50_000
+  c.cache = True                          # cache undecoded examples in memory (small datasets)
+  c.prefetch = 2                          # batches prefetched by tf.data
+
+  # Schedule: give total_steps or total_epochs (exactly one); warmup in steps.
+  c.batch_size = 4096                     # global batch over all processes and devices
+  c.eval_batch_size = 512                 # global eval batch (last batch padded and masked)
+  c.total_steps = placeholder(int)
+  c.total_epochs = placeholder(float)
+  c.warmup_steps = 10_000
+  c.accum_steps = 1                       # gradient accumulation: micro-batches per step
+
+  # Optimiser.
+  c.optimizer = 'adam'                    # adam | sgd
+  c.lr = 1e-3                             # peak learning rate
+  c.b1 = 0.9                              # Adam beta1
+  c.b2 = 0.999                            # Adam beta2
+  c.momentum = 0.9                        # SGD momentum
+  c.mu_dtype = 'float32'                  # Adam first moment / SGD momentum dtype (bfloat16 ok)
+  c.weight_decay = 0.0                    # paper convention: per-step decay = lr_t * wd * param
+  c.weight_decay_mask = 'kernels'         # kernels (only .../kernel params) | all
+  c.decay_type = 'linear'                 # linear | cosine (after the linear warmup)
+  c.lr_end = 0.0                          # learning rate at the end of the decay
+  c.grad_clip_norm = 1.0                  # global-norm clipping; 0 = off
+  c.loss = 'softmax_xent'                 # softmax_xent | sigmoid_xent
+  c.label_smoothing = 0.0
+
+  # Devices.
+  c.mesh = config_dict.ConfigDict()
+  c.mesh.data = -1                        # devices on the data axis (-1 = all the rest)
+
+  # Loop.
+  c.seed = 0
+  c.log_every = 50                        # steps between train-metric logs
+  c.eval_every = 1000                     # steps between evaluations (and at the end)
+  c.checkpoint_every = 1000               # steps between checkpoints (and at the end)
+  c.keep_checkpoints = 3                  # keep the newest K checkpoints
+  c.progress = True                       # progress line on stderr
+  return c
+
+
+def parse_arg(arg: str | None, **defaults):
+  """Parses `key=value,key=value` into a dict typed like `defaults`; unknown keys are errors."""
+  out = dict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(','):
+    if '=' not in item:
+      raise UserError(f'config argument {item!r} is not key=value; valid keys: {sorted(defaults)}')
+    key, value = item.split('=', 1)
+    if key not in defaults:
+      raise UserError(f'unknown config argument {key!r}; valid keys: {sorted(defaults)}')
+    kind = type(defaults[key])
+    if kind is bool:
+      out[key] = value.lower() in ('1', 'true', 'yes')
+    elif defaults[key] is None:
+      out[key] = value
+    else:
+      try:
+        out[key] = kind(value)
+      except ValueError:
+        raise UserError(f'config argument {key}={value!r} is not a valid {kind.__name__}') from None
+  return out

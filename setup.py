@@ -1,0 +1,17 @@
+"""vit_jax: Vision Transformer (ViT) and hybrid models in JAX/Flax. Pinned, tested versions: requirements.lock."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name='vit_jax',
+    version='0.1.0',
+    description='Vision Transformer and hybrid models in JAX/Flax, exact to the original',
+    packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs']),
+    python_requires='>=3.11',
+    install_requires=[
+        'jax>=0.10', 'flax>=0.12', 'optax>=0.2.8', 'orbax-checkpoint>=0.12',
+        'tensorflow-cpu>=2.21', 'tensorflow-datasets>=4.9.10', 'ml-collections>=1.1',
+        'mlxtend>=0.25', 'matplotlib', 'numpy', 'scipy', 'absl-py',
+    ],
+    extras_require={'test': ['pytest', 'pytest-xdist']},
+)

@@ -1,0 +1,16 @@
+"""Test setup: 8 simulated CPU devices, quiet TensorFlow, and shared small fixtures."""
+
+import os
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_force_host_platform_device_count=8').strip()
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import pytest  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(scope='session')
+def data_dir(tmp_path_factory):
+  """A tfds data_dir shared by the session; mnist5k is prepared there on first use."""
+  return str(tmp_path_factory.mktemp('tfds'))

@@ -1,0 +1,1 @@
+"""vit_jax: Vision Transformer and hybrid models, one trainer, exact to the original."""

@@ -1,0 +1,46 @@
+"""orbax training checkpoints: the train state plus the config that produced it.
+
+Layout: `<workdir>/checkpoints/<step>/{state,config}`. The data position and the RNG are functions
+of the step (the input pipeline is position-deterministic and the step RNG is fold_in(seed, step)),
+so restoring the state restores them too.
+"""
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Saves every `every` steps and at the end, keeps the newest `keep`, restores sharded."""
+
+  def __init__(self, workdir: str, *, keep: int):
+    self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=('state', 'config'))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state, config_dict: dict) -> None:
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_dict)))
+
+  def restore(self, step: int, abstract_state):
+    """Restores onto the shardings carried by `abstract_state` (ShapeDtypeStructs)."""
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), config=ocp.args.JsonRestore()))
+    return restored.state, restored.config
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def abstract_with_shardings(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)

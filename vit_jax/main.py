@@ -1,0 +1,42 @@
+"""Train or fine-tune: `python -m vit_jax.main --config=configs/default.py --workdir=DIR`.
+
+Overrides: `--config.lr=3e-4 --config.model_name=ViT-S/16`; config arguments after the file name:
+`--config=configs/default.py:steps=100`. Rerunning with the same workdir resumes.
+Multi-host: pass --coordinator_address/--num_processes/--process_id on every host.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from vit_jax import cli
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file[:args].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
+
+
+def run(argv) -> int:
+  del argv
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  if not _WORKDIR.value:
+    raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
+  parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  print(f'final {_CONFIG.value.eval_split} top-1 accuracy: {result["accuracy"]:.4f} '
+        f'({int(result["count"])} examples)')
+  return 0
+
+
+def main():
+  cli.run_main(run, required_flags=('config',))
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,110 @@
+"""Where metrics go: a JSONL log, TensorBoard event files, a progress line, a learning-curve PNG.
+
+Only process 0 writes. Each record is one JSON object per line: {"step": .., "split": "train"|
+"eval", <metric>: float, ...}.
+"""
+
+import json
+import os
+import sys
+import time
+
+import jax
+
+
+class MetricLogger:
+  """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/."""
+
+  def __init__(self, workdir: str, *, enabled: bool | None = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self._tb = None
+    if self.enabled:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+
+  def write(self, step: int, split: str, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    record = {'step': int(step), 'split': split, **{k: float(v) for k, v in metrics.items()}}
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with self._tb.as_default(step=int(step)):
+      for k, v in metrics.items():
+        tf.summary.scalar(f'{split}/{k}', float(v))
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_learning_curve(metrics_path: str, out_png: str) -> None:
+  """Train loss and eval accuracy against step, from the JSONL log."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  records = read_metrics(metrics_path)
+  train = [r for r in records if r['split'] == 'train']
+  evals = [r for r in records if r['split'] == 'eval']
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+  ax1.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss')
+  if evals:
+    ax1.plot([r['step'] for r in evals], [r['loss'] for r in evals], 'o-', label='eval loss')
+    ax2.plot([r['step'] for r in evals], [r['accuracy'] for r in evals], 'o-', label='eval top-1')
+  ax2.plot([r['step'] for r in train], [r['accuracy'] for r in train], alpha=0.5,
+           label='train top-1')
+  ax1.set_xlabel('step'); ax1.set_ylabel('loss'); ax1.set_yscale('log'); ax1.legend()
+  ax2.set_xlabel('step'); ax2.set_ylabel('top-1 accuracy'); ax2.legend()
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=100)
+  plt.close(fig)
+
+
+class Progress:
+  """A one-line progress report on stderr: step, loss, img/s and ETA."""
+
+  def __init__(self, total_steps: int, start_step: int, batch_size: int, *, enabled: bool):
+    self.total, self.batch = total_steps, batch_size
+    self.enabled = enabled and jax.process_index() == 0
+    self._t0, self._s0 = time.perf_counter(), start_step
+    self._tty = sys.stderr.isatty()
+
+  def restart_clock(self, step: int) -> None:
+    """Excludes compilation from the rate: call after the first step finished."""
+    self._t0, self._s0 = time.perf_counter(), step
+
+  def update(self, step: int, loss: float) -> None:
+    if not self.enabled:
+      return
+    elapsed = time.perf_counter() - self._t0
+    done = step - self._s0
+    rate = done / elapsed if elapsed > 0 and done > 0 else 0.0
+    eta = (self.total - step) / rate if rate else float('nan')
+    line = (f'step {step}/{self.total} ({100 * step / self.total:.0f}%)  loss {loss:.4f}  '
+            f'{rate * self.batch:.0f} img/s  ETA {_fmt(eta)}')
+    if self._tty:
+      sys.stderr.write('\r' + line.ljust(80))
+      sys.stderr.flush()
+    else:
+      print(line, file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self.enabled and self._tty:
+      sys.stderr.write('\n')
+
+
+def _fmt(seconds: float) -> str:
+  if seconds != seconds:  # nan
+    return '?'
+  m, s = divmod(int(seconds), 60)
+  h, m = divmod(m, 60)
+  return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
