@@ -4,6 +4,8 @@ A user mistake (bad flag, bad config value, unknown variant, ...) prints `error:
 fix>` on stderr and exits 2, without a traceback. Internal bugs keep their traceback.
 """
 
+import difflib
+import importlib.util
 import os
 import sys
 
@@ -26,14 +28,58 @@ def _parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    cause = e.__cause__ or e.__context__
-    if isinstance(cause, UserError):
-      fail(str(cause))
-    fail(_one_line(str(e)))
+    fail(_user_message(e) or _one_line(str(e)))
+  except (AttributeError, KeyError) as e:  # ml_collections: an override names no config key
+    fail(_unknown_key_message(str(e).strip('"\''), argv))
 
 
-def _one_line(message: str) -> str:
-  return ' '.join(message.split())
+def _user_message(error: BaseException) -> str | None:
+  """The UserError behind a flag error (config files are parsed inside flag parsing)."""
+  found, seen = None, error
+  while seen is not None:  # the deepest one: ml_collections re-raises it with a traceback text
+    if isinstance(seen, UserError):
+      found = str(seen)
+    seen = seen.__cause__ or seen.__context__
+  if found is not None and 'Traceback' not in found:
+    return found
+  marker = 'UserError: '
+  for line in reversed(str(error).splitlines()):
+    if marker in line:
+      return line.split(marker, 1)[1]
+  return None
+
+
+def _unknown_key_message(key: str, argv) -> str:
+  arg = next((a for a in argv if a.startswith('--config.') and key in a.split('=')[0]), key)
+  message = f'unknown config key in {arg}'
+  known = _config_keys(argv)
+  name = arg.split('=')[0][len('--config.'):]
+  close = difflib.get_close_matches(name, known, n=3)
+  hint = f'did you mean {", ".join(close)}? ' if close else ''
+  return f'{message}: {hint}every key is listed in configs/README.md'
+
+
+def _config_keys(argv) -> list[str]:
+  """Every key of the config file named by --config (for did-you-mean hints); [] if unknown."""
+  value = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+  if value is None:
+    return []
+  path, _, arg = value.partition(':')
+  try:
+    spec = importlib.util.spec_from_file_location('_config_for_hint', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(*([arg] if arg else []))
+  except Exception:  # pylint: disable=broad-except  # only a hint: never mask the real error
+    return []
+  return _flat_keys(config)
+
+
+def _flat_keys(config, prefix: str = '') -> list[str]:
+  out = []
+  for key, value in config.items():
+    out += _flat_keys(value, f'{prefix}{key}.') if hasattr(value, 'items') else [prefix + key]
+  return out
 
 
 def run_main(fn, *, required_flags=()) -> None:

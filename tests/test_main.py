@@ -1,0 +1,123 @@
+"""End to end: `vit_jax.main` trains, evaluates, checkpoints and resumes; bad input gets one line."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import default
+from vit_jax.train import loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(data_dir, steps=12, **overrides):
+  c = default.get_config(f'model_name=ViT-Ze/4,steps={steps},batch_size=32,lr=3e-3')
+  c.data_dir = data_dir
+  c.warmup_steps = 2
+  c.eval_every = 6
+  c.checkpoint_every = 6
+  c.log_every = 3
+  c.progress = False
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def _final_params(workdir, step):
+  with ocp.StandardCheckpointer() as ckptr:
+    restored = ckptr.restore(os.path.join(workdir, 'checkpoints', str(step), 'state'))
+  return restored['params']
+
+
+def _steps_logged(workdir, split):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [r['step'] for r in map(json.loads, f) if r['split'] == split]
+
+
+def test_train_resume_is_exact_and_does_not_rerun_steps(tmp_path, data_dir):
+  full = str(tmp_path / 'full')
+  result = loop.train_and_evaluate(_config(data_dir), full)
+  assert result['count'] == 1000  # every test example exactly once
+  assert 0.0 <= result['accuracy'] <= 1.0
+  assert sorted(os.listdir(os.path.join(full, 'checkpoints'))) == ['12', '6']
+  assert _steps_logged(full, 'train') == [3, 6, 9, 12]
+  assert _steps_logged(full, 'eval') == [6, 12]
+  assert os.path.getsize(os.path.join(full, 'learning_curve.png')) > 1000
+  assert os.listdir(os.path.join(full, 'tensorboard'))
+
+  # Pretend the run died after step 6: keep only that checkpoint and its log, then rerun.
+  cut = str(tmp_path / 'cut')
+  shutil.copytree(full, cut)
+  shutil.rmtree(os.path.join(cut, 'checkpoints', '12'))
+  with open(os.path.join(cut, 'metrics.jsonl')) as f:
+    kept = [line for line in f if json.loads(line)['step'] <= 6]
+  with open(os.path.join(cut, 'metrics.jsonl'), 'w') as f:
+    f.writelines(kept)
+  resumed = loop.train_and_evaluate(_config(data_dir), cut)
+  assert _steps_logged(cut, 'train') == [3, 6, 9, 12]  # steps 7..12 ran once, 1..6 not again
+  jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
+  assert resumed == result
+
+  # A rerun of a finished workdir evaluates the final checkpoint and trains nothing.
+  again = loop.train_and_evaluate(_config(data_dir), full)
+  assert again == result
+  assert _steps_logged(full, 'train') == [3, 6, 9, 12]
+
+
+def test_training_learns_mnist5k(tmp_path, data_dir):
+  config = _config(data_dir, steps=150, batch_size=64)
+  config.eval_every = 150
+  config.checkpoint_every = 150
+  config.log_every = 50
+  result = loop.train_and_evaluate(config, str(tmp_path))
+  assert result['accuracy'] > 0.6  # chance is 0.1; a tiny 2-layer ViT after 150 steps
+
+
+def test_gradient_accumulation_run(tmp_path, data_dir):
+  config = _config(data_dir, steps=4, accum_steps=2)
+  config.eval_every = 4
+  config.checkpoint_every = 4
+  result = loop.train_and_evaluate(config, str(tmp_path))
+  assert result['count'] == 1000
+
+
+def _cli(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, '-m', 'vit_jax.main', *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize('overrides, needle', [
+    (['--config.model_name=ViT-Q/16'], 'ViT-B/16'),                 # unknown variant lists valid
+    (['--config.dataset=no_such_dataset'], 'no_such_dataset'),      # unknown dataset
+    (['--config.dataset=cifar10'], 'cifar10'),                      # known but not prepared
+    (['--config.batch_size=12'], 'batch_size'),                     # not divisible by 8 devices
+    (['--config.image_size=30'], '30'),                             # not divisible by patch 4
+    (['--config.no_such_key=1'], 'no_such_key'),                    # unknown config key
+    (['--config.lr=fast'], 'lr'),                                   # mistyped value
+])
+def test_bad_input_gives_one_line_and_keeps_workdir(tmp_path, data_dir, overrides, needle):
+  workdir = tmp_path / 'work'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('keep me')
+  proc = _cli('--config=configs/default.py:model_name=ViT-Ze/4', f'--workdir={workdir}',
+              f'--config.data_dir={data_dir}', *overrides)
+  assert proc.returncode == 2, proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith('error: ') and needle in lines[0], lines[0]
+  assert 'Traceback' not in proc.stderr
+  assert (workdir / 'notes.txt').read_text() == 'keep me'
+
+
+def test_bad_config_argument_and_missing_workdir():
+  proc = _cli('--config=configs/default.py:stepz=5', '--workdir=/tmp/unused')
+  assert proc.returncode == 2 and 'stepz' in proc.stderr and 'Traceback' not in proc.stderr
+  proc = _cli('--config=configs/default.py')
+  assert proc.returncode == 2 and 'workdir' in proc.stderr and 'Traceback' not in proc.stderr

@@ -1,0 +1,63 @@
+"""The one variant table: model name -> `VisionTransformer` kwargs.
+
+Plain ViTs decode from the name: 'ViT-<base>/<patch>' with any integer patch size, e.g. 'ViT-B/16',
+'ViT-Mu/4'. Hybrids are explicit entries, because the number after the name is the total
+downsampling (ResNet stride x patch), not the patch size (facts sheet section 1).
+"""
+
+import re
+from typing import Any, Dict, Tuple
+
+from vit_jax.errors import UserError
+from vit_jax.models.resnet import ResNetConfig
+
+# Transformer shape of each base (facts sheet section 1; Mu and Ze are small CPU bases for 28 px).
+BASES: Dict[str, Dict[str, int]] = {
+    'Ti': dict(hidden_size=192, num_layers=12, num_heads=3, mlp_dim=768),
+    'S': dict(hidden_size=384, num_layers=12, num_heads=6, mlp_dim=1536),
+    'B': dict(hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072),
+    'L': dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096),
+    'H': dict(hidden_size=1280, num_layers=32, num_heads=16, mlp_dim=5120),
+    'Mu': dict(hidden_size=128, num_layers=6, num_heads=4, mlp_dim=512),
+    'Ze': dict(hidden_size=32, num_layers=2, num_heads=2, mlp_dim=64),
+}
+
+# Hybrid name -> (base, ResNet units per stage (() = stem only), ViT patch size on the feature map).
+HYBRIDS: Dict[str, Tuple[str, Tuple[int, ...], int]] = {
+    'R50+ViT-B/16': ('B', (3, 4, 9), 1),       # stage 4 removed, its units moved into stage 3
+    'R50+ViT-B/32': ('B', (3, 4, 6, 3), 1),    # standard R50 (P Tab.6); not in the VJ model test
+    'R50+ViT-L/32': ('L', (3, 4, 6, 3), 1),
+    'R26+ViT-S/32': ('S', (2, 2, 2, 2), 1),
+    'R26+ViT-B/32': ('B', (2, 2, 2, 2), 1),
+    'R+ViT-Ti/16': ('Ti', (), 8),              # stem stride 4 x patch 8: 7x7 grid (50 tokens) @224
+    'R+ViT-Mu/4': ('Mu', (), 1),               # stem only, 7x7 grid at 28 px
+    'R+ViT-Ze/4': ('Ze', (), 1),
+}
+
+# Registered names: the released / reference models plus the small CPU ones.
+VARIANTS: Tuple[str, ...] = (
+    'ViT-Ti/16', 'ViT-S/16', 'ViT-S/32', 'ViT-B/8', 'ViT-B/16', 'ViT-B/32', 'ViT-L/16',
+    'ViT-L/32', 'ViT-H/14', 'ViT-Mu/4', 'ViT-Ze/4', *HYBRIDS)
+
+_VIT_NAME = re.compile(r'ViT-(?P<base>[A-Za-z]+)/(?P<patch>\d+)')
+
+
+def _unknown(name: str) -> UserError:
+  return UserError(
+      f'unknown model {name!r}: use ViT-<base>/<patch> with base in {",".join(BASES)} '
+      f'(e.g. ViT-B/16, ViT-Mu/4), or one of: {", ".join(VARIANTS)}')
+
+
+def decode_variant(name: str) -> Dict[str, Any]:
+  """'ViT-B/16' -> {patch_size, hidden_size, num_layers, num_heads, mlp_dim, resnet}."""
+  if not isinstance(name, str):
+    raise _unknown(str(name))
+  if name in HYBRIDS:
+    base, stages, patch = HYBRIDS[name]
+    return dict(patch_size=(patch, patch), **BASES[base],
+                resnet=ResNetConfig(num_layers=stages, width_factor=1))
+  match = _VIT_NAME.fullmatch(name)
+  if match is None or match['base'] not in BASES or int(match['patch']) < 1:
+    raise _unknown(name)
+  patch = int(match['patch'])
+  return dict(patch_size=(patch, patch), **BASES[match['base']], resnet=None)

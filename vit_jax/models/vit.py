@@ -1,0 +1,294 @@
+"""Vision Transformer (Dosovitskiy et al. 2021) and its hybrid ResNet-stem variants.
+
+Param names equal the official linen tree (facts sheet section 2), so the released .npz checkpoints
+map 1:1:
+
+  [conv_root, gn_root, block1/unit1/conv1, ...]     hybrid stem (only when `resnet` is set)
+  embedding/{kernel,bias}                            patch embedding, Conv p x p stride p
+  cls                                                [1,1,D] (classifier 'token' or 'unpooled')
+  Transformer/posembed_input/pos_embedding           [1,N(+1),D] (posemb 'learned' only)
+  Transformer/encoderblock_{i}/LayerNorm_0, MultiHeadDotProductAttention_0/{query,key,value,out},
+                               LayerNorm_1, MlpBlock_0/{Dense_0,Dense_1}
+  Transformer/encoder_norm
+  pre_logits                                         (representation_size only) Dense + tanh
+  head                                               zero kernel, bias = head_bias_init
+
+Every block sows its attention weights [B, heads, N, N] into the 'intermediates' collection;
+`model.apply(..., mutable=['intermediates'])` returns them without changing the logits.
+"""
+
+from typing import Any, Optional, Tuple, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.errors import UserError
+from vit_jax.models import resnet as resnet_lib
+
+Dtype = Any
+
+CLASSIFIERS = ('token', 'gap', 'unpooled')
+POSEMBS = ('learned', 'sincos2d', 'none')
+LN_EPS = 1e-6
+POSEMB_STDDEV = 0.02  # "from BERT", as the original.
+MLP_BIAS_STDDEV = 1e-6
+
+
+def sincos2d_posemb(h: int, w: int, width: int, temperature: float = 10_000.) -> np.ndarray:
+  """Fixed MoCo-v3 2-D sin-cos embedding [h*w, width], channels [sin x, cos x, sin y, cos y].
+
+  omega_k = 1 / temperature**(k / (width/4 - 1)), k = 0 .. width/4 - 1; tokens in row-major order.
+  """
+  if width % 4 or width < 8:
+    raise UserError(f"posemb 'sincos2d' needs a hidden size divisible by 4 and >= 8, got {width}:"
+                    " use posemb='learned' or another hidden size")
+  quarter = width // 4
+  omega = 1. / temperature ** (np.arange(quarter) / (quarter - 1))
+  y, x = np.mgrid[:h, :w]
+  x = x.reshape(-1)[:, None] * omega[None]
+  y = y.reshape(-1)[:, None] * omega[None]
+  return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
+
+
+class AddPositionEmbs(nn.Module):
+  """Adds the position embedding to tokens [B, N, D] (N includes the cls slot if `has_cls`)."""
+  kind: str
+  grid: Tuple[int, int]
+  has_cls: bool
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if self.kind == 'learned':
+      pe = self.param('pos_embedding', nn.initializers.normal(stddev=POSEMB_STDDEV),
+                      (1, x.shape[1], x.shape[2]), self.param_dtype)
+    else:  # sincos2d: fixed, not a param; the cls slot gets a zero row.
+      pe = sincos2d_posemb(*self.grid, x.shape[2])
+      if self.has_cls:
+        pe = np.concatenate([np.zeros_like(pe[:1]), pe], axis=0)
+      pe = jnp.asarray(pe)[None]
+    return x + pe.astype(x.dtype)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Self-attention with the flax param layout: query/key/value kernels [D, heads, head_dim],
+  biases [heads, head_dim], out kernel [heads, head_dim, D]. Kernels are xavier_uniform on the
+  flattened [D, D] matrix (DenseGeneral flattens the shape before calling the initializer)."""
+  num_heads: int
+  dropout_rate: float = 0.
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    width = x.shape[-1]
+    head_dim = width // self.num_heads
+    dense = lambda name: nn.DenseGeneral(
+        features=(self.num_heads, head_dim), axis=-1, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    q, k, v = dense('query')(x), dense('key')(x), dense('value')(x)  # [B, N, heads, head_dim]
+    q = q / jnp.sqrt(head_dim).astype(q.dtype)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+    self.sow('intermediates', 'attention_weights', weights)
+    weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
+    y = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+    return nn.DenseGeneral(
+        features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
+        name='out')(y)
+
+
+class MlpBlock(nn.Module):
+  """Dense_0 -> GELU -> dropout -> Dense_1 -> dropout."""
+  mlp_dim: int
+  dropout_rate: float = 0.
+  gelu_approximate: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    dense = lambda features: nn.Dense(
+        features, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(stddev=MLP_BIAS_STDDEV), dtype=self.dtype,
+        param_dtype=self.param_dtype)
+    width = x.shape[-1]
+    x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
+    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    x = dense(width)(x)
+    return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+
+
+class Encoder1DBlock(nn.Module):
+  """Pre-LN transformer block; each residual branch may be dropped per example (drop path)."""
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  drop_path_rate: float = 0.
+  gelu_approximate: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def _drop_path(self, y: jax.Array, deterministic: bool) -> jax.Array:
+    if deterministic or self.drop_path_rate == 0.:
+      return y
+    keep = 1. - self.drop_path_rate
+    mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
+    return y * (mask / keep).astype(y.dtype)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    deterministic = not train
+    norm = lambda: nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype)
+    y = norm()(x)
+    y = MultiHeadDotProductAttention(
+        self.num_heads, self.attention_dropout_rate, dtype=self.dtype,
+        param_dtype=self.param_dtype)(y, deterministic=deterministic)
+    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    x = x + self._drop_path(y, deterministic)
+    y = norm()(x)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=self.dtype,
+                 param_dtype=self.param_dtype)(y, deterministic=deterministic)
+    return x + self._drop_path(y, deterministic)
+
+
+class Encoder(nn.Module):
+  """posemb -> dropout -> `num_layers` blocks (encoderblock_i) -> encoder_norm."""
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  posemb: str = 'learned'
+  has_cls: bool = True
+  dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  stochastic_depth: float = 0.
+  gelu_approximate: bool = True
+  remat: bool = False
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, grid: Tuple[int, int], train: bool) -> jax.Array:
+    if self.posemb != 'none':
+      x = AddPositionEmbs(self.posemb, grid, self.has_cls, self.param_dtype,
+                          name='posembed_input')(x)
+    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    block_cls = nn.remat(Encoder1DBlock, static_argnums=(2,)) if self.remat else Encoder1DBlock
+    for i in range(self.num_layers):
+      rate = self.stochastic_depth * i / (self.num_layers - 1) if self.num_layers > 1 else 0.
+      x = block_cls(
+          mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+          attention_dropout_rate=self.attention_dropout_rate, drop_path_rate=rate,
+          gelu_approximate=self.gelu_approximate, dtype=self.dtype,
+          param_dtype=self.param_dtype, name=f'encoderblock_{i}')(x, train)
+    return nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype,
+                        name='encoder_norm')(x)
+
+
+class VisionTransformer(nn.Module):
+  """ViT classifier: NHWC images in [-1, 1] -> float32 logits [B, num_classes].
+
+  With classifier='unpooled' the output is per token, [B, N, num_classes] (N includes cls).
+  `resnet` (None, a `ResNetConfig` or a mapping {num_layers, width_factor}) adds the hybrid stem.
+  `stochastic_depth` is the drop-path rate of the last block; block i uses rate * i / (L - 1).
+  `dtype` is the compute dtype of the stem and encoder; pre_logits and head run in float32.
+  """
+  num_classes: int
+  patch_size: Union[int, Tuple[int, int]]
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  resnet: Optional[Any] = None
+  classifier: str = 'token'
+  representation_size: Optional[int] = None
+  posemb: str = 'learned'
+  dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  stochastic_depth: float = 0.
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  head_bias_init: float = 0.
+  gelu_approximate: bool = True
+  remat: bool = False
+
+  @property
+  def patch(self) -> Tuple[int, int]:
+    p = self.patch_size
+    return (int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1]))
+
+  def _check(self, inputs: jax.Array, resnet: Optional[resnet_lib.ResNetConfig]) -> None:
+    """User mistakes (bad option values, image shape) -> one-line UserError."""
+    if self.classifier not in CLASSIFIERS:
+      raise UserError(f'unknown classifier {self.classifier!r}: use one of {", ".join(CLASSIFIERS)}')
+    if self.posemb not in POSEMBS:
+      raise UserError(f'unknown posemb {self.posemb!r}: use one of {", ".join(POSEMBS)}')
+    if self.hidden_size % self.num_heads:
+      raise UserError(f'hidden_size {self.hidden_size} is not divisible by num_heads '
+                      f'{self.num_heads}: use a hidden size that is a multiple of num_heads')
+    if inputs.ndim != 4:
+      raise UserError(f'expected NHWC images [batch, height, width, channels], got shape '
+                      f'{tuple(inputs.shape)}: add the missing batch or channel axis')
+    stride = resnet.stride if resnet is not None else 1
+    ph, pw = self.patch
+    eh, ew = ph * stride, pw * stride
+    h, w = inputs.shape[1:3]
+    if h % eh or w % ew:
+      size = f'{h}' if h == w else f'{h}x{w}'
+      if resnet is None:
+        what = f'the patch size {ph if ph == pw else self.patch}'
+      else:
+        what = (f'{eh if eh == ew else (eh, ew)} (ResNet stem stride {stride} x patch size '
+                f'{ph if ph == pw else self.patch})')
+      multiple = eh if eh == ew else f'{eh} (height) and {ew} (width)'
+      raise UserError(f'image size {size} is not divisible by {what} of this '
+                      f'{"hybrid " if resnet is not None else ""}ViT '
+                      f'(hidden {self.hidden_size}, {self.num_layers} layers): '
+                      f'use a multiple of {multiple}')
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array, *, train: bool) -> jax.Array:
+    resnet = resnet_lib.as_resnet_config(self.resnet)
+    self._check(inputs, resnet)
+    x = inputs.astype(self.dtype)
+
+    if resnet is not None:
+      x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
+
+    x = nn.Conv(self.hidden_size, kernel_size=self.patch, strides=self.patch, padding='VALID',
+                dtype=self.dtype, param_dtype=self.param_dtype, name='embedding')(x)
+    b, h, w, d = x.shape
+    x = jnp.reshape(x, (b, h * w, d))
+
+    has_cls = self.classifier in ('token', 'unpooled')
+    if has_cls:
+      cls = self.param('cls', nn.initializers.zeros, (1, 1, d), self.param_dtype)
+      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
+
+    x = Encoder(
+        num_layers=self.num_layers, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+        posemb=self.posemb, has_cls=has_cls, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        stochastic_depth=self.stochastic_depth, gelu_approximate=self.gelu_approximate,
+        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype,
+        name='Transformer')(x, grid=(h, w), train=train)
+
+    if self.classifier == 'token':
+      x = x[:, 0]
+    elif self.classifier == 'gap':
+      x = jnp.mean(x, axis=1)
+    # 'unpooled': keep every token.
+
+    x = x.astype(jnp.float32)
+    if self.representation_size is not None:
+      x = nn.Dense(self.representation_size, dtype=jnp.float32, param_dtype=self.param_dtype,
+                   name='pre_logits')(x)
+      x = jnp.tanh(x)
+    return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
+                    bias_init=nn.initializers.constant(self.head_bias_init), dtype=jnp.float32,
+                    param_dtype=self.param_dtype, name='head')(x)
+
