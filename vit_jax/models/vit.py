@@ -136,6 +136,8 @@ class Encoder1DBlock(nn.Module):
   def _drop_path(self, y: jax.Array, deterministic: bool) -> jax.Array:
     if deterministic or self.drop_path_rate == 0.:
       return y
+    if self.drop_path_rate >= 1.:
+      return jnp.zeros_like(y)
     keep = 1. - self.drop_path_rate
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
     return y * (mask / keep).astype(y.dtype)

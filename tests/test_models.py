@@ -1,0 +1,719 @@
+"""Tests of vit_jax.models: variant table, exact param counts, param tree, options, init, numerics.
+
+Big models are only traced (`jax.eval_shape`), never materialised. Expected numbers come from the
+facts sheet (/work/shared/facts/vit_facts.md section 1), which quotes the original models_test.py.
+"""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from vit_jax.errors import UserError
+from vit_jax.models import VARIANTS, VisionTransformer, create_model, decode_variant
+from vit_jax.models import resnet as resnet_lib
+from vit_jax.models import vit as vit_lib
+
+# ---------------------------------------------------------------------------------------------
+# Helpers.
+
+
+def _abstract_params(name, size=224, num_classes=1000, channels=3, **overrides):
+  """Flat {path: ShapeDtypeStruct} of the params, traced only (cached)."""
+  return _abstract_params_cached(name, size, num_classes, channels, tuple(sorted(overrides.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _abstract_params_cached(name, size, num_classes, channels, overrides):
+  model = create_model(name, num_classes=num_classes, **dict(overrides))
+  x = jax.ShapeDtypeStruct((1, size, size, channels), jnp.float32)
+  variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
+  return traverse_util.flatten_dict(variables['params'], sep='/')
+
+
+def _count(name, **kwargs):
+  return sum(math.prod(p.shape) for p in _abstract_params(name, **kwargs).values())
+
+
+def _key(seed):
+  # 'rbg' keys: the XLA CPU compile of threefry dominates the runtime of these tiny models.
+  return jax.random.key(seed, impl='rbg')
+
+
+@functools.lru_cache(maxsize=None)
+def _images(n=2, size=28, channels=1, seed=0):
+  rng = np.random.RandomState(seed)
+  return jnp.asarray(rng.uniform(-1., 1., (n, size, size, channels)), jnp.float32)
+
+
+def _normal(shape, seed=0, dtype=jnp.float32):
+  return jnp.asarray(np.random.RandomState(seed).normal(size=shape), dtype)
+
+
+def _raw_params(name, size=28, channels=1, num_classes=10, **overrides):
+  return _raw_params_cached(name, size, channels, num_classes, tuple(sorted(overrides.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_params_cached(name, size, channels, num_classes, overrides):
+  model = create_model(name, num_classes=num_classes, **dict(overrides))
+  return model.init(_key(0), _images(2, size, channels), train=False)['params']
+
+
+def _params(name, size=28, channels=1, num_classes=10, **overrides):
+  """Params of a freshly initialised model, with a random head kernel (the zero-init head would
+  hide every other change)."""
+  params = jax.tree.map(lambda p: p, _raw_params(name, size, channels, num_classes, **overrides))
+  params['head']['kernel'] = _normal(params['head']['kernel'].shape, 1,
+                                     params['head']['kernel'].dtype)
+  return params
+
+
+def _apply(model, params, x, train=False, seed=0, **kwargs):
+  rngs = {'dropout': _key(seed)} if train else {}
+  return model.apply({'params': params}, x, train=train, rngs=rngs, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact parameter counts (facts sheet section 1).
+
+COUNT_224_1K = {
+    'ViT-Ti/16': 5_717_416,
+    'ViT-S/16': 22_050_664,
+    'ViT-S/32': 22_878_952,
+    'ViT-B/32': 88_224_232,
+    'ViT-B/16': 86_567_656,
+    'ViT-B/8': 86_576_872,
+    'ViT-L/16': 304_326_632,
+    'ViT-L/32': 306_535_400,
+    'ViT-H/14': 632_045_800,
+    'R+ViT-Ti/16': 6_337_704,
+    'R26+ViT-S/32': 36_431_912,
+    'R26+ViT-B/32': 101_383_976,
+    'R50+ViT-B/16': 98_659_112,
+    'R50+ViT-L/32': 328_994_856,
+    # Not in the facts sheet; derived from it: R50 backbone = R50+ViT-L/32 - ViT-L/32 with a
+    # [1,1,2048,1024] instead of a [32,32,3,1024] embedding = 23,508,032; then
+    # ViT-B/32 - 32*32*3*768 + 2048*768 + 23,508,032 = 110,945,832.
+    'R50+ViT-B/32': 110_945_832,
+}
+
+SMALL_VARIANTS = ('ViT-Mu/4', 'ViT-Ze/4', 'R+ViT-Mu/4', 'R+ViT-Ze/4')
+
+REQUIRED_VARIANTS = (
+    'ViT-Ti/16', 'ViT-S/16', 'ViT-S/32', 'ViT-B/8', 'ViT-B/16', 'ViT-B/32', 'ViT-L/16', 'ViT-L/32',
+    'ViT-H/14', 'R50+ViT-B/16', 'R50+ViT-L/32', 'R26+ViT-S/32', 'R26+ViT-B/32', 'R+ViT-Ti/16',
+    'ViT-Mu/4', 'ViT-Ze/4', 'R+ViT-Mu/4', 'R+ViT-Ze/4')
+
+
+def test_every_registered_variant_is_pinned():
+  assert set(REQUIRED_VARIANTS) <= set(VARIANTS)
+  assert len(set(VARIANTS)) == len(VARIANTS)
+  assert set(VARIANTS) == set(COUNT_224_1K) | set(SMALL_VARIANTS)
+
+
+@pytest.mark.parametrize('name', sorted(COUNT_224_1K))
+def test_param_count_224_1k(name):
+  assert _count(name) == COUNT_224_1K[name]
+
+
+@pytest.mark.parametrize('name,expected', [
+    ('ViT-B/16', 86_859_496),
+    ('R+ViT-Ti/16', 6_355_944),
+])
+def test_param_count_384_1k(name, expected):
+  assert _count(name, size=384) == expected
+
+
+@pytest.mark.parametrize('name,expected', [
+    ('ViT-Ti/16', 9_740_115),
+    ('ViT-B/16', 102_595_923),
+])
+def test_param_count_224_21k(name, expected):
+  assert _count(name, num_classes=21843) == expected
+
+
+def test_param_count_21k_with_pre_logits():
+  # The original i21k checkpoints also carry pre_logits: add D*D + D (facts sheet).
+  assert _count('ViT-B/32', num_classes=21843, representation_size=768) == (
+      104_252_499 + 768 * 768 + 768)
+
+
+@pytest.mark.parametrize('name,expected', [
+    ('ViT-B/16', 86_566_120),
+    ('ViT-S/16', 22_049_896),
+    ('ViT-S/32', 22_878_184),
+])
+def test_param_count_gap(name, expected):
+  assert _count(name, classifier='gap') == expected
+
+
+def _formula_count(d, layers, mlp, patch, tokens, channels, classes, cls=True):
+  """Independent closed form for a plain ViT (used to pin the small CPU variants)."""
+  block = 4 * d + 4 * (d * d + d) + (d * mlp + mlp) + (mlp * d + d)
+  return (patch * patch * channels * d + d + (d if cls else 0) + tokens * d + layers * block
+          + 2 * d + d * classes + classes)
+
+
+def test_closed_form_matches_the_table_and_small_variants():
+  assert _formula_count(768, 12, 3072, 16, 197, 3, 1000) == COUNT_224_1K['ViT-B/16']
+  assert _formula_count(1280, 32, 5120, 14, 257, 3, 1000) == COUNT_224_1K['ViT-H/14']
+  # Small bases on 28x28 grayscale: 7x7 grid + cls.
+  assert _count('ViT-Mu/4', size=28, channels=1, num_classes=10) == _formula_count(
+      128, 6, 512, 4, 50, 1, 10)
+  assert _count('ViT-Ze/4', size=28, channels=1, num_classes=10) == _formula_count(
+      32, 2, 64, 4, 50, 1, 10)
+  # Stem-only hybrids: + conv_root 7x7xCx64 + gn_root (2x64); embedding 1x1x64xD on a 7x7 grid.
+  for name, d, layers, mlp in (('R+ViT-Mu/4', 128, 6, 512), ('R+ViT-Ze/4', 32, 2, 64)):
+    stem = 7 * 7 * 1 * 64 + 2 * 64
+    assert _count(name, size=28, channels=1, num_classes=10) == stem + _formula_count(
+        d, layers, mlp, 1, 50, 64, 10)
+
+
+@pytest.mark.parametrize('name,size,tokens', [
+    ('ViT-B/16', 224, 197), ('ViT-B/16', 384, 577), ('ViT-B/8', 224, 785),
+    ('ViT-H/14', 224, 257), ('ViT-B/32', 224, 50), ('R+ViT-Ti/16', 224, 50),
+    ('R+ViT-Ti/16', 384, 145), ('R50+ViT-B/16', 224, 197), ('R50+ViT-L/32', 224, 50),
+    ('R26+ViT-S/32', 224, 50),
+])
+def test_token_counts(name, size, tokens):
+  width = decode_variant(name)['hidden_size']
+  params = _abstract_params(name, size=size)
+  assert params['Transformer/posembed_input/pos_embedding'].shape == (1, tokens, width)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variant decoding.
+
+
+def test_decode_variant():
+  assert decode_variant('ViT-B/16') == dict(
+      patch_size=(16, 16), hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072, resnet=None)
+  assert decode_variant('ViT-H/14')['num_heads'] == 16
+  assert decode_variant('ViT-L/7')['patch_size'] == (7, 7)  # any integer patch
+  assert decode_variant('ViT-Ze/7') == dict(
+      patch_size=(7, 7), hidden_size=32, num_layers=2, num_heads=2, mlp_dim=64, resnet=None)
+  assert decode_variant('ViT-Mu/4') == dict(
+      patch_size=(4, 4), hidden_size=128, num_layers=6, num_heads=4, mlp_dim=512, resnet=None)
+  hybrid = {
+      'R50+ViT-B/16': ((3, 4, 9), 1, 768), 'R50+ViT-L/32': ((3, 4, 6, 3), 1, 1024),
+      'R50+ViT-B/32': ((3, 4, 6, 3), 1, 768), 'R26+ViT-S/32': ((2, 2, 2, 2), 1, 384),
+      'R26+ViT-B/32': ((2, 2, 2, 2), 1, 768), 'R+ViT-Ti/16': ((), 8, 192),
+      'R+ViT-Mu/4': ((), 1, 128), 'R+ViT-Ze/4': ((), 1, 32)}
+  for name, (stages, patch, width) in hybrid.items():
+    kw = decode_variant(name)
+    assert kw['resnet'] == resnet_lib.ResNetConfig(num_layers=stages, width_factor=1), name
+    assert kw['patch_size'] == (patch, patch) and kw['hidden_size'] == width, name
+
+
+# ---------------------------------------------------------------------------------------------
+# Param tree: exactly the official linen names.
+
+
+def test_param_tree_vit_b16():
+  d, mlp, heads = 768, 3072, 12
+  expected = {
+      'embedding/kernel': (16, 16, 3, d), 'embedding/bias': (d,), 'cls': (1, 1, d),
+      'Transformer/posembed_input/pos_embedding': (1, 197, d),
+      'Transformer/encoder_norm/scale': (d,), 'Transformer/encoder_norm/bias': (d,),
+      'head/kernel': (d, 1000), 'head/bias': (1000,)}
+  for i in range(12):
+    b = f'Transformer/encoderblock_{i}/'
+    for ln in ('LayerNorm_0', 'LayerNorm_1'):
+      expected[b + ln + '/scale'] = expected[b + ln + '/bias'] = (d,)
+    for proj in ('query', 'key', 'value'):
+      expected[b + f'MultiHeadDotProductAttention_0/{proj}/kernel'] = (d, heads, 64)
+      expected[b + f'MultiHeadDotProductAttention_0/{proj}/bias'] = (heads, 64)
+    expected[b + 'MultiHeadDotProductAttention_0/out/kernel'] = (heads, 64, d)
+    expected[b + 'MultiHeadDotProductAttention_0/out/bias'] = (d,)
+    expected[b + 'MlpBlock_0/Dense_0/kernel'] = (d, mlp)
+    expected[b + 'MlpBlock_0/Dense_0/bias'] = (mlp,)
+    expected[b + 'MlpBlock_0/Dense_1/kernel'] = (mlp, d)
+    expected[b + 'MlpBlock_0/Dense_1/bias'] = (d,)
+  got = {k: v.shape for k, v in _abstract_params('ViT-B/16').items()}
+  assert got == expected
+
+
+def test_param_tree_hybrids():
+  params = {k: v.shape for k, v in _abstract_params('R50+ViT-B/16').items()}
+  top = {k.split('/')[0] for k in params}
+  assert top == {'conv_root', 'gn_root', 'block1', 'block2', 'block3', 'embedding', 'cls',
+                 'Transformer', 'head'}
+  assert params['conv_root/kernel'] == (7, 7, 3, 64)
+  assert 'conv_root/bias' not in params
+  assert params['gn_root/scale'] == params['gn_root/bias'] == (64,)
+  assert params['block1/unit1/conv1/kernel'] == (1, 1, 64, 64)
+  assert params['block1/unit1/conv2/kernel'] == (3, 3, 64, 64)
+  assert params['block1/unit1/conv3/kernel'] == (1, 1, 64, 256)
+  assert params['block1/unit1/conv_proj/kernel'] == (1, 1, 64, 256)
+  assert params['block1/unit1/gn_proj/scale'] == (256,)
+  assert params['block1/unit1/gn3/scale'] == (256,)
+  assert 'block1/unit2/conv_proj/kernel' not in params
+  assert params['block2/unit1/conv_proj/kernel'] == (1, 1, 256, 512)
+  assert params['block2/unit4/conv2/kernel'] == (3, 3, 128, 128)
+  assert params['block3/unit9/conv3/kernel'] == (1, 1, 256, 1024)
+  assert 'block3/unit10/conv1/kernel' not in params
+  assert params['embedding/kernel'] == (1, 1, 1024, 768)
+  l32 = _abstract_params('R50+ViT-L/32')
+  assert l32['block4/unit3/conv3/kernel'].shape == (1, 1, 512, 2048)
+  assert l32['embedding/kernel'].shape == (1, 1, 2048, 1024)
+  ti = _abstract_params('R+ViT-Ti/16')
+  assert not any(k.startswith('block') for k in ti)
+  assert ti['embedding/kernel'].shape == (8, 8, 64, 192)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward pass of the tiny models.
+
+
+@pytest.mark.parametrize('name', ['ViT-Ze/4', 'R+ViT-Ze/4'])
+def test_forward_tiny(name):
+  model = create_model(name, num_classes=10)
+  x = _images()
+  logits = _apply(model, _params(name), x)
+  assert logits.shape == (2, 10) and logits.dtype == jnp.float32
+  assert np.all(np.isfinite(logits))
+  # The two examples get different logits (the head kernel is random here).
+  assert not np.allclose(logits[0], logits[1])
+  # RGB input (traced only: the same graph apart from the embedding's input channels).
+  x3 = jax.ShapeDtypeStruct((2, 28, 28, 3), jnp.float32)
+  out, variables = jax.eval_shape(
+      lambda x: model.init_with_output(_key(0), x, train=False), x3)
+  assert out.shape == (2, 10) and out.dtype == jnp.float32
+  kernel = variables['params']['conv_root' if name.startswith('R+') else 'embedding']['kernel']
+  assert kernel.shape[2] == 3
+
+
+def test_zero_head_gives_bias_logits():
+  model = create_model('ViT-Ze/4', num_classes=10, head_bias_init=-6.9)
+  params = _raw_params('ViT-Ze/4', head_bias_init=-6.9)
+  np.testing.assert_array_equal(params['head']['bias'], np.full((10,), -6.9, np.float32))
+  assert np.all(np.asarray(_raw_params('ViT-Ze/4')['head']['bias']) == 0)
+  np.testing.assert_allclose(_apply(model, params, _images()), -6.9, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Options.
+
+
+def test_classifier_options():
+  x = _images()
+  model = {c: create_model('ViT-Ze/4', num_classes=10, classifier=c)
+           for c in ('token', 'gap', 'unpooled')}
+  token, gap = _params('ViT-Ze/4'), _params('ViT-Ze/4', classifier='gap')
+  assert set(token) == set(_raw_params('ViT-Ze/4', classifier='unpooled'))
+  assert 'cls' in token and 'cls' not in gap
+  assert gap['Transformer']['posembed_input']['pos_embedding'].shape == (1, 49, 32)
+  assert token['Transformer']['posembed_input']['pos_embedding'].shape == (1, 50, 32)
+  out_token = _apply(model['token'], token, x)
+  out_gap = _apply(model['gap'], gap, x)
+  unpooled, state = _apply(model['unpooled'], token, x, capture_intermediates=True)
+  assert out_token.shape == out_gap.shape == (2, 10)
+  assert unpooled.shape == (2, 50, 10)
+  # Same params: the token logits are the cls row of the unpooled ones ...
+  np.testing.assert_allclose(out_token, unpooled[:, 0], rtol=1e-5, atol=1e-5)
+  # ... and every row is the head applied to that token after encoder_norm.
+  feats = state['intermediates']['Transformer']['__call__'][0]
+  np.testing.assert_allclose(unpooled, feats @ token['head']['kernel'] + token['head']['bias'],
+                             rtol=1e-5, atol=1e-5)
+  # gap: the head applied to the mean token.
+  _, state = _apply(model['gap'], gap, x, capture_intermediates=True)
+  feats = state['intermediates']['Transformer']['__call__'][0]
+  assert feats.shape == (2, 49, 32)
+  np.testing.assert_allclose(out_gap, feats.mean(1) @ gap['head']['kernel'] + gap['head']['bias'],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_representation_size_adds_pre_logits():
+  x = _images()
+  rep = create_model('ViT-Ze/4', num_classes=10, representation_size=16)
+  p_rep = _params('ViT-Ze/4', representation_size=16)
+  assert 'pre_logits' not in _raw_params('ViT-Ze/4')
+  assert p_rep['pre_logits']['kernel'].shape == (32, 16)
+  assert p_rep['pre_logits']['bias'].shape == (16,)
+  assert p_rep['head']['kernel'].shape == (16, 10)
+  # pre_logits is tanh(Dense(features)): reproduce the logits from the captured features.
+  logits, state = _apply(rep, p_rep, x, capture_intermediates=True)
+  feats = state['intermediates']['Transformer']['__call__'][0][:, 0]
+  pre = jnp.tanh(feats @ p_rep['pre_logits']['kernel'] + p_rep['pre_logits']['bias'])
+  np.testing.assert_allclose(logits, pre @ p_rep['head']['kernel'] + p_rep['head']['bias'],
+                             rtol=1e-5, atol=1e-5)
+
+
+def _sincos_reference(h, w, width):
+  """Element by element, straight from the formula in the facts sheet."""
+  q = width // 4
+  out = np.zeros((h * w, width))
+  for row in range(h):
+    for col in range(w):
+      t = row * w + col
+      for k in range(q):
+        omega = 1.0 / 10000 ** (k / (q - 1))
+        out[t, k] = math.sin(col * omega)
+        out[t, q + k] = math.cos(col * omega)
+        out[t, 2 * q + k] = math.sin(row * omega)
+        out[t, 3 * q + k] = math.cos(row * omega)
+  return out
+
+
+def test_sincos2d_values():
+  np.testing.assert_allclose(vit_lib.sincos2d_posemb(3, 5, 16), _sincos_reference(3, 5, 16),
+                             rtol=1e-6, atol=1e-6)
+
+
+def _without_posemb(params):
+  params = jax.tree.map(lambda p: p, params)
+  del params['Transformer']['posembed_input']
+  return params
+
+
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_posemb_options(classifier):
+  x = _images()
+  models = {kind: create_model('ViT-Ze/4', num_classes=10, posemb=kind, classifier=classifier)
+            for kind in ('learned', 'sincos2d', 'none')}
+  learned = _params('ViT-Ze/4', classifier=classifier)
+  flat_learned = traverse_util.flatten_dict(learned, sep='/')
+  for kind in ('sincos2d', 'none'):
+    flat = traverse_util.flatten_dict(_raw_params('ViT-Ze/4', classifier=classifier, posemb=kind),
+                                      sep='/')
+    # The same params as the learned model minus pos_embedding.
+    assert set(flat) == set(flat_learned) - {'Transformer/posembed_input/pos_embedding'}, kind
+  params = _without_posemb(learned)
+  out_none = _apply(models['none'], params, x)
+  out_sincos = _apply(models['sincos2d'], params, x)
+  assert not np.allclose(out_none, out_sincos)
+  # sincos2d == a learned posemb set to the sincos table (zero row for cls, added after cls).
+  table = _sincos_reference(7, 7, 32)
+  if classifier == 'token':
+    table = np.concatenate([np.zeros((1, 32)), table])
+  learned_sincos = jax.tree.map(lambda p: p, learned)
+  learned_sincos['Transformer']['posembed_input']['pos_embedding'] = jnp.asarray(
+      table[None], jnp.float32)
+  np.testing.assert_allclose(_apply(models['learned'], learned_sincos, x), out_sincos,
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('option', ['dropout_rate', 'attention_dropout_rate', 'stochastic_depth'])
+def test_stochastic_options(option):
+  x = _images()
+  base = create_model('ViT-Ze/4', num_classes=10)
+  model = create_model('ViT-Ze/4', num_classes=10, **{option: 0.4})
+  params = _params('ViT-Ze/4')
+  eval_out = _apply(base, params, x)
+  np.testing.assert_array_equal(_apply(model, params, x, train=False), eval_out)
+  np.testing.assert_array_equal(_apply(base, params, x, train=True, seed=1), eval_out)
+  outs = [_apply(model, params, x, train=True, seed=seed) for seed in (1, 2, 3)]
+  # Different rngs -> different outputs (drop path has few coin flips: compare 3 seeds).
+  assert not (np.allclose(outs[0], outs[1]) and np.allclose(outs[0], outs[2]))
+  assert not all(np.allclose(o, eval_out) for o in outs)
+  np.testing.assert_array_equal(outs[0], _apply(model, params, x, train=True, seed=1))
+
+
+def test_stochastic_depth_is_linear_in_depth():
+  # Rate 1.0 over 2 layers: layer 0 gets 0 (kept), layer 1 gets 1.0 (both branches dropped), so
+  # the training output == a 1-layer model with the same params, whatever the rng.
+  x = _images()
+  two = create_model('ViT-Ze/4', num_classes=10, stochastic_depth=1.0)
+  one = create_model('ViT-Ze/4', num_classes=10, num_layers=1)
+  params = _params('ViT-Ze/4')
+  params_one = jax.tree.map(lambda p: p, params)
+  del params_one['Transformer']['encoderblock_1']
+  expected = _apply(one, params_one, x)
+  for seed in (0, 1):
+    np.testing.assert_allclose(_apply(two, params, x, train=True, seed=seed), expected,
+                               rtol=1e-6, atol=1e-6)
+  assert not np.allclose(_apply(two, params, x), expected)
+
+
+def test_dtype_bfloat16():
+  x = _images()
+  model = create_model('ViT-Ze/4', num_classes=10, dtype='bfloat16')
+  assert model.dtype == jnp.bfloat16
+  params = _params('ViT-Ze/4', dtype='bfloat16')
+  assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  logits, state = _apply(model, params, x, capture_intermediates=True, mutable=['intermediates'])
+  assert logits.dtype == jnp.float32
+  inter = state['intermediates']
+  block = inter['Transformer']['encoderblock_0']
+  assert block['MlpBlock_0']['Dense_0']['__call__'][0].dtype == jnp.bfloat16
+  assert block['MultiHeadDotProductAttention_0']['query']['__call__'][0].dtype == jnp.bfloat16
+  assert block['MultiHeadDotProductAttention_0']['attention_weights'][0].dtype == jnp.bfloat16
+  assert inter['embedding']['__call__'][0].dtype == jnp.bfloat16
+  assert inter['Transformer']['__call__'][0].dtype == jnp.bfloat16
+  # Close to the float32 model with the same params.
+  f32 = create_model('ViT-Ze/4', num_classes=10)
+  ref = _apply(f32, params, x)
+  assert not np.array_equal(logits, ref)
+  np.testing.assert_allclose(logits, ref, rtol=0.05, atol=0.05 * np.abs(ref).max())
+
+
+def test_dtype_bfloat16_hybrid():
+  model = create_model('R+ViT-Ze/4', num_classes=10, dtype=jnp.bfloat16)
+  x = jax.ShapeDtypeStruct((2, 28, 28, 1), jnp.float32)
+  (logits, state), variables = jax.eval_shape(lambda x: model.init_with_output(
+      _key(0), x, train=False, capture_intermediates=True, mutable=['params', 'intermediates']),
+      x)[0], None
+  assert logits.dtype == jnp.float32
+  for name in ('conv_root', 'gn_root', 'embedding'):
+    assert state['intermediates'][name]['__call__'][0].dtype == jnp.bfloat16, name
+  assert {p.dtype for p in jax.tree.leaves(state['params'])} == {jnp.dtype(jnp.float32)}
+
+
+def test_param_dtype():
+  model = create_model('R+ViT-Ze/4', num_classes=10, param_dtype=jnp.bfloat16)
+  x = jax.ShapeDtypeStruct((2, 28, 28, 1), jnp.float32)
+  logits, variables = jax.eval_shape(
+      lambda x: model.init_with_output(_key(0), x, train=False), x)
+  assert {p.dtype for p in jax.tree.leaves(variables['params'])} == {jnp.dtype(jnp.bfloat16)}
+  assert logits.shape == (2, 10)
+
+
+def test_gelu_exact_vs_tanh():
+  x = _images()
+  tanh = create_model('ViT-Ze/4', num_classes=10)
+  exact = create_model('ViT-Ze/4', num_classes=10, gelu_approximate=False)
+  assert tanh.gelu_approximate is True
+  params = _params('ViT-Ze/4')
+  diff = np.abs(np.asarray(_apply(tanh, params, x) - _apply(exact, params, x))).max()
+  assert 0 < diff < 1e-2
+
+
+def test_remat_same_params_and_output():
+  x = _images()
+  plain = create_model('ViT-Ze/4', num_classes=10, dropout_rate=0.1)
+  remat = create_model('ViT-Ze/4', num_classes=10, dropout_rate=0.1, remat=True)
+  params = _params('ViT-Ze/4')
+  abstract = jax.eval_shape(lambda: remat.init(_key(0), x, train=False)['params'])
+  assert jax.tree.structure(params) == jax.tree.structure(abstract)
+  np.testing.assert_allclose(_apply(remat, params, x, train=True, seed=3),
+                             _apply(plain, params, x, train=True, seed=3), rtol=1e-6, atol=1e-6)
+
+  def grad_jaxpr(model):
+    loss = lambda p: jnp.sum(_apply(model, p, x, train=True, seed=3))
+    return str(jax.make_jaxpr(jax.grad(loss))(params))
+  # The blocks are rematerialised (a checkpoint/remat primitive in the backward graph).
+  assert 'remat' in grad_jaxpr(remat) or 'checkpoint' in grad_jaxpr(remat)
+  assert 'remat' not in grad_jaxpr(plain) and 'checkpoint' not in grad_jaxpr(plain)
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation (facts sheet section 3).
+
+
+def test_init_statistics_vit():
+  params = _raw_params('ViT-Ze/4')
+  d, heads, mlp = 32, 2, 64
+  assert np.all(np.asarray(params['cls']) == 0)
+  assert np.all(np.asarray(params['head']['kernel']) == 0)
+  assert np.all(np.asarray(params['head']['bias']) == 0)
+  pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  assert pe.shape == (1, 50, d)
+  assert abs(pe.std() - 0.02) < 0.0015 and abs(pe.mean()) < 0.002  # 1600 samples
+  blocks = [params['Transformer'][f'encoderblock_{i}'] for i in range(2)]
+  biases = np.concatenate([np.asarray(b['MlpBlock_0'][n]['bias']) for b in blocks
+                           for n in ('Dense_0', 'Dense_1')])
+  assert biases.size == 2 * (mlp + d) and 0.8e-6 < biases.std() < 1.2e-6
+  for block in blocks:
+    # MLP kernels: xavier_uniform, limit sqrt(6 / (fan_in + fan_out)).
+    limit = math.sqrt(6 / (d + mlp))
+    for name in ('Dense_0', 'Dense_1'):
+      assert 0.97 * limit < np.abs(np.asarray(block['MlpBlock_0'][name]['kernel'])).max() <= limit
+    # q/k/v/out: xavier_uniform on the flattened [D, D] matrix: limit sqrt(6 / 2D) = sqrt(3 / D)
+    # (not on [D, heads, head_dim] as 3-D, which would give sqrt(6 / (D * (heads + head_dim)))).
+    attn = block['MultiHeadDotProductAttention_0']
+    limit = math.sqrt(3 / d)
+    for proj in ('query', 'key', 'value', 'out'):
+      w = np.asarray(attn[proj]['kernel'])
+      assert w.shape == ((d, heads, d // heads) if proj != 'out' else (heads, d // heads, d))
+      assert 0.98 * limit < np.abs(w).max() <= limit, proj
+      assert abs(w.std() - limit / math.sqrt(3)) < 0.01, proj
+      assert np.all(np.asarray(attn[proj]['bias']) == 0), proj
+    for ln in ('LayerNorm_0', 'LayerNorm_1'):
+      assert np.all(np.asarray(block[ln]['scale']) == 1)
+      assert np.all(np.asarray(block[ln]['bias']) == 0)
+  for ln in ('scale', 'bias'):
+    assert np.all(np.asarray(params['Transformer']['encoder_norm'][ln]) == (ln == 'scale'))
+  # Patch embedding: flax default lecun_normal (truncated normal, fan_in = 4*4*1).
+  emb = np.asarray(params['embedding']['kernel'])
+  assert abs(emb.std() - 1 / math.sqrt(4 * 4 * 1)) < 0.025  # 512 samples
+  assert np.all(np.asarray(params['embedding']['bias']) == 0)
+
+
+def test_resnet_override_structure():
+  # A 2-stage hybrid on 32 px (stride 8 = root conv 2 x max-pool 2 x stage 2).
+  params = _abstract_params('R+ViT-Ze/4', size=32, num_classes=10, channels=1,
+                            resnet=resnet_lib.ResNetConfig(num_layers=(2, 1)))
+  assert params['block1/unit1/conv_proj/kernel'].shape == (1, 1, 64, 256)
+  assert 'block1/unit2/conv_proj/kernel' not in params
+  assert params['block1/unit2/gn3/scale'].shape == (256,)
+  assert params['block2/unit1/conv2/kernel'].shape == (3, 3, 128, 128)
+  assert params['embedding/kernel'].shape == (1, 1, 512, 32)
+  assert params['Transformer/posembed_input/pos_embedding'].shape == (1, 4 * 4 + 1, 32)
+  # A mapping works as well as a ResNetConfig.
+  model = create_model('R+ViT-Ze/4', num_classes=10, resnet=dict(num_layers=(2, 1)))
+  assert model.resnet == resnet_lib.ResNetConfig(num_layers=(2, 1), width_factor=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# ResNet numerics.
+
+
+def test_weight_standardisation_matches_numpy():
+  w = np.asarray(_normal((3, 3, 4, 5))) * 0.7 + 0.3
+  ref = np.empty_like(w)
+  for o in range(5):
+    c = w[..., o]
+    ref[..., o] = (c - c.mean()) / (np.sqrt(((c - c.mean()) ** 2).mean()) + 1e-5)
+  np.testing.assert_allclose(resnet_lib.weight_standardize(jnp.asarray(w)), ref, rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_std_conv_is_conv_with_standardised_kernel():
+  x = _normal((2, 9, 9, 4), seed=1)
+  conv = resnet_lib.StdConv(5, (3, 3), (2, 2))
+  params = {'kernel': _normal((3, 3, 4, 5), seed=2) * 0.5 + 0.2}
+  assert set(jax.eval_shape(lambda: conv.init(_key(0), x))['params']) == {'kernel'}  # no bias
+  w = np.asarray(params['kernel'])
+  ws = (w - w.mean(axis=(0, 1, 2))) / (w.std(axis=(0, 1, 2)) + 1e-5)
+  ref = nn.Conv(5, (3, 3), (2, 2), padding='SAME', use_bias=False).apply(
+      {'params': {'kernel': jnp.asarray(ws)}}, x)
+  out = conv.apply({'params': params}, x)
+  assert out.shape == (2, 5, 5, 5)
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def _group_norm_reference(x, groups=32, eps=1e-6):
+  n, h, w, c = x.shape
+  g = x.reshape(n, h, w, groups, c // groups)
+  mean = g.mean(axis=(1, 2, 4), keepdims=True)
+  var = g.var(axis=(1, 2, 4), keepdims=True)
+  return ((g - mean) / np.sqrt(var + eps)).reshape(x.shape)
+
+
+def test_residual_unit():
+  x = np.asarray(_normal((1, 4, 4, 64), seed=1))
+  unit = resnet_lib.ResidualUnit(32, (2, 2))
+  out, variables = jax.jit(lambda x: unit.init_with_output(_key(0), x))(x)
+  params = variables['params']
+  assert set(params) == {'conv1', 'gn1', 'conv2', 'gn2', 'conv3', 'gn3', 'conv_proj', 'gn_proj'}
+  shapes = {k: v.shape for k, v in traverse_util.flatten_dict(params, sep='/').items()}
+  assert shapes['conv1/kernel'] == (1, 1, 64, 32)
+  assert shapes['conv2/kernel'] == (3, 3, 32, 32)
+  assert shapes['conv3/kernel'] == (1, 1, 32, 128)
+  assert shapes['conv_proj/kernel'] == (1, 1, 64, 128)
+  assert 'conv1/bias' not in shapes
+  assert np.all(np.asarray(params['gn3']['scale']) == 0)
+  assert np.all(np.asarray(params['gn1']['scale']) == 1)
+  assert out.shape == (1, 2, 2, 128)
+  # gn3 scale 0 at init: the unit is relu(gn_proj(conv_proj(x))), the 1x1 stride-2 projection
+  # ('SAME' on an even size samples pixels 0, 2, ...) with the standardised kernel.
+  w = np.asarray(params['conv_proj']['kernel'])[0, 0]
+  w = (w - w.mean(0)) / (w.std(0) + 1e-5)
+  expected = np.maximum(_group_norm_reference(x[:, ::2, ::2, :] @ w), 0)
+  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+  # Identity shortcut when the shapes match.
+  same = jax.eval_shape(lambda: resnet_lib.ResidualUnit(16).init(_key(0), x))['params']
+  assert 'conv_proj' not in same and 'gn_proj' not in same
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention weights.
+
+
+@pytest.mark.parametrize('name', ['ViT-Ze/4', 'R+ViT-Ze/4'])
+def test_attention_weights_are_sown(name):
+  x = _images()
+  model = create_model(name, num_classes=10)
+  params = _params(name)
+  plain = model.apply({'params': params}, x, train=False)
+  logits, state = model.apply({'params': params}, x, train=False, mutable=['intermediates'])
+  np.testing.assert_array_equal(plain, logits)
+  blocks = state['intermediates']['Transformer']
+  assert sorted(blocks) == ['encoderblock_0', 'encoderblock_1']
+  for block in blocks.values():
+    (w,) = block['MultiHeadDotProductAttention_0']['attention_weights']
+    assert w.shape == (2, 2, 50, 50)
+    np.testing.assert_allclose(np.asarray(w).sum(-1), 1., rtol=1e-5)
+    assert np.all(np.asarray(w) >= 0)
+
+
+def test_attention_matches_flax_reference():
+  x = _normal((2, 5, 32))
+  ours = vit_lib.MultiHeadDotProductAttention(num_heads=4)
+  shapes = jax.eval_shape(lambda: ours.init(_key(0), x, deterministic=True))['params']
+  # Random kernels and biases, so every param is exercised.
+  params = jax.tree.map(lambda p: 0.3 * _normal(p.shape, seed=sum(p.shape)), shapes)
+  ref = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=32, out_features=32)
+  np.testing.assert_allclose(ours.apply({'params': params}, x, deterministic=True),
+                             ref.apply({'params': params}, x, x, deterministic=True),
+                             rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# User errors: one line that says how to fix it.
+
+
+def _one_line(err):
+  message = str(err.value)
+  assert '\n' not in message
+  return message
+
+
+def test_unknown_variant():
+  for bad in ('ViT-Q/16', 'ViT-B', 'B/16', 'R50+ViT-S/16', 'ViT-B/0'):
+    with pytest.raises(UserError) as err:
+      create_model(bad, num_classes=10)
+    message = _one_line(err)
+    assert repr(bad) in message
+    assert 'Ti,S,B,L,H,Mu,Ze' in message
+    for name in REQUIRED_VARIANTS:
+      assert name in message
+  with pytest.raises(UserError):
+    decode_variant('ViT-Q/16')
+
+
+def test_indivisible_image_size():
+  with pytest.raises(UserError) as err:
+    create_model('ViT-Ze/4', num_classes=10).init(_key(0), jnp.zeros((1, 30, 30, 1)),
+                                                  train=False)
+  message = _one_line(err)
+  assert 'image size 30' in message and 'patch size 4' in message
+  assert message.endswith('use a multiple of 4')
+  # Hybrid: stem stride 4 x patch 8 = 32 (traced only).
+  model = create_model('R+ViT-Ti/16', num_classes=10)
+  with pytest.raises(UserError) as err:
+    jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False),
+                   jax.ShapeDtypeStruct((1, 208, 208, 3), jnp.float32))
+  message = _one_line(err)
+  assert 'image size 208' in message and message.endswith('use a multiple of 32')
+  # 28 is fine for the stem-only Ze hybrid (stride 4 x patch 1), 30 is not.
+  with pytest.raises(UserError):
+    create_model('R+ViT-Ze/4', num_classes=10).init(_key(0),
+                                                    jnp.zeros((1, 30, 30, 1)), train=False)
+
+
+def test_unknown_override():
+  with pytest.raises(UserError) as err:
+    create_model('ViT-Ze/4', num_classes=10, dropout=0.1)
+  message = _one_line(err)
+  assert 'dropout' in message
+  for option in ('dropout_rate', 'stochastic_depth', 'classifier', 'posemb', 'remat'):
+    assert option in message
+  with pytest.raises(UserError) as err:
+    create_model('ViT-Ze/4', num_classes=10, classifier='cls')
+  assert 'token' in _one_line(err) and 'unpooled' in str(err.value)
+  with pytest.raises(UserError):
+    create_model('ViT-Ze/4', num_classes=10, posemb='sincos')
+  with pytest.raises(UserError):
+    create_model('ViT-Ze/4', num_classes=10, resnet=dict(layers=(1,)))
+  # The module checks its own fields too (it can be built without create_model).
+  model = VisionTransformer(num_classes=3, patch_size=4, hidden_size=32, num_layers=1,
+                            num_heads=2, mlp_dim=8, classifier='bogus')
+  with pytest.raises(UserError):
+    model.init(_key(0), jnp.zeros((1, 8, 8, 1)), train=False)

@@ -1,0 +1,141 @@
+"""Finding a prepared tfds dataset: `get_info(dataset, data_dir)` and the builder behind it.
+
+Any dataset registered with tensorflow-datasets can be named (plus `mnist5k`, registered by
+`vit_jax.data`). Datasets must already be prepared in `data_dir` (a local or gs:// path): this
+module never downloads. `mnist5k` is the one exception: it is built offline on first use.
+"""
+
+import dataclasses
+import difflib
+from typing import Optional
+
+import tensorflow_datasets as tfds
+
+from vit_jax.data import mnist5k
+from vit_jax.errors import UserError
+
+# Dataset names listed as examples in the "unknown dataset" message.
+_EXAMPLE_NAMES = ('mnist5k', 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet')
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What the trainer needs to know about a prepared dataset."""
+
+  name: str
+  data_dir: str  # the versioned directory the records are read from
+  num_classes: int
+  image_shape: tuple[Optional[int], ...]  # (H, W, C) as stored; H, W are None if they vary
+  image_key: str
+  label_key: str
+  split_sizes: dict[str, int]  # the named splits only, e.g. {'train': 50000, 'test': 10000}
+  tfds_info: tfds.core.DatasetInfo = dataclasses.field(repr=False, compare=False)
+
+  def num_examples(self, split) -> int:
+    """Number of examples in a tfds split string ('train', 'train[:90%]', 'train+test', ...)."""
+    return _num_examples(self.tfds_info, split, self.name)
+
+
+def get_info(dataset: str, data_dir: Optional[str]) -> DatasetInfo:
+  """Returns the `DatasetInfo` of a prepared dataset; raises `UserError` if it is unknown/absent."""
+  return info_from_builder(load_builder(dataset, data_dir))
+
+
+def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
+  """Returns the tfds builder of a prepared dataset (preparing mnist5k if needed), never downloads.
+
+  Raises `UserError` if the name is unknown to tfds or the dataset is not prepared in `data_dir`.
+  """
+  try:
+    name, name_kwargs = tfds.core.naming.parse_builder_name_kwargs(dataset)
+  except (ValueError, TypeError) as e:
+    raise UserError(f"invalid dataset name {dataset!r}: {_one_line(e)}; give a tfds name such as "
+                    f"'cifar10' or 'cifar10:3.0.2'") from None
+  if name.namespace:
+    # Community namespaces (huggingface:, kaggle:, ...) resolve over the network.
+    raise UserError(f"dataset {dataset!r} has a community namespace '{name.namespace}:', which "
+                    f"needs the network; prepare it locally with `tfds build` and pass its plain "
+                    f"name and --data_dir")
+  if name.name == mnist5k.NAME:
+    if name_kwargs and name_kwargs != {'version': str(mnist5k.Mnist5k.VERSION)}:
+      raise UserError(f"dataset {dataset!r}: mnist5k has no configs and only version "
+                      f"{mnist5k.Mnist5k.VERSION}; use dataset='mnist5k'")
+    return mnist5k.prepare(data_dir)
+  try:
+    builder = tfds.builder(dataset, data_dir=data_dir, try_gcs=False)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise UserError(_unknown_dataset_message(dataset)) from None
+  except (ValueError, AssertionError) as e:  # unknown config or version: 'cifar10/x', 'cifar10:9.9'
+    raise UserError(f'cannot open dataset {dataset!r}: {_one_line(e)}; check the config/version '
+                    f'part of the name against the tfds catalog') from None
+  if not builder.is_prepared():
+    raise UserError(_not_prepared_message(dataset, builder, data_dir))
+  return builder
+
+
+def _unknown_dataset_message(dataset: str) -> str:
+  names = tfds.list_builders(with_community_datasets=False)
+  close = difflib.get_close_matches(dataset, names + [mnist5k.NAME], n=3)
+  hint = f' (did you mean {", ".join(close)}?)' if close else ''
+  examples = ', '.join(_EXAMPLE_NAMES)
+  return (f"unknown dataset {dataset!r}{hint}: use one of the names registered with "
+          f"tensorflow-datasets, e.g. {examples}, ... (see `tfds.list_builders()`)")
+
+
+def _not_prepared_message(dataset: str, builder, data_dir: Optional[str]) -> str:
+  root = builder.data_dir_root if hasattr(builder, 'data_dir_root') else data_dir
+  where = f'{builder.data_dir} (data_dir={root})'
+  if data_dir is None:
+    where += ', the default because --data_dir was not given'
+  fix = f'prepare it once with `tfds build {dataset} --data_dir={root}`'
+  if getattr(builder, 'MANUAL_DOWNLOAD_INSTRUCTIONS', None):
+    fix += (f' after placing its manually downloaded files in {root}/downloads/manual '
+            f'(see the tfds catalog page of {builder.name} for which files)')
+  fix += ', or point --data_dir at a directory where it is prepared'
+  return f'dataset {dataset!r} is not prepared: tfds looked in {where}; {fix}'
+
+
+def info_from_builder(builder: tfds.core.DatasetBuilder) -> DatasetInfo:
+  info = builder.info
+  image_key, label_key = _supervised_keys(info)
+  features = info.features
+  return DatasetInfo(
+      name=info.name,
+      data_dir=str(builder.data_dir),
+      num_classes=int(features[label_key].num_classes),
+      image_shape=tuple(features[image_key].shape),
+      image_key=image_key,
+      label_key=label_key,
+      split_sizes={name: split.num_examples for name, split in info.splits.items()},
+      tfds_info=info,
+  )
+
+
+def _supervised_keys(info: tfds.core.DatasetInfo) -> tuple[str, str]:
+  """Returns (image_key, label_key): the supervised keys, else ('image', 'label')."""
+  keys = info.supervised_keys
+  if isinstance(keys, (tuple, list)) and len(keys) == 2 and all(isinstance(k, str) for k in keys):
+    image_key, label_key = keys
+  else:
+    image_key, label_key = 'image', 'label'
+  features = info.features
+  if image_key not in features or not isinstance(features[image_key], tfds.features.Image):
+    raise UserError(f"dataset '{info.name}' has no image feature '{image_key}' (features: "
+                    f"{', '.join(features.keys())}); use an image classification dataset")
+  if label_key not in features or not isinstance(features[label_key], tfds.features.ClassLabel):
+    raise UserError(f"dataset '{info.name}' has no class-label feature '{label_key}' (features: "
+                    f"{', '.join(features.keys())}); use an image classification dataset")
+  return image_key, label_key
+
+
+def _num_examples(info: tfds.core.DatasetInfo, split, name: str) -> int:
+  try:
+    return int(info.splits[split].num_examples)
+  except (KeyError, ValueError, AssertionError) as e:
+    raise UserError(f"bad split {str(split)!r} for dataset '{name}' ({_one_line(e)}); use one of "
+                    f"{', '.join(info.splits.keys())}, optionally sliced like "
+                    f"'train[:90%]' or 'train[1000:]'") from None
+
+
+def _one_line(error: Exception) -> str:
+  return ' '.join(str(error).split())
