@@ -11,7 +11,7 @@ setup(
     install_requires=[
         'jax>=0.10', 'flax>=0.12', 'optax>=0.2.8', 'orbax-checkpoint>=0.12',
         'tensorflow-cpu>=2.21', 'tensorflow-datasets>=4.9.10', 'ml-collections>=1.1',
-        'mlxtend>=0.25', 'matplotlib', 'numpy', 'scipy', 'absl-py',
+        'mlxtend>=0.25', 'tensorboard>=2.21', 'matplotlib', 'numpy', 'scipy', 'absl-py',
     ],
     extras_require={'test': ['pytest', 'pytest-xdist']},
 )

@@ -213,6 +213,17 @@ def test_bad_preprocessing_config_raises_user_error(data_dir):
                        pp={'crop': 'inception', 'image_size': 28})
 
 
+def test_pp_accepts_config_dict():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  pp = ml_collections.ConfigDict({'crop': 'pad_crop', 'image_size': 32, 'resize': 36, 'pad': 4,
+                                  'flip': True, 'channels': 3})
+  assert preprocess.train_spec(pp) == preprocess.TrainSpec(
+      crop='pad_crop', image_size=32, resize=36, pad=4, flip=True, channels=3)
+  pp.crop = 'central'
+  assert preprocess.eval_spec(pp) == preprocess.EvalSpec(
+      crop='central', image_size=32, resize=36, channels=3)
+
+
 # --------------------------------------------------------------------------------------------
 # Preprocessing ops.
 
@@ -394,11 +405,13 @@ def test_resume_is_exact_across_epoch_boundary(data_dir, cache):
   assert not np.array_equal(other_seed['image'], ref[0]['image'])
 
 
-def test_resume_exactly_at_epoch_start(data_dir):
-  ref = _take(_train(data_dir, batch_size=1000, seed=3), 6)
-  resumed = _take(_train(data_dir, batch_size=1000, seed=3, start_step=4), 2)
-  for k, batch in enumerate(resumed):
-    np.testing.assert_array_equal(batch['image'], ref[4 + k]['image'])
+def test_resume_at_epoch_start_and_in_later_epochs(data_dir):
+  ref = _take(_train(data_dir, batch_size=1000, seed=3), 11)
+  for start_step in (4, 9):  # position 4000 = start of epoch 1; 9000 = inside epoch 2
+    resumed = _take(_train(data_dir, batch_size=1000, seed=3, start_step=start_step), 2)
+    for k, batch in enumerate(resumed):
+      np.testing.assert_array_equal(batch['image'], ref[start_step + k]['image'])
+      np.testing.assert_array_equal(batch['label'], ref[start_step + k]['label'])
 
 
 def test_augmentation_seed_is_seed_process_position(data_dir):

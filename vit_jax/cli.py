@@ -13,6 +13,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # keep TensorFlow's C++ bann
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
+from absl import logging  # pylint: disable=g-import-not-at-top
 
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
@@ -88,6 +89,8 @@ def run_main(fn, *, required_flags=()) -> None:
     flags.mark_flag_as_required(name)
 
   def guarded(argv):
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)  # library INFO chatter off unless asked for
     try:
       return fn(argv)
     except UserError as e:

@@ -11,6 +11,8 @@ augmentation seed is derived from (seed, process_index, p). Resuming at `start_s
 start // N and skips start % N undecoded records (at most one epoch of cheap skipping); later
 epochs follow through `Dataset.range(epoch + 1, ...).flat_map`. Decoding and augmentation run in a
 parallel but order-preserving map, then batches drop their remainder (the stream is infinite).
+(tf.data's shuffle also mixes in TF's global seed: code that calls `tf.random.set_seed` must use
+the same value in the run and in its resumption.)
 
 Eval batches (`eval_iterator`). Every example of the split is yielded exactly once over all
 processes; the last batch is padded with zero images whose `mask` is 0, and every process yields
@@ -81,7 +83,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   first_epoch, skip = divmod(start, num)
   stream = epoch(tf.constant(first_epoch, tf.int64)).skip(skip)
   stream = stream.concatenate(tf.data.Dataset.range(first_epoch + 1, _FOREVER).flat_map(epoch))
-  positions = tf.data.Dataset.range(start+1, _FOREVER)
+  positions = tf.data.Dataset.range(start, _FOREVER)
   channels = preprocess.decode_channels(ds_info.image_shape)
   out_spec = tf.TensorSpec(
       [spec.image_size, spec.image_size, preprocess.output_channels(ds_info.image_shape,
@@ -164,18 +166,20 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
       value.set_shape([batch_size, *value.shape[1:]])
     return batch
 
+  real_batches = -(-counts[process_index] // batch_size)
   padding = tf.data.Dataset.from_tensors({
       'image': tf.zeros([batch_size, *out_spec.shape], tf.float32),
       'label': tf.zeros([batch_size], tf.int32),
       'mask': tf.zeros([batch_size], tf.float32),
-  }).repeat()
-  if counts[process_index]:
+  }).repeat(num_batches - real_batches)
+  if real_batches:
+    # The records are read to their end (no `take` on them), so the cache completes in pass one.
     ds = _records(builder, ds_info, shares[process_index], cache).batch(batch_size)
     ds = ds.map(process_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.concatenate(padding)
   else:
     ds = padding
-  ds = ds.take(num_batches).prefetch(1).with_options(_options())
+  ds = ds.prefetch(1).with_options(_options())
   return EvalBatches(ds, num_batches), num_batches
 
 

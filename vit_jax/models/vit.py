@@ -140,7 +140,7 @@ class Encoder1DBlock(nn.Module):
       return jnp.zeros_like(y)
     keep = 1. - self.drop_path_rate
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
-    return y * (mask / keep).astype(y.dtype)
+    return y * mask.astype(y.dtype)
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -244,7 +244,7 @@ class VisionTransformer(nn.Module):
       if resnet is None:
         what = f'the patch size {ph if ph == pw else self.patch}'
       else:
-        what = (f'{eh if eh == ew else (eh, ew)} (ResNet stem stride {stride} x patch size '
+        what = (f'{eh if eh == ew else (eh, ew)} (ResNet stride {stride} x patch size '
                 f'{ph if ph == pw else self.patch})')
       multiple = eh if eh == ew else f'{eh} (height) and {ew} (width)'
       raise UserError(f'image size {size} is not divisible by {what} of this '
