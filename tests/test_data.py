@@ -281,10 +281,11 @@ def test_eval_ops_same_eagerly_and_in_tf_data():
   for pp in ({'crop': 'central', 'image_size': 16, 'resize': 20},
              {'crop': 'resize', 'image_size': 16, 'channels': 1}):
     spec = preprocess.eval_spec(pp)
+    fn = lambda im, spec=spec: preprocess.eval_preprocess(im, spec)
     images = [_rgb(seed=s) for s in range(3)]
-    eager = np.stack([preprocess.eval_preprocess(tf.constant(im), spec).numpy() for im in images])
-    in_data = np.stack(list(tf.data.Dataset.from_tensor_slices(np.stack(images)).map(
-        lambda im: preprocess.eval_preprocess(im, spec)).as_numpy_iterator()))  # pylint: disable=cell-var-from-loop
+    eager = np.stack([fn(tf.constant(im)).numpy() for im in images])
+    in_data = np.stack(list(
+        tf.data.Dataset.from_tensor_slices(np.stack(images)).map(fn).as_numpy_iterator()))
     np.testing.assert_array_equal(eager, in_data)
     assert eager.shape == (3, 16, 16, pp.get('channels') or 3)
 

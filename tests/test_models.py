@@ -75,6 +75,23 @@ def _params(name, size=28, channels=1, num_classes=10, **overrides):
   return params
 
 
+# 'gap' models run on 20x40 images: a 5x10 grid = 50 tokens, the sequence length of the token
+# models at 28x28 (7x7 + cls). So they reuse the op-by-op compiled kernels (this file's runtime is
+# mostly XLA compiles), and the grid is not square (tests the h/w order of the posemb).
+GAP_GRID = (5, 10)
+
+
+def _gap_images():
+  return jnp.asarray(np.random.RandomState(3).uniform(-1., 1., (2, 20, 40, 1)), jnp.float32)
+
+
+def _gap_params():
+  """ViT-Ze/4 'gap' params for 20x40 images, from the token model's: no cls, 5*10 posemb rows."""
+  params = _params('ViT-Ze/4')
+  del params['cls']
+  return params
+
+
 def _apply(model, params, x, train=False, seed=0, **kwargs):
   rngs = {'dropout': _key(seed)} if train else {}
   return model.apply({'params': params}, x, train=train, rngs=rngs, **kwargs)
@@ -398,13 +415,17 @@ def test_classifier_options():
   x = _images()
   model = {c: create_model('ViT-Ze/4', num_classes=10, classifier=c)
            for c in ('token', 'gap', 'unpooled')}
-  token, gap = _params('ViT-Ze/4'), _params('ViT-Ze/4', classifier='gap')
-  assert set(token) == set(_raw_params('ViT-Ze/4', classifier='unpooled'))
-  assert 'cls' in token and 'cls' not in gap
-  assert gap['Transformer']['posembed_input']['pos_embedding'].shape == (1, 49, 32)
+  token, gap = _params('ViT-Ze/4'), _gap_params()
+  x_gap = _gap_images()
+  keys = {c: set(_abstract_params('ViT-Ze/4', size=28, num_classes=10, channels=1, classifier=c))
+          for c in ('token', 'gap', 'unpooled')}
+  assert keys['token'] == keys['unpooled'] == keys['gap'] | {'cls'}
+  assert set(traverse_util.flatten_dict(gap, sep='/')) == keys['gap']
+  assert _abstract_params('ViT-Ze/4', size=28, num_classes=10, channels=1, classifier='gap')[
+      'Transformer/posembed_input/pos_embedding'].shape == (1, 49, 32)
   assert token['Transformer']['posembed_input']['pos_embedding'].shape == (1, 50, 32)
   out_token = _apply(model['token'], token, x)
-  out_gap = _apply(model['gap'], gap, x)
+  out_gap = _apply(model['gap'], gap, x_gap)
   unpooled, state = _apply(model['unpooled'], token, x, capture_intermediates=True)
   assert out_token.shape == out_gap.shape == (2, 10)
   assert unpooled.shape == (2, 50, 10)
@@ -415,9 +436,9 @@ def test_classifier_options():
   np.testing.assert_allclose(unpooled, feats @ token['head']['kernel'] + token['head']['bias'],
                              rtol=1e-5, atol=1e-5)
   # gap: the head applied to the mean token.
-  _, state = _apply(model['gap'], gap, x, capture_intermediates=True)
+  _, state = _apply(model['gap'], gap, x_gap, capture_intermediates=True)
   feats = state['intermediates']['Transformer']['__call__'][0]
-  assert feats.shape == (2, 49, 32)
+  assert feats.shape == (2, 50, 32)
   np.testing.assert_allclose(out_gap, feats.mean(1) @ gap['head']['kernel'] + gap['head']['bias'],
                              rtol=1e-5, atol=1e-5)
 
@@ -425,11 +446,15 @@ def test_classifier_options():
 def test_representation_size_adds_pre_logits():
   x = _images()
   rep = create_model('ViT-Ze/4', num_classes=10, representation_size=16)
-  p_rep = _params('ViT-Ze/4', representation_size=16)
-  assert 'pre_logits' not in _raw_params('ViT-Ze/4')
-  assert p_rep['pre_logits']['kernel'].shape == (32, 16)
-  assert p_rep['pre_logits']['bias'].shape == (16,)
-  assert p_rep['head']['kernel'].shape == (16, 10)
+  shapes = _abstract_params('ViT-Ze/4', size=28, num_classes=10, channels=1, representation_size=16)
+  assert {k: v.shape for k, v in shapes.items() if k.split('/')[0] in ('pre_logits', 'head')} == {
+      'pre_logits/kernel': (32, 16), 'pre_logits/bias': (16,),
+      'head/kernel': (16, 10), 'head/bias': (10,)}
+  assert set(shapes) - set(_abstract_params('ViT-Ze/4', size=28, num_classes=10, channels=1)) == {
+      'pre_logits/kernel', 'pre_logits/bias'}
+  p_rep = _params('ViT-Ze/4')
+  p_rep['pre_logits'] = {'kernel': _normal((32, 16), 7), 'bias': _normal((16,), 8)}
+  p_rep['head'] = {'kernel': _normal((16, 10), 9), 'bias': _normal((10,), 10)}
   # pre_logits is tanh(Dense(features)): reproduce the logits from the captured features.
   logits, state = _apply(rep, p_rep, x, capture_intermediates=True)
   feats = state['intermediates']['Transformer']['__call__'][0][:, 0]
@@ -467,14 +492,14 @@ def _without_posemb(params):
 
 @pytest.mark.parametrize('classifier', ['token', 'gap'])
 def test_posemb_options(classifier):
-  x = _images()
+  x = _images() if classifier == 'token' else _gap_images()
   models = {kind: create_model('ViT-Ze/4', num_classes=10, posemb=kind, classifier=classifier)
             for kind in ('learned', 'sincos2d', 'none')}
-  learned = _params('ViT-Ze/4', classifier=classifier)
+  learned = _params('ViT-Ze/4') if classifier == 'token' else _gap_params()
   flat_learned = traverse_util.flatten_dict(learned, sep='/')
   for kind in ('sincos2d', 'none'):
-    flat = traverse_util.flatten_dict(_raw_params('ViT-Ze/4', classifier=classifier, posemb=kind),
-                                      sep='/')
+    flat = _abstract_params('ViT-Ze/4', size=28, num_classes=10, channels=1,
+                            classifier=classifier, posemb=kind)
     # The same params as the learned model minus pos_embedding.
     assert set(flat) == set(flat_learned) - {'Transformer/posembed_input/pos_embedding'}, kind
   params = _without_posemb(learned)
@@ -482,7 +507,7 @@ def test_posemb_options(classifier):
   out_sincos = _apply(models['sincos2d'], params, x)
   assert not np.allclose(out_none, out_sincos)
   # sincos2d == a learned posemb set to the sincos table (zero row for cls, added after cls).
-  table = _sincos_reference(7, 7, 32)
+  table = _sincos_reference(7, 7, 32) if classifier == 'token' else _sincos_reference(*GAP_GRID, 32)
   if classifier == 'token':
     table = np.concatenate([np.zeros((1, 32)), table])
   learned_sincos = jax.tree.map(lambda p: p, learned)
@@ -495,21 +520,32 @@ def test_posemb_options(classifier):
 @pytest.mark.parametrize('option', ['dropout_rate', 'attention_dropout_rate', 'stochastic_depth'])
 def test_stochastic_options(option):
   x = _images()
+  same = jnp.concatenate([x[:1], x[:1]])  # two copies of one image
   base = create_model('ViT-Ze/4', num_classes=10)
   model = create_model('ViT-Ze/4', num_classes=10, **{option: 0.4})
   params = _params('ViT-Ze/4')
-  eval_out = _apply(base, params, x)
-  np.testing.assert_array_equal(_apply(model, params, x, train=False), eval_out)
-  np.testing.assert_array_equal(_apply(base, params, x, train=True, seed=1), eval_out)
-  outs = [_apply(model, params, x, train=True, seed=seed) for seed in (1, 2, 3)]
+  eval_out = _apply(base, params, same)
+  np.testing.assert_allclose(eval_out[0], eval_out[1])
+  np.testing.assert_array_equal(_apply(model, params, same, train=False), eval_out)
+  np.testing.assert_array_equal(_apply(base, params, same, train=True, seed=1), eval_out)
+  outs = [_apply(model, params, same, train=True, seed=seed) for seed in (1, 2, 3)]
   # Different rngs -> different outputs (drop path has few coin flips: compare 3 seeds).
   assert not (np.allclose(outs[0], outs[1]) and np.allclose(outs[0], outs[2]))
   assert not all(np.allclose(o, eval_out) for o in outs)
-  np.testing.assert_array_equal(outs[0], _apply(model, params, x, train=True, seed=1))
-  # The masks are drawn per example: two copies of one image get different outputs.
-  same = jnp.concatenate([x[:1], x[:1]])
-  pairs = [_apply(model, params, same, train=True, seed=seed) for seed in (1, 2, 3)]
-  assert any(not np.allclose(o[0], o[1]) for o in pairs)
+  # The masks are drawn per example: the two copies get different outputs.
+  assert any(not np.allclose(o[0], o[1]) for o in outs)
+  # Same rng, same output.
+  np.testing.assert_array_equal(outs[0], _apply(model, params, same, train=True, seed=1))
+
+
+def test_drop_path():
+  x = jnp.ones((2000, 3, 4))
+  out = np.asarray(vit_lib.drop_path(x, 0.25, _key(0)))
+  per_example = out.reshape(2000, -1)
+  # Whole examples are either dropped or kept and scaled by 1 / (1 - rate).
+  assert np.all((per_example == 0).all(1) | np.isclose(per_example, 1 / 0.75).all(1))
+  assert abs((per_example[:, 0] == 0).mean() - 0.25) < 0.04
+  assert np.all(np.asarray(vit_lib.drop_path(x, 1.0, _key(0))) == 0)
 
 
 def test_stochastic_depth_is_linear_in_depth():
@@ -583,16 +619,14 @@ def test_gelu_exact_vs_tanh():
   assert 0 < diff < 1e-2
 
 
-def test_remat_same_params_and_output():
+def test_remat():
   x = _images()
   plain = create_model('ViT-Ze/4', num_classes=10, dropout_rate=0.1)
   remat = create_model('ViT-Ze/4', num_classes=10, dropout_rate=0.1, remat=True)
   params = _params('ViT-Ze/4')
-  abstract = jax.eval_shape(lambda: remat.init(_key(0), x, train=False)['params'])
-  assert jax.tree.structure(params) == jax.tree.structure(abstract)
-  remat_out = jax.jit(lambda p: _apply(remat, p, x, train=True, seed=3))(params)
-  np.testing.assert_allclose(remat_out, _apply(plain, params, x, train=True, seed=3),
-                             rtol=1e-5, atol=1e-5)
+  out, variables = jax.eval_shape(lambda: remat.init_with_output(_key(0), x, train=False))
+  assert out.shape == (2, 10)
+  assert jax.tree.structure(params) == jax.tree.structure(variables['params'])
 
   def grad_jaxpr(model):
     loss = lambda p: jnp.sum(_apply(model, p, x, train=True, seed=3))
@@ -697,27 +731,54 @@ def _group_norm_reference(x, groups=32, eps=1e-6):
   return ((g - mean) / np.sqrt(var + eps)).reshape(x.shape)
 
 
+def _np_conv_same(x, w, stride):
+  """TF/flax 'SAME' convolution, NHWC x HWIO, in numpy."""
+  kh, kw = w.shape[:2]
+  (t, b), (l, r) = _np_same_pad(x.shape[1], kh, stride), _np_same_pad(x.shape[2], kw, stride)
+  xp = np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)))
+  oh, ow = -(-x.shape[1] // stride), -(-x.shape[2] // stride)
+  return sum(xp[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] @ w[i, j]
+             for i in range(kh) for j in range(kw))
+
+
+def _np_std_conv(x, w, stride=1):
+  w = (w - w.mean((0, 1, 2))) / (w.std((0, 1, 2)) + 1e-5)
+  return _np_conv_same(x, w, stride)
+
+
+def _np_residual_unit(x, p, stride):
+  gn = lambda y, q: _group_norm_reference(y) * q['scale'] + q['bias']
+  y = np.maximum(gn(_np_std_conv(x, p['conv1']['kernel']), p['gn1']), 0)
+  y = np.maximum(gn(_np_std_conv(y, p['conv2']['kernel'], stride), p['gn2']), 0)
+  y = gn(_np_std_conv(y, p['conv3']['kernel']), p['gn3'])
+  shortcut = x
+  if 'conv_proj' in p:
+    shortcut = gn(_np_std_conv(x, p['conv_proj']['kernel'], stride), p['gn_proj'])
+  return np.maximum(y + shortcut, 0)
+
+
 def test_residual_unit():
-  x = np.asarray(_normal((1, 4, 4, 64), seed=1))
+  x = np.asarray(_normal((1, 5, 5, 64), seed=1))
   unit = resnet_lib.ResidualUnit(32, (2, 2))
-  out, variables = jax.jit(lambda x: unit.init_with_output(_key(0), x))(x)
-  params = variables['params']
-  assert set(params) == {'conv1', 'gn1', 'conv2', 'gn2', 'conv3', 'gn3', 'conv_proj', 'gn_proj'}
-  shapes = {k: v.shape for k, v in traverse_util.flatten_dict(params, sep='/').items()}
-  assert shapes['conv1/kernel'] == (1, 1, 64, 32)
-  assert shapes['conv2/kernel'] == (3, 3, 32, 32)
-  assert shapes['conv3/kernel'] == (1, 1, 32, 128)
-  assert shapes['conv_proj/kernel'] == (1, 1, 64, 128)
-  assert 'conv1/bias' not in shapes
-  assert np.all(np.asarray(params['gn3']['scale']) == 0)
-  assert np.all(np.asarray(params['gn1']['scale']) == 1)
-  assert out.shape == (1, 2, 2, 128)
-  # gn3 scale 0 at init: the unit is relu(gn_proj(conv_proj(x))), the 1x1 stride-2 projection
-  # ('SAME' on an even size samples pixels 0, 2, ...) with the standardised kernel.
-  w = np.asarray(params['conv_proj']['kernel'])[0, 0]
-  w = (w - w.mean(0)) / (w.std(0) + 1e-5)
-  expected = np.maximum(_group_norm_reference(x[:, ::2, ::2, :] @ w), 0)
-  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+  abstract = jax.eval_shape(lambda: unit.init(_key(0), x))['params']
+  shapes = {k: v.shape for k, v in traverse_util.flatten_dict(abstract, sep='/').items()}
+  assert shapes == {
+      'conv1/kernel': (1, 1, 64, 32), 'gn1/scale': (32,), 'gn1/bias': (32,),
+      'conv2/kernel': (3, 3, 32, 32), 'gn2/scale': (32,), 'gn2/bias': (32,),
+      'conv3/kernel': (1, 1, 32, 128), 'gn3/scale': (128,), 'gn3/bias': (128,),
+      'conv_proj/kernel': (1, 1, 64, 128), 'gn_proj/scale': (128,), 'gn_proj/bias': (128,)}
+  # Init: gn3 scale 0 (the unit starts as its shortcut), the other GroupNorms scale 1, bias 0.
+  gns = jax.jit(lambda: {k: v for k, v in unit.init(_key(0), x)['params'].items()
+                         if k.startswith('gn')})()
+  assert np.all(np.asarray(gns['gn3']['scale']) == 0)
+  for name in ('gn1', 'gn2', 'gn_proj'):
+    assert np.all(np.asarray(gns[name]['scale']) == 1) and np.all(np.asarray(gns[name]['bias']) == 0)
+  # Forward with random params (odd input size: asymmetric 'SAME' padding) vs numpy.
+  params = jax.tree.map(lambda p: np.asarray(_normal(p.shape, seed=p.size)) * 0.5 + 0.1, abstract)
+  out = jax.jit(lambda p, x: unit.apply({'params': p}, x))(params, x)
+  assert out.shape == (1, 3, 3, 128)
+  np.testing.assert_allclose(out, _np_residual_unit(x.astype(np.float64), params, 2),
+                             rtol=1e-4, atol=1e-4)
   # Identity shortcut when the shapes match.
   x128 = jax.ShapeDtypeStruct((1, 4, 4, 128), jnp.float32)
   same = jax.eval_shape(lambda x: resnet_lib.ResidualUnit(32).init(_key(0), x), x128)['params']

@@ -52,6 +52,15 @@ def sincos2d_posemb(h: int, w: int, width: int, temperature: float = 10_000.) ->
   return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
 
 
+def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+  """Stochastic depth: zero whole examples with probability `rate`, scale the rest by 1/(1-rate)."""
+  if rate >= 1.:
+    return jnp.zeros_like(x)
+  keep = 1. - rate
+  mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+  return x * (mask / keep).astype(x.dtype)
+
+
 class AddPositionEmbs(nn.Module):
   """Adds the position embedding to tokens [B, N, D] (N includes the cls slot if `has_cls`)."""
   kind: str
@@ -136,11 +145,7 @@ class Encoder1DBlock(nn.Module):
   def _drop_path(self, y: jax.Array, deterministic: bool) -> jax.Array:
     if deterministic or self.drop_path_rate == 0.:
       return y
-    if self.drop_path_rate >= 1.:
-      return jnp.zeros_like(y)
-    keep = 1. - self.drop_path_rate
-    mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
-    return y * mask.astype(y.dtype)
+    return drop_path(y, self.drop_path_rate, self.make_rng('dropout'))
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
