@@ -11,7 +11,7 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  args = common.parse_arg(arg, model_name='ViT-Mu/4', steps=3000, batch_size=128, lr=1e-3)
+  args = common.parse_arg(arg, model_name='ViT-Mu/4', steps=1600, batch_size=64, lr=3e-3)
   c = common.base_config()
   c.model_name = args['model_name']
   c.dataset = 'mnist5k'
@@ -25,13 +25,13 @@ def get_config(arg: str | None = None):
   c.batch_size = args['batch_size']
   c.eval_batch_size = 200
   c.total_steps = args['steps']
-  c.warmup_steps = 200
+  c.warmup_steps = 100
   c.optimizer = 'adam'
   c.lr = args['lr']
   c.weight_decay = 0.1
   c.decay_type = 'cosine'
   c.grad_clip_norm = 1.0
   c.log_every = 100
-  c.eval_every = 500
-  c.checkpoint_every = 500
+  c.eval_every = 400
+  c.checkpoint_every = 400
   return c

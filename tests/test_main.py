@@ -121,3 +121,13 @@ def test_bad_config_argument_and_missing_workdir():
   assert proc.returncode == 2 and 'stepz' in proc.stderr and 'Traceback' not in proc.stderr
   proc = _cli('--config=configs/default.py')
   assert proc.returncode == 2 and 'workdir' in proc.stderr and 'Traceback' not in proc.stderr
+
+
+def test_cli_trains_and_prints_final_accuracy(tmp_path, data_dir):
+  proc = _cli('--config=configs/default.py:model_name=ViT-Ze/4,steps=4,batch_size=32',
+              f'--workdir={tmp_path}', f'--config.data_dir={data_dir}',
+              '--config.warmup_steps=1', '--config.log_every=2')
+  assert proc.returncode == 0, proc.stderr
+  assert 'final test top-1 accuracy:' in proc.stdout and '(1000 examples)' in proc.stdout
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
+  assert _steps_logged(str(tmp_path), 'train') == [2, 4]

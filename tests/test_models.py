@@ -183,11 +183,11 @@ def test_closed_form_matches_the_table_and_small_variants():
   assert _formula_count(1280, 32, 5120, 14, 257, 3, 1000) == COUNT_224_1K['ViT-H/14']
   # Small bases on 28x28 grayscale: 7x7 grid + cls.
   assert _count('ViT-Mu/4', size=28, channels=1, num_classes=10) == _formula_count(
-      128, 6, 512, 4, 50, 1, 10)
+      64, 6, 256, 4, 50, 1, 10)
   assert _count('ViT-Ze/4', size=28, channels=1, num_classes=10) == _formula_count(
       32, 2, 64, 4, 50, 1, 10)
   # Stem-only hybrids: + conv_root 7x7xCx64 + gn_root (2x64); embedding 1x1x64xD on a 7x7 grid.
-  for name, d, layers, mlp in (('R+ViT-Mu/4', 128, 6, 512), ('R+ViT-Ze/4', 32, 2, 64)):
+  for name, d, layers, mlp in (('R+ViT-Mu/4', 64, 6, 256), ('R+ViT-Ze/4', 32, 2, 64)):
     stem = 7 * 7 * 1 * 64 + 2 * 64
     assert _count(name, size=28, channels=1, num_classes=10) == stem + _formula_count(
         d, layers, mlp, 1, 50, 64, 10)
@@ -217,12 +217,12 @@ def test_decode_variant():
   assert decode_variant('ViT-Ze/7') == dict(
       patch_size=(7, 7), hidden_size=32, num_layers=2, num_heads=2, mlp_dim=64, resnet=None)
   assert decode_variant('ViT-Mu/4') == dict(
-      patch_size=(4, 4), hidden_size=128, num_layers=6, num_heads=4, mlp_dim=512, resnet=None)
+      patch_size=(4, 4), hidden_size=64, num_layers=6, num_heads=4, mlp_dim=256, resnet=None)
   hybrid = {
       'R50+ViT-B/16': ((3, 4, 9), 1, 768), 'R50+ViT-L/32': ((3, 4, 6, 3), 1, 1024),
       'R50+ViT-B/32': ((3, 4, 6, 3), 1, 768), 'R26+ViT-S/32': ((2, 2, 2, 2), 1, 384),
       'R26+ViT-B/32': ((2, 2, 2, 2), 1, 768), 'R+ViT-Ti/16': ((), 8, 192),
-      'R+ViT-Mu/4': ((), 1, 128), 'R+ViT-Ze/4': ((), 1, 32)}
+      'R+ViT-Mu/4': ((), 1, 64), 'R+ViT-Ze/4': ((), 1, 32)}
   for name, (stages, patch, width) in hybrid.items():
     kw = decode_variant(name)
     assert kw['resnet'] == resnet_lib.ResNetConfig(num_layers=stages, width_factor=1), name

@@ -34,6 +34,10 @@ def _parse_flags(argv):
     fail(_unknown_key_message(str(e).strip('"\''), argv))
 
 
+def _one_line(message: str) -> str:
+  return ' '.join(message.split())
+
+
 def _user_message(error: BaseException) -> str | None:
   """The UserError behind a flag error (config files are parsed inside flag parsing)."""
   found, seen = None, error
@@ -90,7 +94,7 @@ def run_main(fn, *, required_flags=()) -> None:
 
   def guarded(argv):
     if not flags.FLAGS['verbosity'].present:
-      logging.set_verbosity(logging.WARNING)  # library INFO chatter off unless asked for
+      logging.set_verbosity(logging.ERROR)  # library INFO/WARNING chatter off unless asked for
     try:
       return fn(argv)
     except UserError as e:

@@ -18,7 +18,7 @@ BASES: Dict[str, Dict[str, int]] = {
     'B': dict(hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072),
     'L': dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096),
     'H': dict(hidden_size=1280, num_layers=32, num_heads=16, mlp_dim=5120),
-    'Mu': dict(hidden_size=128, num_layers=6, num_heads=4, mlp_dim=512),
+    'Mu': dict(hidden_size=64, num_layers=6, num_heads=4, mlp_dim=256),
     'Ze': dict(hidden_size=32, num_layers=2, num_heads=2, mlp_dim=64),
 }
 

@@ -35,20 +35,9 @@ def resolve_steps(config, num_train_examples: int) -> int:
   return steps
 
 
-def model_overrides(model_config) -> dict:
-  out = dict(model_config.to_dict())
-  for key in ('dtype', 'param_dtype'):
-    try:
-      out[key] = jnp.dtype(out[key])
-    except TypeError:
-      raise UserError(f'config.model.{key}={out[key]!r} is not a dtype: use float32 or '
-                      'bfloat16') from None
-  return out
-
-
 def build_model(config, num_classes: int):
   return models.create_model(config.model_name, num_classes=num_classes,
-                             **model_overrides(config.model))
+                             **config.model.to_dict())
 
 
 def _train_pp(config) -> dict:
