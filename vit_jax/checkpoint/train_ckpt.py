@@ -15,11 +15,7 @@ class Checkpointer:
   """Saves every `every` steps and at the end, keeps the newest `keep`, restores sharded."""
 
   def __init__(self, workdir: str, *, keep: int):
-    if jax.default_backend() == 'cpu':
-      # Replica-parallel writes slice every replicated array with a fresh jit (one compile per
-      # shape: ~10 s for a small ViT on 8 CPU devices) and buy nothing without accelerators.
-      ocp.type_handlers.register_type_handler(
-          jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+    _use_plain_array_writes_on_cpu()
     self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -44,6 +40,19 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+_PLAIN_WRITES = []
+
+
+def _use_plain_array_writes_on_cpu() -> None:
+  """Replica-parallel writes slice every replicated array with a fresh jit (one compile per
+  shape: ~10 s for a small ViT on 8 CPU devices) and buy nothing without accelerators."""
+  if jax.default_backend() != 'cpu' or _PLAIN_WRITES:
+    return
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  _PLAIN_WRITES.append(True)
 
 
 def abstract_with_shardings(tree, shardings):

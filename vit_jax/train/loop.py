@@ -104,6 +104,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
                     f'into accum_steps={config.accum_steps} micro-batches: change '
                     '--config.accum_steps or --config.batch_size')
 
+  if config.model.classifier == 'unpooled':
+    raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
+                    'cannot score: train with --config.model.classifier=token or gap')
   model = build_model(config, num_classes)
   schedule = optim.make_schedule(lr=config.lr, total_steps=total_steps,
                                  warmup_steps=config.warmup_steps, decay_type=config.decay_type,
