@@ -8,6 +8,7 @@ checkpoints -> learning-curve PNG. Returns the final evaluation metrics.
 import math
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -154,6 +155,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     _say(f'training {config.model_name} on {config.dataset} ({num_train} examples) for '
          f'{total_steps} steps of batch {config.batch_size} on {mesh.devices.size} device(s)')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
+    t_start = time.perf_counter()
     history, to_log = [], None
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
@@ -179,6 +181,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       if step % config.checkpoint_every == 0 or is_last:
         ckpt.save(step, state, config_json)
     progress.close()
+    elapsed = time.perf_counter() - t_start
+    _say(f'trained steps {start_step + 1}-{total_steps} in {elapsed:.0f} s (compilation, '
+         f'evaluation and checkpoints included)')
   else:
     _say(f'{workdir} already holds the final checkpoint (step {start_step}); evaluating it')
   if result is None:
