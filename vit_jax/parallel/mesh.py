@@ -15,6 +15,8 @@ def init_distributed(coordinator_address: str | None = None, num_processes: int 
     return
   if coordinator_address is None or process_id is None:
     raise UserError('--num_processes > 1 needs --coordinator_address=HOST:PORT and --process_id')
+  # CPU processes talk through gloo (only CPU collectives use this; TPUs and GPUs ignore it).
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
 
