@@ -101,6 +101,8 @@ def parse_arg(arg: str | None, **defaults):
       raise UserError(f'unknown config argument {key!r}; valid keys: {sorted(defaults)}')
     kind = type(defaults[key])
     if kind is bool:
+      if value.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
+        raise UserError(f'config argument {key}={value!r} is not a bool: use true or false')
       out[key] = value.lower() in ('1', 'true', 'yes')
     elif defaults[key] is None:
       out[key] = value

@@ -1,0 +1,48 @@
+"""The config schema: documented, typed, locked, and parsed from `key=value` arguments."""
+
+import os
+
+import pytest
+
+from configs import common, default
+from vit_jax.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _flat_keys(config, prefix=''):
+  out = []
+  for key, value in config.items():
+    out += _flat_keys(value, f'{prefix}{key}.') if hasattr(value, 'items') else [prefix + key]
+  return out
+
+
+def test_every_key_is_documented_in_configs_readme():
+  with open(os.path.join(ROOT, 'configs', 'README.md')) as f:
+    readme = f.read()
+  missing = [k for k in _flat_keys(common.base_config()) if f'| `{k}` |' not in readme]
+  assert not missing, f'undocumented config keys: {missing}'
+
+
+def test_default_config_adds_no_keys_and_parses_arguments():
+  assert sorted(_flat_keys(default.get_config())) == sorted(_flat_keys(common.base_config()))
+  c = default.get_config('model_name=ViT-Ze/4,steps=7,batch_size=16,lr=0.5')
+  assert (c.model_name, c.total_steps, c.batch_size, c.lr) == ('ViT-Ze/4', 7, 16, 0.5)
+  assert isinstance(c.total_steps, int) and isinstance(c.lr, float)
+
+
+@pytest.mark.parametrize('arg, needle', [
+    ('stepz=5', "unknown config argument 'stepz'"),
+    ('steps', 'is not key=value'),
+    ('steps=many', "steps='many' is not a valid int"),
+])
+def test_bad_config_arguments(arg, needle):
+  with pytest.raises(UserError, match=needle):
+    default.get_config(arg)
+
+
+def test_bool_arguments():
+  assert common.parse_arg('flag=false', flag=True)['flag'] is False
+  assert common.parse_arg('flag=True', flag=False)['flag'] is True
+  with pytest.raises(UserError, match='not a bool'):
+    common.parse_arg('flag=maybe', flag=True)
