@@ -12,5 +12,9 @@ import pytest  # pylint: disable=g-import-not-at-top
 
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
-  """A tfds data_dir shared by the session; mnist5k is prepared there on first use."""
-  return str(tmp_path_factory.mktemp('tfds'))
+  """A tfds data_dir shared by the session, with mnist5k prepared in it (so no test's output
+  depends on whether it was the first to touch the dataset)."""
+  from vit_jax.data import mnist5k  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp('tfds'))
+  mnist5k.prepare(path)
+  return path

@@ -15,9 +15,9 @@ Importing `vit_jax.data` registers the builder; `prepare(data_dir)` builds it of
 pipelines call it automatically on first use). `tfds.builder('mnist5k', data_dir=...)` works too.
 """
 
-import sys
 from typing import Optional
 
+from absl import logging
 from etils import epath
 
 import numpy as np
@@ -104,7 +104,7 @@ def prepare(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
     return builder
   config = tfds.download.DownloadConfig(
       try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP)
-  print(f'preparing mnist5k in {builder.data_dir} (once, offline)', file=sys.stderr, flush=True)
+  logging.info('preparing mnist5k in %s (once, offline)', builder.data_dir)
   tfds.disable_progress_bar()  # a few seconds of work: no progress bars in the run's log
   try:
     builder.download_and_prepare(download_config=config)
