@@ -87,6 +87,28 @@ def _flat_keys(config, prefix: str = '') -> list[str]:
   return out
 
 
+def import_tensorflow_quietly() -> None:
+  """Imports TensorFlow with file descriptor 2 pointed at /dev/null.
+
+  TensorFlow 2.21 prints its CPU-feature and oneDNN banners through absl's C++ logging before that
+  is initialised, which ignores TF_CPP_MIN_LOG_LEVEL; a user error must stay one line on stderr.
+  An import failure still raises (with its traceback) once stderr is restored.
+  """
+  if 'tensorflow' in sys.modules:
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with open(os.devnull, 'w') as null:
+      os.dup2(null.fileno(), 2)
+      try:
+        import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+      finally:
+        os.dup2(saved, 2)
+  finally:
+    os.close(saved)
+
+
 def run_main(fn, *, required_flags=()) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2."""
   for name in required_flags:
@@ -95,6 +117,7 @@ def run_main(fn, *, required_flags=()) -> None:
   def guarded(argv):
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.ERROR)  # library INFO/WARNING chatter off unless asked for
+    import_tensorflow_quietly()
     try:
       return fn(argv)
     except UserError as e:

@@ -15,6 +15,8 @@ Importing `vit_jax.data` registers the builder; `prepare(data_dir)` builds it of
 pipelines call it automatically on first use). `tfds.builder('mnist5k', data_dir=...)` works too.
 """
 
+import contextlib
+import io
 from typing import Optional
 
 from absl import logging
@@ -107,7 +109,9 @@ def prepare(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
   logging.info('preparing mnist5k in %s (once, offline)', builder.data_dir)
   tfds.disable_progress_bar()  # a few seconds of work: no progress bars in the run's log
   try:
-    builder.download_and_prepare(download_config=config)
+    # tfds prints "Downloading and preparing ... downloaded" on stdout; nothing is downloaded here.
+    with contextlib.redirect_stdout(io.StringIO()):
+      builder.download_and_prepare(download_config=config)
   except OSError:
     # Another process may have finished preparing the same directory first (the final rename of
     # the temporary directory then fails here); that is fine if the dataset is now complete.
