@@ -108,6 +108,15 @@ def mean_attention_distance(attn, grid: Grid, patch_pixels, has_cls: Optional[bo
   return (out if per_image else out.mean(axis=1)).astype(np.float32)
 
 
+def cls_attention_share(attn, has_cls: bool) -> np.ndarray:
+  """Mean attention mass that patch queries give the cls token, [L, H] (the part the mean
+  attention distance leaves out); zeros without a cls token."""
+  attn = _stack(attn)
+  if not has_cls:
+    return np.zeros((attn.shape[0], attn.shape[2]), np.float32)
+  return attn[..., 1:, 0].mean(axis=(1, 3)).astype(np.float32)
+
+
 def uniform_attention_distance(grid: Grid, patch_pixels) -> float:
   """The mean attention distance if every patch attended uniformly to every patch (itself too)."""
   return float(patch_distances(grid, patch_pixels).mean())
@@ -154,5 +163,6 @@ def upsample(maps: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
 
 
 __all__ = ['token_grid', 'has_cls_token', 'forward_with_attention', 'attention_weights',
-           'patch_distances', 'mean_attention_distance', 'uniform_attention_distance',
+           'patch_distances', 'mean_attention_distance', 'cls_attention_share',
+           'uniform_attention_distance',
            'rollout_matrix', 'attention_rollout', 'upsample']

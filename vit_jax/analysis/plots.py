@@ -77,8 +77,7 @@ def plot_posemb_similarity(similarity: np.ndarray, grid: Tuple[int, int], path: 
       mosaic[y:y + gh, x:x + gw] = sim[r, c]
   size = min(7., 1.0 + 0.8 * max(gh, gw))
   fig, ax = plt.subplots(figsize=(size + 1.2, size))
-  cmap = plt.get_cmap('viridis').copy()
-  cmap.set_bad('white')
+  cmap = plt.get_cmap('viridis').with_extremes(bad='white')
   im = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation='nearest')
   step = max(1, gh // 8)
   ax.set_yticks([r * (gh + gap) + (gh - 1) / 2 for r in range(0, gh, step)])
