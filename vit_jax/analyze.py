@@ -1,0 +1,42 @@
+"""Figures of what a trained ViT learned: `python -m vit_jax.analyze --workdir=DIR --out=OUT`.
+
+Writes to OUT: embedding_filters, posemb_similarity, attention_distance, attention_rollout (each a
+.png and the .npz of its arrays) and summary.json. Positional arguments are PNG/JPEG files for the
+attention figures (resized to the model's input size and channels); without them the first
+--num_images eval images of the run's dataset are used. --checkpoint is a step number or a step
+directory; by default the newest step in the workdir. The model and preprocessing come from the
+config stored with the checkpoint.
+"""
+
+import os
+import sys
+
+from absl import flags
+
+from vit_jax import cli
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training run directory (holds checkpoints/).')
+_CHECKPOINT = flags.DEFINE_string('checkpoint', None,
+                                  'Step number or checkpoint step directory; default: newest.')
+_OUT = flags.DEFINE_string('out', None, 'Directory for the PNG figures and .npz arrays.')
+_NUM_IMAGES = flags.DEFINE_integer('num_images', 16, 'Eval images used without image arguments.')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, "tfds data_dir; default: the run's config.")
+
+
+def run(argv) -> int:
+  from vit_jax.analysis import report  # pylint: disable=g-import-not-at-top
+  summary = report.write_report(workdir=_WORKDIR.value, out=_OUT.value,
+                                checkpoint=_CHECKPOINT.value, images=argv[1:],
+                                num_images=_NUM_IMAGES.value, data_dir=_DATA_DIR.value)
+  for name, info in summary['figures'].items():
+    where = os.path.join(_OUT.value, info['png']) if 'png' in info else None
+    print(f'{name}: {where or "skipped (" + info["skipped"] + ")"}')
+  return 0
+
+
+def main():
+  cli.run_main(run, required_flags=('out',))
+
+
+if __name__ == '__main__':
+  sys.exit(main())
