@@ -31,7 +31,8 @@ def base_config() -> config_dict.ConfigDict:
   c.model.param_dtype = 'float32'         # parameter dtype (keep float32 for training)
   c.model.head_bias_init = 0.0            # initial head bias (-10 for sigmoid i21k pre-training)
   c.model.gelu_approximate = True         # tanh GELU as the original; False = exact erf
-  c.model.remat = False                   # rematerialise each encoder block (saves memory)
+  c.model.remat = 'none'                  # none | full | dots: rematerialise each encoder block
+                                          # (dots keeps the Dense outputs, recomputes the rest)
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
   c.dataset = 'mnist5k'
@@ -74,9 +75,16 @@ def base_config() -> config_dict.ConfigDict:
   c.loss = 'softmax_xent'                 # softmax_xent | sigmoid_xent
   c.label_smoothing = 0.0
 
-  # Devices.
+  # Devices: mesh data x fsdp x model must equal the device count; one axis may be -1 (the rest).
+  c.parallelism = 'jit'                   # jit (sharded, any mesh) | pmap (per-device + pmean)
   c.mesh = config_dict.ConfigDict()
-  c.mesh.data = -1                        # devices on the data axis (-1 = all the rest)
+  c.mesh.data = -1                        # data parallel: batch split, parameters replicated
+  c.mesh.fsdp = 1                         # FSDP: batch split, parameters and optimizer split
+  c.mesh.model = 1                        # tensor parallel: attention heads and MLP units split
+  c.data_sharding = 'process'             # process: each process reads its share of the split;
+                                          # global: every process reads the global order and keeps
+                                          # its rows (same batches on any process count)
+  c.compile_only = False                  # compile the train step, print its per-device memory, exit
 
   # Loop.
   c.seed = 0

@@ -2,7 +2,9 @@
 
 Overrides: `--config.lr=3e-4 --config.model_name=ViT-S/16`; config arguments after the file name:
 `--config=configs/default.py:steps=100`. Rerunning with the same workdir resumes.
-Multi-host: pass --coordinator_address/--num_processes/--process_id on every host.
+Multi-host: run the same command on every host with --coordinator_address (process 0's HOST:PORT),
+--num_processes and --process_id; on a Cloud TPU VM slice they are detected when absent. If the
+processes do not all arrive within --distributed_timeout seconds, every one fails with one line.
 """
 
 import sys
@@ -19,6 +21,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and l
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
+_TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
+                                'Seconds to wait for all processes to join the distributed run.')
 
 
 def run(argv) -> int:
@@ -27,8 +31,11 @@ def run(argv) -> int:
   from vit_jax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
-  parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                            timeout_s=_TIMEOUT.value)
   result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  if _CONFIG.value.compile_only:
+    return 0
   print(f'final {_CONFIG.value.eval_split} top-1 accuracy: {result["accuracy"]:.4f} '
         f'({int(result["count"])} examples)')
   return 0

@@ -33,6 +33,7 @@ from vit_jax.data import preprocess
 from vit_jax.errors import UserError
 
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
+SHARDINGS = ('process', 'global')
 
 
 def hide_accelerators_from_tf() -> None:
@@ -46,12 +47,22 @@ def hide_accelerators_from_tf() -> None:
 def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
                    pp: Any, seed: int, start_step: int = 0, process_index: int = 0,
                    process_count: int = 1, shuffle_buffer: int = 50_000, cache: bool = True,
-                   prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+                   prefetch: int = 2,
+                   sharding: str = 'process') -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]}, B = batch_size.
 
   Batch k of a run started at `start_step` equals batch start_step + k of a run started at 0.
   `pp` holds the keys of `preprocess.TrainSpec`.
+
+  `sharding='process'`: the stream of this process's share of the split (its own shuffle and
+  positions). `sharding='global'`: every process streams the whole split in the same global
+  order (global batch = batch_size x process_count) and keeps rows [i*B, (i+1)*B) of each global
+  batch, decoding only those; example seeds use the global position, so the global batches are
+  the same for any process count (at the price of every process reading all undecoded records).
   """
+  if sharding not in SHARDINGS:
+    raise UserError(f'unknown data_sharding {sharding!r}: use --config.data_sharding=process or '
+                    f'global')
   hide_accelerators_from_tf()
   spec = preprocess.train_spec(pp)
   _check_int('batch_size', batch_size, 1)
@@ -61,7 +72,10 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   _check_processes(process_index, process_count)
   builder = info_lib.load_builder(dataset, data_dir)
   ds_info = info_lib.info_from_builder(builder)
-  share = tfds.even_splits(split, n=process_count)[process_index]
+  per_process = sharding == 'process'
+  share = tfds.even_splits(split, n=process_count)[process_index] if per_process else split
+  stream_id = process_index if per_process else 0
+  rows = batch_size if per_process else batch_size * process_count  # records per stream batch
   num = ds_info.num_examples(share)
   if num == 0:
     raise UserError(f"process {process_index} of {process_count} gets no example of split "
@@ -79,7 +93,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
         dtype=tf.int64)
     return records.shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)
 
-  start = start_step * batch_size
+  start = start_step * rows
   first_epoch, skip = divmod(start, num)
   stream = epoch(tf.constant(first_epoch, tf.int64)).skip(skip)
   stream = stream.concatenate(tf.data.Dataset.range(first_epoch + 1, _FOREVER).flat_map(epoch))
@@ -92,7 +106,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
 
   def process_example(encoded, position):
     image = preprocess.decode(encoded, channels)
-    example_seed = preprocess.example_seed(seed_tensor, process_index, position)
+    example_seed = preprocess.example_seed(seed_tensor, stream_id, position)
     return preprocess.train_preprocess(image, example_seed, spec)
 
   def process_batch(records, positions):
@@ -103,7 +117,10 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     images = _map_examples(process_example, (encoded, positions), out_spec)
     return {'image': images, 'label': tf.cast(labels, tf.int32)}
 
-  ds = tf.data.Dataset.zip((stream, positions)).batch(batch_size, drop_remainder=True)
+  ds = tf.data.Dataset.zip((stream, positions)).batch(rows, drop_remainder=True)
+  if not per_process:  # keep this process's rows of the global batch, before decoding
+    mine = slice(process_index * batch_size, (process_index + 1) * batch_size)
+    ds = ds.map(lambda records, positions: (tuple(r[mine] for r in records), positions[mine]))
   ds = ds.map(process_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
   return ds.as_numpy_iterator()

@@ -13,6 +13,10 @@ map 1:1:
   pre_logits                                         (representation_size only) Dense + tanh
   head                                               zero kernel, bias = head_bias_init
 
+Activations carry logical axis names (`batch`, `tokens`, `embed`, `heads`, `kv`, `mlp`) through
+`vit_jax.parallel.sharding.constrain`, which maps them to mesh axes inside the jitted train step
+and does nothing elsewhere. `remat` ('none' | 'full' | 'dots') rematerialises each encoder block.
+
 Every block sows its attention weights [B, heads, N, N] into the 'intermediates' collection;
 `model.apply(..., mutable=['intermediates'])` returns them without changing the logits.
 """
@@ -26,11 +30,19 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import resnet as resnet_lib
+from vit_jax.parallel.sharding import constrain
 
 Dtype = Any
 
 CLASSIFIERS = ('token', 'gap', 'unpooled')
 POSEMBS = ('learned', 'sincos2d', 'none')
+# Rematerialisation of each encoder block: nothing saved ('full'), or only the outputs of the
+# matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 LN_EPS = 1e-6
 POSEMB_STDDEV = 0.02  # "from BERT", as the original.
 MLP_BIAS_STDDEV = 1e-6
@@ -59,6 +71,17 @@ def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
   keep = 1. - rate
   mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
   return x * (mask / keep).astype(x.dtype)
+
+
+TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence between blocks
+
+
+def remat_policy(remat: Union[bool, str]):
+  """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' (True = 'full')."""
+  key = ('full' if remat else 'none') if isinstance(remat, bool) else remat
+  if key not in REMAT_POLICIES:
+    raise UserError(f'unknown remat {remat!r}: use one of {", ".join(REMAT_POLICIES)}')
+  return REMAT_POLICIES[key]
 
 
 class AddPositionEmbs(nn.Module):
@@ -97,13 +120,14 @@ class MultiHeadDotProductAttention(nn.Module):
     dense = lambda name: nn.DenseGeneral(
         features=(self.num_heads, head_dim), axis=-1, kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    q, k, v = dense('query')(x), dense('key')(x), dense('value')(x)  # [B, N, heads, head_dim]
+    names = ('batch', 'tokens', 'heads', 'kv')
+    q, k, v = (constrain(dense(n)(x), names) for n in ('query', 'key', 'value'))  # [B,N,H,hd]
     q = q / jnp.sqrt(head_dim).astype(q.dtype)
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
     self.sow('intermediates', 'attention_weights', weights)
     weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
-    y = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+    y = constrain(jnp.einsum('bhqk,bkhd->bqhd', weights, v), names)
     return nn.DenseGeneral(
         features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
@@ -126,6 +150,7 @@ class MlpBlock(nn.Module):
         param_dtype=self.param_dtype)
     width = x.shape[-1]
     x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
+    x = constrain(x, ('batch', 'tokens', 'mlp'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(width)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -160,7 +185,7 @@ class Encoder1DBlock(nn.Module):
     y = norm()(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=self.dtype,
                  param_dtype=self.param_dtype)(y, deterministic=deterministic)
-    return x + self._drop_path(y, deterministic)
+    return constrain(x + self._drop_path(y, deterministic), TOKENS)
 
 
 class Encoder(nn.Module):
@@ -174,7 +199,7 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.
   stochastic_depth: float = 0.
   gelu_approximate: bool = True
-  remat: bool = False
+  remat: Union[bool, str] = 'none'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -183,8 +208,10 @@ class Encoder(nn.Module):
     if self.posemb != 'none':
       x = AddPositionEmbs(self.posemb, grid, self.has_cls, self.param_dtype,
                           name='posembed_input')(x)
-    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    block_cls = nn.remat(Encoder1DBlock, static_argnums=(2,)) if self.remat else Encoder1DBlock
+    x = constrain(nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train), TOKENS)
+    policy = remat_policy(self.remat)
+    block_cls = (Encoder1DBlock if policy is None else
+                 nn.remat(Encoder1DBlock, static_argnums=(2,), policy=policy))
     for i in range(self.num_layers):
       rate = self.stochastic_depth * i / (self.num_layers - 1) if self.num_layers > 1 else 0.
       x = block_cls(
@@ -221,7 +248,7 @@ class VisionTransformer(nn.Module):
   param_dtype: Dtype = jnp.float32
   head_bias_init: float = 0.
   gelu_approximate: bool = True
-  remat: bool = False
+  remat: Union[bool, str] = 'none'
 
   @property
   def patch(self) -> Tuple[int, int]:

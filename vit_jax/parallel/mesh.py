@@ -1,34 +1,104 @@
-"""Device mesh and the JAX distributed runtime."""
+"""The device mesh ('data', 'fsdp', 'model') and the JAX distributed runtime."""
+
+import os
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import AxisType
 
 from vit_jax.errors import UserError
 
-AXES = ('data',)
+AXES = ('data', 'fsdp', 'model')
+DEFAULT_TIMEOUT_S = 300
+
+
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
+  """(data, fsdp, model) sizes from the config; one of them may be -1 (= all remaining devices)."""
+  sizes = [int(getattr(mesh_config, a, 1)) for a in AXES]
+  flags = ', '.join(f'--config.mesh.{a}={s}' for a, s in zip(AXES, sizes))
+  if sum(s == -1 for s in sizes) > 1:
+    raise UserError(f'mesh {flags}: at most one axis may be -1 (all remaining devices)')
+  if any(s == 0 or s < -1 for s in sizes):
+    raise UserError(f'mesh {flags}: sizes must be positive (or -1 for the rest)')
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if num_devices % known:
+      raise UserError(f'mesh {flags}: {known} does not divide the {num_devices} devices; '
+                      f'pick sizes whose product divides {num_devices}')
+    sizes[sizes.index(-1)] = num_devices // known
+  if int(np.prod(sizes)) != num_devices:
+    raise UserError(f'mesh {flags} has {int(np.prod(sizes))} devices but there are '
+                    f'{num_devices}: make the product {num_devices}, or set one axis to -1')
+  return tuple(sizes)
+
+
+def make_mesh(mesh_config, devices: Optional[Sequence[jax.Device]] = None) -> jax.sharding.Mesh:
+  """The ('data', 'fsdp', 'model') mesh over `devices` (default: every device of every process).
+
+  Axis types are Auto (the compiler propagates shardings from the constraints we give), laid out
+  by `jax.make_mesh` for the physical topology when all devices are used.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_config, len(devices))
+  return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def _on_cloud_tpu_vm() -> bool:
+  """True on a Cloud TPU VM (jax's own cluster detection; False wherever it cannot tell)."""
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+    return any(c.is_env_present() for c in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+               if 'Tpu' in c.__name__)
+  except Exception:  # pylint: disable=broad-except  # private API moved: no auto-detection
+    return False
 
 
 def init_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                     process_id: int | None = None) -> None:
-  """Starts the JAX distributed runtime when more than one process takes part; else a no-op."""
-  if num_processes is None or num_processes <= 1:
+                     process_id: int | None = None, *,
+                     timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
+  """Starts the JAX distributed runtime when more than one process takes part.
+
+  With --coordinator_address/--num_processes/--process_id it joins that run; with none of them
+  it auto-detects a Cloud TPU VM (every worker of a pod slice) and is a no-op elsewhere. If the
+  other processes do not arrive within `timeout_s`, it fails with a UserError saying so.
+  """
+  given = [v is not None for v in (coordinator_address, num_processes, process_id)]
+  if not any(given):
+    if os.environ.get('VIT_JAX_NO_AUTO_DISTRIBUTED') or not _on_cloud_tpu_vm():
+      return
+    _initialize(dict(initialization_timeout=timeout_s), 'the Cloud TPU coordinator', timeout_s)
     return
-  if coordinator_address is None or process_id is None:
-    raise UserError('--num_processes > 1 needs --coordinator_address=HOST:PORT and --process_id')
+  if num_processes is not None and num_processes <= 1 and coordinator_address is None:
+    return
+  if not all(given):
+    raise UserError('multi-process runs need all of --coordinator_address=HOST:PORT, '
+                    '--num_processes=N and --process_id=I (0..N-1) on every process')
+  if not 0 <= process_id < num_processes:
+    raise UserError(f'--process_id={process_id} is not in 0..{num_processes - 1}: number the '
+                    f'processes 0 to --num_processes-1')
+  if ':' not in coordinator_address:
+    raise UserError(f'--coordinator_address={coordinator_address} has no port: use HOST:PORT '
+                    f'(the address of process 0), e.g. 10.0.0.2:8476')
   # CPU processes talk through gloo (only CPU collectives use this; TPUs and GPUs ignore it).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  _initialize(dict(coordinator_address=coordinator_address, num_processes=num_processes,
+                   process_id=process_id, initialization_timeout=timeout_s),
+              f'the coordinator at {coordinator_address}', timeout_s, num_processes)
 
 
-def make_mesh(mesh_config) -> jax.sharding.Mesh:
-  """Builds the device mesh; `mesh_config.data` = -1 takes every device."""
-  n = jax.device_count()
-  size = mesh_config.data
-  if size == -1:
-    size = n
-  if size != n:
-    raise UserError(f'config.mesh.data={mesh_config.data} but there are {n} devices: '
-                    f'use --config.mesh.data=-1 (all devices) or {n}')
-  devices = np.asarray(jax.devices()).reshape((size,))
-  return jax.sharding.Mesh(devices, AXES)
+def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | None = None):
+  try:
+    jax.distributed.initialize(**kwargs)
+  except Exception as e:  # pylint: disable=broad-except  # XlaRuntimeError, DEADLINE_EXCEEDED, ...
+    text = ' '.join(str(e).split())
+    if len(text) > 200:
+      text = text[:200] + '...'
+    others = f'all {num_processes} processes' if num_processes else 'every worker'
+    raise UserError(f'the distributed runtime did not start within {timeout_s} s through {what} '
+                    f'({type(e).__name__}: {text}): start the same command on {others} (on a TPU '
+                    f'VM: gcloud ... ssh --worker=all), check that process 0 runs and that its '
+                    f'port is reachable, or raise --distributed_timeout') from None
+
+
+__all__ = ['AXES', 'mesh_shape', 'make_mesh', 'init_distributed', 'DEFAULT_TIMEOUT_S']

@@ -19,7 +19,9 @@ from vit_jax import models
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.errors import UserError
+from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
+from vit_jax.parallel import steps as steps_lib
 from vit_jax.train import logs, losses, optim, step as step_lib
 
 
@@ -56,8 +58,8 @@ def _input_channels(config, info) -> int:
   return config.pp.channels or info.image_shape[-1]
 
 
-def create_state(config, model, tx, mesh, image_shape, rng):
-  """Initialises parameters and optimizer state directly in their final shardings."""
+def _init_fn(model, tx, image_shape, rng):
+  """(init(rng) -> TrainState, its abstract shapes): parameters are never built unsharded."""
 
   def init(rng):
     dummy = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
@@ -65,10 +67,41 @@ def create_state(config, model, tx, mesh, image_shape, rng):
     return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                opt_state=tx.init(params))
 
-  abstract = jax.eval_shape(init, rng)
+  return init, jax.eval_shape(init, rng)
+
+
+def create_state(model, tx, mesh, image_shape, rng):
+  """Initialises parameters and optimizer state directly in their final shardings."""
+  init, abstract = _init_fn(model, tx, image_shape, rng)
   state_shardings = sharding.param_shardings(abstract, mesh)
-  state = jax.jit(init, out_shardings=state_shardings)(rng)
-  return state, state_shardings, abstract
+  return jax.jit(init, out_shardings=state_shardings)(rng), state_shardings, abstract
+
+
+def _check_tensor_parallel(model, mesh) -> None:
+  ways = mesh.shape['model']
+  if ways > 1 and (getattr(model, 'num_heads', 0) % ways or getattr(model, 'mlp_dim', 0) % ways):
+    raise UserError(f'mesh.model={ways} does not divide the {model.num_heads} attention heads and '
+                    f'MLP width {model.mlp_dim} of this model: use a mesh.model that divides both')
+
+
+def _describe_mesh(parallelism: str, mesh) -> str:
+  shape = ' x '.join(f'{k} {v}' for k, v in mesh.shape.items())
+  return f'{parallelism}, mesh {shape}'
+
+
+def _compile_only(config, train_fn, abstract, state_shardings, mesh, image_shape, rng) -> dict:
+  batch_sh = sharding.batch_sharding(mesh)
+  batch = {'image': jax.ShapeDtypeStruct((config.batch_size, *image_shape), jnp.float32,
+                                         sharding=batch_sh),
+           'label': jax.ShapeDtypeStruct((config.batch_size,), jnp.int32, sharding=batch_sh)}
+  report = memory.compiled_step_report(train_fn, abstract, state_shardings, batch, rng)
+  what = (f'{config.model_name} at {config.image_size} px, batch {config.batch_size}'
+          f'{f" (accum_steps {config.accum_steps})" if config.accum_steps > 1 else ""}, '
+          f'{_describe_mesh(config.parallelism, mesh)}, remat {config.model.remat}, '
+          f'dtype {config.model.dtype}')
+  if jax.process_index() == 0:
+    print(memory.format_report(report, what), flush=True)
+  return report
 
 
 def evaluate(eval_fn, params, eval_data, mesh) -> dict:
@@ -88,55 +121,80 @@ def _mean_metrics(history: list) -> dict:
   return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains `config` in `workdir` (resuming from its newest checkpoint) and returns final eval."""
-  os.makedirs(workdir, exist_ok=True)
-  info = data_lib.get_info(config.dataset, config.data_dir)
-  num_classes = config.num_classes or info.num_classes
-  num_train = info.num_examples(config.train_split)
-  total_steps = resolve_steps(config, num_train)
+def _dataset_facts(config):
+  """(num_classes, train examples, input channels) of the configured dataset.
 
-  mesh = parallel.make_mesh(config.mesh)
+  In compile-only mode a dataset that is not prepared here is fine when `num_classes` is set
+  (channels from `pp.channels`, else 3; one epoch counts as zero examples).
+  """
+  try:
+    info = data_lib.get_info(config.dataset, config.data_dir)
+  except UserError:
+    if not (config.compile_only and config.num_classes):
+      raise
+    return config.num_classes, 0, config.pp.channels or 3
+  return (config.num_classes or info.num_classes, info.num_examples(config.train_split),
+          _input_channels(config, info))
+
+
+def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
+  """Trains `config` in `workdir` (resuming from its newest checkpoint) and returns final eval.
+
+  `devices` (default: all devices of all processes) is what the mesh is built over; with
+  `config.compile_only` it returns the compiled train step's per-device memory report instead.
+  """
+  num_classes, num_train, channels = _dataset_facts(config)
+  total_steps = resolve_steps(config, num_train) if not config.compile_only or num_train else 1
+
+  mesh = parallel.make_mesh(config.mesh, devices)
+  steps_lib.check_parallelism(config.parallelism, mesh)
   sharding.check_batch(config.batch_size, mesh)
   sharding.check_batch(config.eval_batch_size, mesh, 'eval_batch_size', 'eval_batch_size')
   local_batch = config.batch_size // jax.process_count()
-  if (config.batch_size // mesh.devices.size) % config.accum_steps:
-    raise UserError(f'the per-device batch {config.batch_size // mesh.devices.size} does not split '
-                    f'into accum_steps={config.accum_steps} micro-batches: change '
+  shard_rows = config.batch_size // sharding.batch_devices(mesh)
+  if shard_rows % config.accum_steps:
+    raise UserError(f'the per-device batch {shard_rows} does not split into '
+                    f'accum_steps={config.accum_steps} micro-batches: change '
                     '--config.accum_steps or --config.batch_size')
 
   if config.model.classifier == 'unpooled':
     raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
                     'cannot score: train with --config.model.classifier=token or gap')
   model = build_model(config, num_classes)
+  _check_tensor_parallel(model, mesh)
   schedule = optim.make_schedule(lr=config.lr, total_steps=total_steps,
                                  warmup_steps=config.warmup_steps, decay_type=config.decay_type,
                                  lr_end=config.lr_end)
   tx = optim.make_optimizer(config, schedule)
   loss_fn = losses.get_loss(config.loss)
-  image_shape = (config.image_size, config.image_size, _input_channels(config, info))
+  image_shape = (config.image_size, config.image_size, channels)
 
   rng = jax.random.PRNGKey(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
-  state, state_shardings, abstract = create_state(config, model, tx, mesh, image_shape, init_rng)
+  init_fn, abstract = _init_fn(model, tx, image_shape, init_rng)
+  state_shardings = sharding.param_shardings(abstract, mesh)
 
+  train_step = step_lib.make_train_step(
+      apply_fn=model.apply, tx=tx, loss_fn=loss_fn, num_classes=num_classes,
+      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
+      reduce_axis=steps_lib.reduce_axis(config.parallelism))
+  train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
+  eval_fn = steps_lib.compile_eval_step(
+      step_lib.make_eval_step(apply_fn=model.apply, loss_fn=loss_fn, num_classes=num_classes),
+      mesh, state_shardings.params)
+
+  if config.compile_only:
+    return _compile_only(config, train_fn, abstract, state_shardings, mesh, image_shape,
+                         dropout_rng)
+
+  os.makedirs(workdir, exist_ok=True)
+  state = jax.jit(init_fn, out_shardings=state_shardings)(init_rng)
   ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
   start_step = ckpt.latest_step() or 0
   if start_step:
     state, _ = ckpt.restore(start_step, train_ckpt.abstract_with_shardings(abstract,
                                                                            state_shardings))
     _say(f'resumed from {ckpt.directory} at step {start_step}')
-
-  batch_sh = sharding.batch_sharding(mesh)
-  repl = sharding.replicated(mesh)
-  train_step = step_lib.make_train_step(
-      apply_fn=model.apply, tx=tx, loss_fn=loss_fn, num_classes=num_classes,
-      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule)
-  train_fn = jax.jit(train_step, in_shardings=(state_shardings, batch_sh, repl),
-                     out_shardings=(state_shardings, repl), donate_argnums=(0,))
-  eval_fn = jax.jit(step_lib.make_eval_step(apply_fn=model.apply, loss_fn=loss_fn,
-                                            num_classes=num_classes),
-                    in_shardings=(state_shardings.params, batch_sh), out_shardings=repl)
 
   eval_data = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
@@ -151,9 +209,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
         dataset=config.dataset, split=config.train_split, data_dir=config.data_dir,
         batch_size=local_batch, pp=_train_pp(config), seed=config.seed, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count(),
-        shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch)
+        shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
+        sharding=config.data_sharding)
     _say(f'training {config.model_name} on {config.dataset} ({num_train} examples) for '
-         f'{total_steps} steps of batch {config.batch_size} on {mesh.devices.size} device(s)')
+         f'{total_steps} steps of batch {config.batch_size} on {mesh.devices.size} device(s) '
+         f'({_describe_mesh(config.parallelism, mesh)})')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
     t_start = time.perf_counter()
     history, to_log = [], None

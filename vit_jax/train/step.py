@@ -3,9 +3,15 @@
 `train_step(state, batch, rng) -> (state, metrics)`; the batch is the global batch (images
 [B,H,W,C] in [-1,1], int labels [B]). Gradient accumulation splits it into `accum_steps`
 micro-batches, each a strided slice so that every device keeps working on its own rows.
+
+The same step serves both parallel paths. Under `jax.jit` with shardings (`reduce_axis=None`) it
+sees the global batch and XLA inserts the reductions. As a per-device program (the 'pmap' path,
+`reduce_axis='data'`) it sees this device's rows; gradients and loss are averaged with `pmean`
+and correct counts summed with `psum` over that axis before the (replicated) optimizer update,
+and each device folds its index into the dropout RNG.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax
 import jax
@@ -28,8 +34,8 @@ def _l2(tree):
 
 def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, loss_fn: Callable,
                     num_classes: int, label_smoothing: float, accum_steps: int,
-                    schedule: Callable):
-  """Returns the pure train step for this model, optimizer and loss."""
+                    schedule: Callable, reduce_axis: Optional[str] = None):
+  """Returns the pure train step for this model, optimizer and loss (see the module docstring)."""
 
   def loss_and_logits(params, images, labels, rng):
     logits = apply_fn({'params': params}, images, train=True, rngs={'dropout': rng})
@@ -43,6 +49,8 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
+    if reduce_axis is not None:
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(reduce_axis))
     images, labels = batch['image'], batch['label']
     if accum_steps == 1:
       (loss, logits), grads = grad_fn(state.params, images, labels, rng)
@@ -63,11 +71,15 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
           body, (zeros, 0.0, 0), (jnp.arange(accum_steps), micro(images), micro(labels)))
       grads = jax.tree.map(lambda g: g / accum_steps, grads)
       loss = loss / accum_steps
+    count = labels.shape[0]
+    if reduce_axis is not None:
+      grads, loss = jax.lax.pmean((grads, loss), reduce_axis)
+      n_correct, count = jax.lax.psum((n_correct, count), reduce_axis)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {
         'loss': loss,
-        'accuracy': n_correct / labels.shape[0],
+        'accuracy': n_correct / count,
         'lr': schedule(state.step),
         'grad_norm': _l2(grads),
         'param_norm': _l2(params),
