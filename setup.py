@@ -13,5 +13,12 @@ setup(
         'tensorflow-cpu>=2.21', 'tensorflow-datasets>=4.9.10', 'ml-collections>=1.1',
         'mlxtend>=0.25', 'tensorboard>=2.21', 'matplotlib', 'numpy', 'scipy', 'absl-py',
     ],
-    extras_require={'test': ['pytest', 'pytest-xdist']},
+    # Accelerators: the JAX wheels matching the tested jax 0.10.2 (requirements.lock pins the CPU
+    # build). `pip install -e '.[tpu]'` on a Cloud TPU VM; '.[cuda12]' or '.[cuda13]' on a GPU.
+    extras_require={
+        'test': ['pytest', 'pytest-xdist'],
+        'tpu': ['jax[tpu]==0.10.2'],
+        'cuda12': ['jax[cuda12]==0.10.2'],
+        'cuda13': ['jax[cuda13]==0.10.2'],
+    },
 )

@@ -1,12 +1,31 @@
-"""Two processes on 127.0.0.1 (gloo CPU collectives), two simulated devices each: one global run."""
+"""Several processes on 127.0.0.1 (gloo CPU collectives) through the real `vit_jax.main`.
+
+One run of 1 process x 8 devices is the reference. 2 processes x 4 devices give the same losses
+(global data sharding: the same global batches on any process count), write one metrics log and
+one set of checkpoints, and resume the reference's 8-device checkpoint; a 1-device mesh resumes it
+too. A process whose peers never arrive fails within --distributed_timeout with one line.
+"""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+
+import jax
+import numpy as np
+
+from configs import default
+from vit_jax.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 6
+CONFIG = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01',
+          '--config.warmup_steps=1', '--config.log_every=1', f'--config.eval_every={STEPS}',
+          '--config.checkpoint_every=3', '--config.data_sharding=global',
+          '--config.progress=False']
 
 
 def _free_port() -> int:
@@ -15,30 +34,105 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_process_run_shares_one_global_batch_and_checkpoint(tmp_path, data_dir):
-  port = _free_port()
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  workdir = tmp_path / 'work'
-  procs = [
-      subprocess.Popen(
-          [sys.executable, '-m', 'vit_jax.main',
-           '--config=configs/default.py:model_name=ViT-Ze/4,steps=6,batch_size=32',
-           f'--workdir={workdir}', f'--config.data_dir={data_dir}', '--config.warmup_steps=1',
-           '--config.log_every=3', '--config.eval_every=3', '--config.checkpoint_every=3',
-           f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
-          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
-  outs = [p.communicate(timeout=400) for p in procs]
-  for p, (out, err) in zip(procs, outs):
+def _launch(workdir, data_dir, devices: int, processes: int, *extra):
+  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  args = [sys.executable, '-m', 'vit_jax.main', *CONFIG, f'--workdir={workdir}',
+          f'--config.data_dir={data_dir}', *extra]
+  if processes > 1:
+    port = _free_port()
+    args += [f'--coordinator_address=127.0.0.1:{port}', f'--num_processes={processes}']
+  return [subprocess.Popen(args + ([f'--process_id={i}'] if processes > 1 else []), cwd=ROOT,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(processes)]
+
+
+def _wait(procs):
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err
-  finals = [out.strip().splitlines()[-1] for out, _ in outs]
-  # Both processes report the same evaluation, which counted every test example exactly once.
-  assert finals[0] == finals[1] and finals[0].endswith('(1000 examples)'), finals
-  assert 'on 4 device(s)' in outs[0][1]
-  assert sorted(os.listdir(workdir / 'checkpoints')) == ['3', '6']
-  with open(workdir / 'metrics.jsonl') as f:
-    records = [json.loads(line) for line in f]
-  # Only process 0 writes metrics: each step appears once per split.
-  assert [(r['step'], r['split']) for r in records] == [
-      (3, 'train'), (3, 'eval'), (6, 'train'), (6, 'eval')]
-  assert all(r['count'] == 1000 for r in records if r['split'] == 'eval')
+  return outs
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def _losses(workdir):
+  return {r['step']: r['loss'] for r in _records(workdir) if r['split'] == 'train'}
+
+
+def _copy_at_step_3(src, dst):
+  """The workdir as it was after step 3: checkpoint 3 only, metrics up to step 3."""
+  shutil.copytree(src, dst)
+  shutil.rmtree(os.path.join(dst, 'checkpoints', str(STEPS)))
+  kept = [r for r in _records(src) if r['step'] <= 3]
+  with open(os.path.join(dst, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in kept)
+
+
+def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
+  one, two = tmp_path / 'one_x8', tmp_path / 'two_x4'
+  reference = _launch(one, data_dir, devices=8, processes=1)
+  fresh = _launch(two, data_dir, devices=4, processes=2)
+  (out_one, err_one), = _wait(reference)
+  outs_two = _wait(fresh)
+  assert 'on 8 device(s)' in err_one and 'on 8 device(s)' in outs_two[0][1]
+  expected = _losses(one)
+  assert sorted(expected) == list(range(1, STEPS + 1))
+  assert max(expected.values()) - min(expected.values()) > 0.01  # the comparison means something
+
+  # 2 x 4 from scratch: the same losses; one metrics log and one set of checkpoints.
+  got = _losses(two)
+  np.testing.assert_allclose([got[s] for s in expected], list(expected.values()), rtol=1e-5)
+  assert [(r['step'], r['split']) for r in _records(two)] == [
+      (s, 'train') for s in range(1, STEPS + 1)] + [(STEPS, 'eval')]
+  assert sorted(os.listdir(two / 'checkpoints')) == ['3', str(STEPS)]
+  finals = [out.strip().splitlines()[-1] for out, _ in outs_two]
+  assert finals[0] == finals[1] == out_one.strip().splitlines()[-1], (finals, out_one)
+  assert finals[0].endswith('(1000 examples)')
+
+  # The 8-device checkpoint of step 3 resumes on 2 processes x 4 devices ...
+  resumed_two = tmp_path / 'resumed_two_x4'
+  _copy_at_step_3(one, resumed_two)
+  outs = _wait(_launch(resumed_two, data_dir, devices=4, processes=2))
+  assert 'at step 3' in outs[0][1]
+  got = _losses(resumed_two)
+  np.testing.assert_allclose([got[s] for s in (4, 5, 6)], [expected[s] for s in (4, 5, 6)],
+                             rtol=1e-5)
+
+  # ... and on a single device (in this process: a mesh of 1 of its 8 devices).
+  resumed_one = tmp_path / 'resumed_one_device'
+  _copy_at_step_3(one, resumed_one)
+  config = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01')
+  config.warmup_steps, config.log_every, config.eval_every = 1, 1, STEPS
+  config.checkpoint_every, config.progress, config.data_dir = 3, False, data_dir
+  loop.train_and_evaluate(config, str(resumed_one), devices=jax.devices()[:1])
+  got = _losses(resumed_one)
+  np.testing.assert_allclose([got[s] for s in (4, 5, 6)], [expected[s] for s in (4, 5, 6)],
+                             rtol=1e-5)
+
+
+def test_missing_processes_fail_within_the_timeout(tmp_path, data_dir):
+  """Process 0 alone (its peer never starts) and process 1 alone (no coordinator) both stop."""
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  workdir = tmp_path / 'work'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('keep me')
+  start = time.monotonic()
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *CONFIG, f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', f'--coordinator_address=127.0.0.1:{port + i}',
+       '--num_processes=2', f'--process_id={i}', '--distributed_timeout=5'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=120) for p in procs]
+  assert time.monotonic() - start < 90
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith('error: the distributed runtime did not start within 5 s'), err
+    assert 'start the same command on all 2 processes' in lines[0]
+  assert sorted(os.listdir(workdir)) == ['notes.txt']

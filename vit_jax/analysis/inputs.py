@@ -121,10 +121,10 @@ def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np
 def eval_images(config, num_images: int, data_dir: Optional[str] = None):
   """The first `num_images` eval images of the run's dataset and their labels (as evaluated)."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
-      batch_size=num_images, pp=loop._eval_pp(config), cache=False)  # pylint: disable=protected-access
+      batch_size=num_images, pp=program.eval_pp(config), cache=False)
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

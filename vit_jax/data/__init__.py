@@ -14,6 +14,7 @@ from vit_jax.data import mnist5k
 from vit_jax.data import preprocess
 from vit_jax.data.info import DatasetInfo
 from vit_jax.data.info import get_info
+from vit_jax.data.pipeline import SHARDINGS
 from vit_jax.data.pipeline import EvalBatches
 from vit_jax.data.pipeline import eval_iterator
 from vit_jax.data.pipeline import hide_accelerators_from_tf
@@ -21,5 +22,5 @@ from vit_jax.data.pipeline import train_iterator
 
 __all__ = [
     'DatasetInfo', 'EvalBatches', 'eval_iterator', 'get_info', 'hide_accelerators_from_tf',
-    'mnist5k', 'preprocess', 'train_iterator',
+    'mnist5k', 'preprocess', 'train_iterator', 'SHARDINGS',
 ]

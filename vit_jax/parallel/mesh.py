@@ -1,6 +1,7 @@
 """The device mesh ('data', 'fsdp', 'model') and the JAX distributed runtime."""
 
 import os
+import threading
 from typing import Optional, Sequence
 
 import jax
@@ -11,6 +12,8 @@ from vit_jax.errors import UserError
 
 AXES = ('data', 'fsdp', 'model')
 DEFAULT_TIMEOUT_S = 300
+JAX_DEADLINE_MARGIN_S = 30  # JAX's own deadline comes this much after ours (see _initialize)
+EXIT_USER_ERROR = 2  # as vit_jax.cli
 
 
 def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
@@ -67,7 +70,7 @@ def init_distributed(coordinator_address: str | None = None, num_processes: int 
   if not any(given):
     if os.environ.get('VIT_JAX_NO_AUTO_DISTRIBUTED') or not _on_cloud_tpu_vm():
       return
-    _initialize(dict(initialization_timeout=timeout_s), 'the Cloud TPU coordinator', timeout_s)
+    _initialize({}, 'the Cloud TPU coordinator', timeout_s)
     return
   if num_processes is not None and num_processes <= 1 and coordinator_address is None:
     return
@@ -83,22 +86,43 @@ def init_distributed(coordinator_address: str | None = None, num_processes: int 
   # CPU processes talk through gloo (only CPU collectives use this; TPUs and GPUs ignore it).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   _initialize(dict(coordinator_address=coordinator_address, num_processes=num_processes,
-                   process_id=process_id, initialization_timeout=timeout_s),
+                   process_id=process_id),
               f'the coordinator at {coordinator_address}', timeout_s, num_processes)
 
 
 def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | None = None):
+  """jax.distributed.initialize, but a timeout is one clear line and exit status 2.
+
+  When peers do not arrive, JAX's client terminates the process with a C++ fatal log and a stack
+  trace (its error callback cannot be replaced from Python). A watchdog thread (the connect
+  releases the GIL) fires first, at `timeout_s`, while JAX's own deadline is set later; nothing
+  has been written at this point, so exiting at once loses nothing.
+  """
+  others = f'all {num_processes} processes' if num_processes else 'every worker'
+  message = (f'error: the distributed runtime did not start within {timeout_s} s through {what}: '
+             f'start the same command on {others} (on a TPU VM: gcloud ... ssh --worker=all), '
+             f'check that process 0 runs and that its port is reachable, or raise '
+             f'--distributed_timeout\n')
+  started = threading.Event()
+
+  def give_up():
+    if not started.is_set():
+      os.write(2, message.encode())
+      os._exit(EXIT_USER_ERROR)  # pylint: disable=protected-access
+
+  watchdog = threading.Timer(timeout_s, give_up)
+  watchdog.daemon = True
+  watchdog.start()
   try:
-    jax.distributed.initialize(**kwargs)
-  except Exception as e:  # pylint: disable=broad-except  # XlaRuntimeError, DEADLINE_EXCEEDED, ...
-    text = ' '.join(str(e).split())
-    if len(text) > 200:
-      text = text[:200] + '...'
-    others = f'all {num_processes} processes' if num_processes else 'every worker'
-    raise UserError(f'the distributed runtime did not start within {timeout_s} s through {what} '
-                    f'({type(e).__name__}: {text}): start the same command on {others} (on a TPU '
-                    f'VM: gcloud ... ssh --worker=all), check that process 0 runs and that its '
-                    f'port is reachable, or raise --distributed_timeout') from None
+    jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s + JAX_DEADLINE_MARGIN_S)
+  except Exception as e:  # pylint: disable=broad-except  # bad address, port in use, ...
+    text = ' '.join(str(e).split())[:200]
+    raise UserError(f'the distributed runtime did not start through {what} '
+                    f'({type(e).__name__}: {text}): check --coordinator_address, and start the '
+                    f'same command on {others}') from None
+  finally:
+    started.set()
+    watchdog.cancel()
 
 
 __all__ = ['AXES', 'mesh_shape', 'make_mesh', 'init_distributed', 'DEFAULT_TIMEOUT_S']

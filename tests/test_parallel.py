@@ -1,0 +1,254 @@
+"""Scale-out on 8 simulated CPU devices: mesh, sharding policy, both parallel paths, memory controls."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from configs import default
+from vit_jax import models
+from vit_jax.errors import UserError
+from vit_jax.parallel import mesh as mesh_lib
+from vit_jax.parallel import sharding
+from vit_jax.train import loop
+from vit_jax.train import losses
+from vit_jax.train import step as step_lib
+
+
+def _mesh_config(data=-1, fsdp=1, model=1):
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, model=model))
+
+
+def test_mesh_shape_resolves_minus_one_and_rejects_bad_sizes():
+  assert mesh_lib.mesh_shape(_mesh_config(), 8) == (8, 1, 1)
+  assert mesh_lib.mesh_shape(_mesh_config(data=2, fsdp=-1), 8) == (2, 4, 1)
+  assert mesh_lib.mesh_shape(_mesh_config(data=-1, model=2), 8) == (4, 1, 2)
+  assert mesh_lib.mesh_shape(_mesh_config(data=1, fsdp=2, model=4), 8) == (1, 2, 4)
+  for bad, needle in [(dict(data=-1, fsdp=-1), 'at most one axis'),
+                      (dict(data=3), 'has 3 devices but there are 8'),
+                      (dict(data=-1, model=3), '3 does not divide the 8 devices'),
+                      (dict(data=0), 'must be positive')]:
+    with pytest.raises(UserError, match=needle):
+      mesh_lib.mesh_shape(_mesh_config(**bad), 8)
+  mesh = mesh_lib.make_mesh(_mesh_config(data=2, fsdp=2, model=2))
+  assert dict(mesh.shape) == {'data': 2, 'fsdp': 2, 'model': 2}
+  assert mesh_lib.make_mesh(_mesh_config(), jax.devices()[:1]).devices.size == 1
+
+
+def _abstract_state(name, num_classes=1000, size=224):
+  model = models.create_model(name, num_classes=num_classes)
+  tx = optax.adam(1e-3)
+
+  def init():
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), train=False)
+    return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params['params'],
+                               opt_state=tx.init(params['params']))
+
+  return jax.eval_shape(init)
+
+
+def _spec(shardings, *path):
+  node = shardings
+  for key in path:
+    node = node[key] if isinstance(node, dict) else getattr(node, key)
+  return node.spec
+
+
+def test_tensor_parallel_rules_split_heads_and_mlp_units():
+  state = _abstract_state('ViT-B/16')
+  mesh = mesh_lib.make_mesh(_mesh_config(data=-1, model=2))
+  sh = sharding.param_shardings(state, mesh)
+  block = ('params', 'Transformer', 'encoderblock_3')
+  attn = block + ('MultiHeadDotProductAttention_0',)
+  assert _spec(sh, *attn, 'query', 'kernel') == P(None, 'model', None)   # [D, heads, hd]
+  assert _spec(sh, *attn, 'value', 'bias') == P('model', None)           # [heads, hd]
+  assert _spec(sh, *attn, 'out', 'kernel') == P('model', None, None)     # [heads, hd, D]
+  assert _spec(sh, *attn, 'out', 'bias') == P(None)
+  assert _spec(sh, *block, 'MlpBlock_0', 'Dense_0', 'kernel') == P(None, 'model')
+  assert _spec(sh, *block, 'MlpBlock_0', 'Dense_0', 'bias') == P('model')
+  assert _spec(sh, *block, 'MlpBlock_0', 'Dense_1', 'kernel') == P('model', None)
+  assert _spec(sh, *block, 'LayerNorm_0', 'scale') == P(None)
+  assert _spec(sh, 'params', 'embedding', 'kernel') == P(None, None, None, None)
+  # Adam's moments follow their parameter; the step count is replicated.
+  mu = sh.opt_state[0].mu
+  assert mu['Transformer']['encoderblock_3']['MultiHeadDotProductAttention_0']['key'][
+      'kernel'].spec == P(None, 'model', None)
+  assert sh.opt_state[0].count.spec == P()
+  # Ti has 3 heads: the model axis (2) cannot split them, so they stay whole.
+  ti = sharding.param_shardings(_abstract_state('ViT-Ti/16'), mesh)
+  assert _spec(ti, *attn, 'query', 'kernel') == P(None, None, None)
+  assert _spec(ti, *block, 'MlpBlock_0', 'Dense_0', 'kernel') == P(None, 'model')
+
+
+def test_fsdp_splits_big_leaves_on_their_largest_divisible_axis():
+  state = _abstract_state('ViT-B/16')
+  mesh = mesh_lib.make_mesh(_mesh_config(data=1, fsdp=-1))
+  sh = sharding.param_shardings(state, mesh)
+  block = ('params', 'Transformer', 'encoderblock_0')
+  assert _spec(sh, *block, 'MlpBlock_0', 'Dense_0', 'kernel') == P(None, 'fsdp')  # [768, 3072]
+  assert _spec(sh, *block, 'MlpBlock_0', 'Dense_1', 'kernel') == P('fsdp', None)  # [3072, 768]
+  attn = block + ('MultiHeadDotProductAttention_0',)
+  assert _spec(sh, *attn, 'query', 'kernel') == P('fsdp', None, None)       # [768, 12, 64]
+  assert _spec(sh, 'params', 'embedding', 'kernel') == P(None, None, None, 'fsdp')
+  assert _spec(sh, *block, 'LayerNorm_0', 'scale') == P(None)              # 768 < FSDP_MIN_SIZE
+  assert _spec(sh, 'params', 'head', 'kernel') == P(None, 'fsdp')           # [768, 1000]
+  # Per device: one eighth of the big leaves, all of the small ones.
+  replicated_bytes = sharding.state_bytes_per_device(
+      state, sharding.param_shardings(state, mesh_lib.make_mesh(_mesh_config())))
+  fsdp_bytes = sharding.state_bytes_per_device(state, sh)
+  assert replicated_bytes == 4 * (2 + 3 * 86_567_656)  # 2 step counts + params + Adam mu, nu
+  small = sum(4 * x.size for x in jax.tree.leaves(state) if x.size < sharding.FSDP_MIN_SIZE)
+  assert 0 < small < replicated_bytes / 500
+  assert fsdp_bytes == (replicated_bytes - small) // 8 + small  # every big leaf has a dim of 768
+  # Both together: tensor-parallel axis first, fsdp on the largest remaining one.
+  both = sharding.param_shardings(state, mesh_lib.make_mesh(_mesh_config(data=1, fsdp=4,
+                                                                         model=2)))
+  assert _spec(both, *attn, 'query', 'kernel') == P('fsdp', 'model', None)
+  assert _spec(both, *block, 'MlpBlock_0', 'Dense_1', 'kernel') == P('model', 'fsdp')
+
+
+def test_activation_rules():
+  mesh = mesh_lib.make_mesh(_mesh_config(data=2, fsdp=2, model=2))
+  assert sharding.activation_spec(('batch', 'tokens', 'embed'), (8, 50, 32), mesh) == P(
+      ('data', 'fsdp'), None, None)
+  assert sharding.activation_spec(('batch', 'tokens', 'heads', 'kv'), (8, 50, 4, 8), mesh) == P(
+      ('data', 'fsdp'), None, 'model', None)
+  # Sizes the mesh axes do not divide stay unconstrained.
+  assert sharding.activation_spec(('batch', 'tokens', 'mlp'), (6, 50, 33), mesh) == P(
+      None, None, None)
+  # Axes of size 1 are dropped.
+  dp = mesh_lib.make_mesh(_mesh_config())
+  assert sharding.activation_spec(('batch', 'tokens', 'mlp'), (8, 50, 64), dp) == P(
+      'data', None, None)
+  x = jnp.ones((8, 3))
+  assert sharding.constrain(x, ('batch', 'embed')) is x  # no-op outside activation_sharding
+
+
+def _config(**overrides):
+  c = default.get_config('model_name=ViT-Ze/4,steps=10,batch_size=32,lr=0.01')
+  c.warmup_steps, c.log_every, c.eval_every, c.checkpoint_every = 2, 1, 10, 10
+  c.progress = False
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split('.')
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return c
+
+
+def _train_losses(workdir):
+  with open(workdir / 'metrics.jsonl') as f:
+    return [r['loss'] for r in map(json.loads, f) if r['split'] == 'train']
+
+
+STRATEGIES = {
+    'jit data parallel': {},
+    'jit fsdp': {'mesh.data': 1, 'mesh.fsdp': -1},
+    'jit data x model': {'mesh.data': -1, 'mesh.model': 2},
+    'pmap': {'parallelism': 'pmap'},
+}
+
+
+def test_every_strategy_trains_like_one_device(tmp_path, data_dir):
+  """10 steps from the same init and data: every strategy gives the 1-device losses (fp32)."""
+  reference = _train_losses_of(tmp_path / 'one', data_dir, {}, jax.devices()[:1])
+  assert len(reference) == 10 and max(reference) - min(reference) > 0.05, reference
+  for name, overrides in STRATEGIES.items():
+    got = _train_losses_of(tmp_path / name.replace(' ', '_'), data_dir, overrides, None)
+    np.testing.assert_allclose(got, reference, rtol=1e-5, err_msg=name)
+
+
+def _train_losses_of(workdir, data_dir, overrides, devices):
+  loop.train_and_evaluate(_config(data_dir=data_dir, **overrides), str(workdir), devices=devices)
+  return _train_losses(workdir)
+
+
+def test_restore_under_another_mesh_continues_the_run(tmp_path, data_dir):
+  """A data-parallel checkpoint resumes under FSDP x tensor parallelism with the same losses."""
+  straight = tmp_path / 'straight'
+  loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=6, checkpoint_every=3),
+                          str(straight))
+  resumed = tmp_path / 'resumed'
+  loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=3), str(resumed))
+  loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=6, **{
+      'mesh.data': 1, 'mesh.fsdp': 4, 'mesh.model': 2}), str(resumed))
+  np.testing.assert_allclose(_train_losses(resumed), _train_losses(straight), rtol=1e-5)
+
+
+def test_parallel_config_errors(tmp_path, data_dir):
+  cases = [
+      ({'parallelism': 'pmap', 'mesh.data': -1, 'mesh.fsdp': 2}, 'pmap is data parallel only'),
+      ({'parallelism': 'xmap'}, "unknown parallelism 'xmap'"),
+      ({'mesh.data': -1, 'mesh.model': 4}, 'mesh.model=4 does not divide the 2 attention heads'),
+      ({'batch_size': 9, 'mesh.data': 2, 'mesh.model': 4},
+       'does not split over 2 batch shards'),
+      ({'data_sharding': 'host'}, "unknown data_sharding 'host'"),
+      ({'model.remat': 'some'}, "unknown remat 'some'"),
+  ]
+  for overrides, needle in cases:
+    with pytest.raises(UserError, match=needle):
+      loop.train_and_evaluate(_config(data_dir=data_dir, **overrides), str(tmp_path / 'w'))
+  assert not (tmp_path / 'w' / 'checkpoints').exists()
+
+
+def test_compile_only_reports_memory_without_training(tmp_path, capsys):
+  """FSDP stores 1/8 of the state per device; no dataset, workdir or params are needed."""
+  common = dict(dataset='imagenet2012', data_dir=str(tmp_path / 'no_data'), num_classes=1000,
+                image_size=224, batch_size=8, compile_only=True, total_steps=100,
+                **{'pp.channels': 3})
+  common['model_name'] = 'ViT-Ti/16'
+  reports = {}
+  for name, overrides in [('dp', {}), ('fsdp', {'mesh.data': 1, 'mesh.fsdp': -1})]:
+    reports[name] = loop.train_and_evaluate(_config(**common, **overrides),
+                                            str(tmp_path / 'work'))
+  out = capsys.readouterr().out
+  assert 'compile-only: ViT-Ti/16 at 224 px, batch 8, jit, mesh data 1 x fsdp 8' in out
+  assert not (tmp_path / 'work').exists()
+  params = 5_717_416 * 4
+  dp, fsdp = reports['dp'], reports['fsdp']
+  # Adam's mu and nu, plus two int32 step counts (Adam's and the lr schedule's).
+  assert dp['param_bytes'] == params and dp['opt_state_bytes'] == 2 * params + 8
+  assert params / 8 < fsdp['param_bytes'] < params / 8 * 1.05
+  # The compiled program's arguments are the state shard plus the batch shard and the rng.
+  for report in reports.values():
+    state = report['param_bytes'] + report['opt_state_bytes']
+    batch = (224 * 224 * 3 + 1) * 4  # one example per device
+    assert state + batch <= report['argument_bytes'] <= state + batch + 64
+    assert report['alias_bytes'] >= state - 64  # the donated state is reused for the new state
+    assert report['flops'] > 0 and report['temp_bytes'] > 0
+  # Per device, FSDP does 1/8 of the batch's work like data parallelism does.
+  np.testing.assert_allclose(fsdp['flops'], dp['flops'], rtol=0.05)
+
+
+def test_remat_policies_keep_gradients_and_recompute():
+  x = jax.random.normal(jax.random.PRNGKey(1), (4, 28, 28, 1))
+  labels = jnp.arange(4)
+
+  def grads_and_flops(remat):
+    model = models.create_model('ViT-Ze/4', num_classes=10, remat=remat)
+    params = model.init(jax.random.PRNGKey(0), x, train=False)['params']
+    params = jax.tree.map(lambda p: p + 0.01, params)  # non-zero head: every grad is non-trivial
+
+    def loss(p):
+      logits = model.apply({'params': p}, x, train=False)
+      return jnp.mean(losses.softmax_xent(logits, jax.nn.one_hot(labels, 10)))
+
+    fn = jax.jit(jax.grad(loss))
+    return fn(params), fn.lower(params).compile().cost_analysis()['flops']
+
+  plain, plain_flops = grads_and_flops('none')
+  flops = {}
+  for policy in ('full', 'dots'):
+    remat, flops[policy] = grads_and_flops(policy)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), plain,
+                 remat)
+  # 'full' recomputes each block's forward pass; 'dots' keeps the Dense outputs and recomputes
+  # only the rest (softmax, GELU, norms, attention matmuls).
+  assert flops['full'] > plain_flops * 1.05
+  assert plain_flops < flops['dots'] < flops['full']

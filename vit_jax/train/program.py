@@ -1,0 +1,191 @@
+"""What a config compiles to, before any data is read or parameter allocated: the `Program`.
+
+`build_program(config, devices)` resolves the dataset facts and the step count, builds the mesh,
+the model, the optimizer and its schedule, the abstract train state and its shardings (parameters
+are born sharded from `init_fn`), and the jitted train and eval steps of the chosen parallel path.
+The training loop runs it; `compile_only` and the benchmarks compile it without training.
+"""
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import data as data_lib
+from vit_jax import models
+from vit_jax import parallel
+from vit_jax.errors import UserError
+from vit_jax.parallel import memory
+from vit_jax.parallel import sharding
+from vit_jax.parallel import steps as steps_lib
+from vit_jax.train import losses, optim, step as step_lib
+
+
+@dataclasses.dataclass
+class Program:
+  """Everything `train_and_evaluate` needs besides data, checkpoints and logs."""
+  config: Any
+  mesh: jax.sharding.Mesh
+  model: Any
+  num_classes: int
+  num_train: int             # train examples (0 if the dataset is absent in compile-only mode)
+  total_steps: int
+  image_shape: Tuple[int, int, int]
+  schedule: Callable
+  init_fn: Callable          # init(rng) -> TrainState
+  init_rng: jax.Array
+  dropout_rng: jax.Array
+  abstract_state: Any        # ShapeDtypeStructs of the TrainState
+  state_shardings: Any
+  train_fn: Callable         # jitted (state, global batch, rng) -> (state, metrics)
+  eval_fn: Callable          # jitted (params, global batch) -> sums
+
+  @property
+  def local_batch(self) -> int:
+    return self.config.batch_size // jax.process_count()
+
+  def init_state(self):
+    """The initial train state, created directly in its shardings."""
+    return jax.jit(self.init_fn, out_shardings=self.state_shardings)(self.init_rng)
+
+  def abstract_batch(self) -> dict:
+    sh = sharding.batch_sharding(self.mesh)
+    b = self.config.batch_size
+    return {'image': jax.ShapeDtypeStruct((b, *self.image_shape), jnp.float32, sharding=sh),
+            'label': jax.ShapeDtypeStruct((b,), jnp.int32, sharding=sh)}
+
+  def describe(self) -> str:
+    c = self.config
+    mesh = ' x '.join(f'{k} {v}' for k, v in self.mesh.shape.items())
+    accum = f' (accum_steps {c.accum_steps})' if c.accum_steps > 1 else ''
+    return (f'{c.model_name} at {c.image_size} px, batch {c.batch_size}{accum}, '
+            f'{c.parallelism}, mesh {mesh}, remat {c.model.remat}, dtype {c.model.dtype}')
+
+  def memory_report(self) -> dict:
+    """Per-device bytes and FLOPs of the compiled train step (nothing is run or allocated)."""
+    return memory.compiled_step_report(self.train_fn, self.abstract_state, self.state_shardings,
+                                       self.abstract_batch(), self.dropout_rng)
+
+
+def resolve_steps(config, num_train_examples: int) -> int:
+  """Total steps from `total_steps` or `total_epochs` (exactly one of them must be set)."""
+  if (config.total_steps is None) == (config.total_epochs is None):
+    raise UserError('set exactly one of --config.total_steps and --config.total_epochs')
+  if config.total_steps is not None:
+    steps = config.total_steps
+  else:
+    steps = math.ceil(config.total_epochs * num_train_examples / config.batch_size)
+  if steps <= 0:
+    raise UserError(f'the run has {steps} steps: raise --config.total_steps/total_epochs')
+  return steps
+
+
+def build_model(config, num_classes: int):
+  return models.create_model(config.model_name, num_classes=num_classes,
+                             **config.model.to_dict())
+
+
+def train_pp(config) -> dict:
+  """The train preprocessing of a config (keys of `data.preprocess.TrainSpec`)."""
+  return dict(crop=config.pp.train_crop, image_size=config.image_size,
+              resize=config.pp.resize or config.image_size, pad=config.pp.pad,
+              flip=config.pp.flip, channels=config.pp.channels)
+
+
+def eval_pp(config) -> dict:
+  """The eval preprocessing of a config (keys of `data.preprocess.EvalSpec`)."""
+  return dict(crop=config.pp.eval_crop, image_size=config.image_size,
+              resize=config.pp.resize or config.image_size, channels=config.pp.channels)
+
+
+def dataset_facts(config):
+  """(num_classes, train examples, input channels) of the configured dataset.
+
+  In compile-only mode a dataset that is not prepared here is fine when `num_classes` is set
+  (channels from `pp.channels`, else 3; the train split counts as 0 examples).
+  """
+  try:
+    info = data_lib.get_info(config.dataset, config.data_dir)
+  except UserError:
+    if not (config.compile_only and config.num_classes):
+      raise
+    return config.num_classes, 0, config.pp.channels or 3
+  return (config.num_classes or info.num_classes, info.num_examples(config.train_split),
+          config.pp.channels or info.image_shape[-1])
+
+
+def init_fn_and_shapes(model, tx, image_shape, rng):
+  """(init(rng) -> TrainState, its abstract shapes): parameters are never built unsharded."""
+
+  def init(rng):
+    dummy = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
+    params = model.init({'params': rng}, dummy, train=False)['params']
+    return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                               opt_state=tx.init(params))
+
+  return init, jax.eval_shape(init, rng)
+
+
+def _check(config, mesh) -> None:
+  if config.data_sharding not in data_lib.SHARDINGS:
+    raise UserError(f'unknown data_sharding {config.data_sharding!r}: use '
+                    f'--config.data_sharding=process or global')
+  steps_lib.check_parallelism(config.parallelism, mesh)
+  sharding.check_batch(config.batch_size, mesh)
+  sharding.check_batch(config.eval_batch_size, mesh, 'eval_batch_size', 'eval_batch_size')
+  shard_rows = config.batch_size // sharding.batch_devices(mesh)
+  if shard_rows % config.accum_steps:
+    raise UserError(f'the per-device batch {shard_rows} does not split into '
+                    f'accum_steps={config.accum_steps} micro-batches: change '
+                    '--config.accum_steps or --config.batch_size')
+  if config.model.classifier == 'unpooled':
+    raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
+                    'cannot score: train with --config.model.classifier=token or gap')
+
+
+def _check_tensor_parallel(model, mesh) -> None:
+  ways = mesh.shape['model']
+  if ways > 1 and (getattr(model, 'num_heads', 0) % ways or getattr(model, 'mlp_dim', 0) % ways):
+    raise UserError(f'mesh.model={ways} does not divide the {model.num_heads} attention heads and '
+                    f'MLP width {model.mlp_dim} of this model: use a mesh.model that divides both')
+
+
+def build_program(config, devices: Optional[list] = None) -> Program:
+  """Resolves and compiles (lazily, at first call) everything a config describes."""
+  mesh = parallel.make_mesh(config.mesh, devices)
+  _check(config, mesh)
+  num_classes, num_train, channels = dataset_facts(config)
+  # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes
+  # the learning-rate schedule, which does not change the compiled program.
+  total_steps = resolve_steps(config, num_train) if num_train or config.total_steps else 1
+  model = build_model(config, num_classes)
+  _check_tensor_parallel(model, mesh)
+  schedule = optim.make_schedule(lr=config.lr, total_steps=total_steps,
+                                 warmup_steps=config.warmup_steps, decay_type=config.decay_type,
+                                 lr_end=config.lr_end)
+  tx = optim.make_optimizer(config, schedule)
+  loss_fn = losses.get_loss(config.loss)
+  image_shape = (config.image_size, config.image_size, channels)
+
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng)
+  state_shardings = sharding.param_shardings(abstract, mesh)
+  train_step = step_lib.make_train_step(
+      apply_fn=model.apply, tx=tx, loss_fn=loss_fn, num_classes=num_classes,
+      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
+      reduce_axis=steps_lib.reduce_axis(config.parallelism))
+  train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
+  eval_fn = steps_lib.compile_eval_step(
+      step_lib.make_eval_step(apply_fn=model.apply, loss_fn=loss_fn, num_classes=num_classes),
+      mesh, state_shardings.params)
+  return Program(config=config, mesh=mesh, model=model, num_classes=num_classes,
+                 num_train=num_train, total_steps=total_steps, image_shape=image_shape,
+                 schedule=schedule, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
+                 abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
+                 eval_fn=eval_fn)
+
+
+__all__ = ['Program', 'build_program', 'resolve_steps', 'build_model', 'train_pp', 'eval_pp',
+           'dataset_facts', 'init_fn_and_shapes']
