@@ -16,7 +16,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, keep: int):
     _use_plain_array_writes_on_cpu()
-    self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    directory = os.path.join(workdir, 'checkpoints')
+    self.directory = directory if '://' in directory else os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=('state', 'config'))

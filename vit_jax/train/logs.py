@@ -1,7 +1,8 @@
 """Where metrics go: a JSONL log, TensorBoard event files, a progress line, a learning-curve PNG.
 
 Only process 0 writes. Each record is one JSON object per line: {"step": .., "split": "train"|
-"eval", <metric>: float, ...}.
+"eval", <metric>: float, ...}. Files go through `tf.io.gfile`, so the workdir may be a local path
+or a bucket (gs://...), as on a TPU pod.
 """
 
 import json
@@ -18,17 +19,19 @@ class MetricLogger:
   def __init__(self, workdir: str, *, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._tb = None
+    self._tb = self._jsonl = None
     if self.enabled:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+      # One appending writer for the run: on GCS every flush re-uploads the object.
+      self._jsonl = tf.io.gfile.GFile(self.path, 'a')
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
       return
     record = {'step': int(step), 'split': split, **{k: float(v) for k, v in metrics.items()}}
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
+    self._jsonl.write(json.dumps(record) + '\n')
+    self._jsonl.flush()
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     with self._tb.as_default(step=int(step)):
       for k, v in metrics.items():
@@ -38,12 +41,15 @@ class MetricLogger:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+    if self._jsonl is not None:
+      self._jsonl.close()
 
 
 def read_metrics(path: str) -> list[dict]:
-  if not os.path.exists(path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not tf.io.gfile.exists(path):
     return []
-  with open(path) as f:
+  with tf.io.gfile.GFile(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
@@ -65,7 +71,9 @@ def plot_learning_curve(metrics_path: str, out_png: str) -> None:
   ax1.set_xlabel('step'); ax1.set_ylabel('loss'); ax1.set_yscale('log'); ax1.legend()
   ax2.set_xlabel('step'); ax2.set_ylabel('top-1 accuracy'); ax2.legend()
   fig.tight_layout()
-  fig.savefig(out_png, dpi=100)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(out_png, 'wb') as f:
+    fig.savefig(f, dpi=100, format='png')
   plt.close(fig)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from vit_jax import data as data_lib
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
+from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.train import logs
 from vit_jax.train import program as program_lib
@@ -55,7 +56,7 @@ def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
     return report
   mesh, total_steps, num_train = prog.mesh, prog.total_steps, prog.num_train
 
-  os.makedirs(workdir, exist_ok=True)
+  _make_workdir(workdir)
   state = prog.init_state()
   ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
   start_step = ckpt.latest_step() or 0
@@ -129,6 +130,16 @@ def _log_train(logger, progress, step, history):
     raise FloatingPointError(f'non-finite {", ".join(bad)} in the steps up to {step}')
   logger.write(step, 'train', metrics)
   progress.update(step, metrics['loss'])
+
+
+def _make_workdir(workdir: str) -> None:
+  """Creates the workdir (local or gs://), or says in one line why it cannot."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    tf.io.gfile.makedirs(workdir)
+  except tf.errors.OpError as e:
+    raise UserError(f'cannot create --workdir={workdir} ({e.message.splitlines()[0]}): pass a '
+                    f'writable directory') from None
 
 
 def _say(message: str) -> None:
