@@ -93,6 +93,8 @@ def base_config() -> config_dict.ConfigDict:
   c.checkpoint_every = 1000               # steps between checkpoints (and at the end)
   c.keep_checkpoints = 3                  # keep the newest K checkpoints
   c.progress = True                       # progress line on stderr
+  c.max_nonfinite_steps = 0               # 0: stop at the first NaN/Inf loss or gradient;
+                                          # K: skip up to K such steps (counted in the log)
   return c
 
 

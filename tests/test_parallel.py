@@ -16,8 +16,8 @@ from vit_jax.errors import UserError
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding
 from vit_jax.train import loop
+from vit_jax.train import program
 from vit_jax.train import losses
-from vit_jax.train import step as step_lib
 
 
 def _mesh_config(data=-1, fsdp=1, model=1):
@@ -41,15 +41,11 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_sizes():
 
 
 def _abstract_state(name, num_classes=1000, size=224):
+  """The trainer's own TrainState shapes for `name` with Adam."""
   model = models.create_model(name, num_classes=num_classes)
-  tx = optax.adam(1e-3)
-
-  def init():
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), train=False)
-    return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params['params'],
-                               opt_state=tx.init(params['params']))
-
-  return jax.eval_shape(init)
+  _, abstract = program.init_fn_and_shapes(model, optax.adam(1e-3), (size, size, 3),
+                                           jax.random.PRNGKey(0))
+  return abstract
 
 
 def _spec(shardings, *path):
@@ -101,7 +97,8 @@ def test_fsdp_splits_big_leaves_on_their_largest_divisible_axis():
   replicated_bytes = sharding.state_bytes_per_device(
       state, sharding.param_shardings(state, mesh_lib.make_mesh(_mesh_config())))
   fsdp_bytes = sharding.state_bytes_per_device(state, sh)
-  assert replicated_bytes == 4 * (2 + 3 * 86_567_656)  # 2 step counts + params + Adam mu, nu
+  # Three int32 counters (step, skipped steps, Adam's count) + params + Adam's mu and nu.
+  assert replicated_bytes == 4 * (3 + 3 * 86_567_656)
   small = sum(4 * x.size for x in jax.tree.leaves(state) if x.size < sharding.FSDP_MIN_SIZE)
   assert 0 < small < replicated_bytes / 500
   assert fsdp_bytes == (replicated_bytes - small) // 8 + small  # every big leaf has a dim of 768

@@ -21,6 +21,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and l
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
+_ALLOW_CHANGE = flags.DEFINE_bool(
+    'allow_config_change', False,
+    'Resume a workdir even though its checkpoint was trained with another config.')
 _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
                                 'Seconds to wait for all processes to join the distributed run.')
 
@@ -33,8 +36,9 @@ def run(argv) -> int:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  if _CONFIG.value.compile_only:
+  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                              allow_config_change=_ALLOW_CHANGE.value)
+  if _CONFIG.value.compile_only or result.get('preempted'):
     return 0
   print(f'final {_CONFIG.value.eval_split} top-1 accuracy: {result["accuracy"]:.4f} '
         f'({int(result["count"])} examples)')

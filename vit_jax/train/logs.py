@@ -13,12 +13,16 @@ import time
 import jax
 
 
+def metrics_path(workdir: str) -> str:
+  return os.path.join(workdir, 'metrics.jsonl')
+
+
 class MetricLogger:
   """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/."""
 
   def __init__(self, workdir: str, *, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = metrics_path(workdir)
     self._tb = self._jsonl = None
     if self.enabled:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -46,11 +50,38 @@ class MetricLogger:
 
 
 def read_metrics(path: str) -> list[dict]:
+  """The records of a JSONL log; a last line cut short by a killed process is ignored."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not tf.io.gfile.exists(path):
     return []
   with tf.io.gfile.GFile(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f.read().splitlines() if line.strip()]
+  records = []
+  for i, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i != len(lines) - 1:
+        raise
+  return records
+
+
+def truncate_after(path: str, step: int) -> None:
+  """Drops the records after `step` (logged after the checkpoint a run resumes from)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  records = read_metrics(path)
+  kept = [r for r in records if r['step'] <= step]
+  if len(kept) == len(records) and (not records or _ends_with_newline(path)):
+    return
+  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in kept))
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+
+
+def _ends_with_newline(path: str) -> bool:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    return f.read().endswith(b'\n')
 
 
 def plot_learning_curve(metrics_path: str, out_png: str) -> None:

@@ -1,13 +1,17 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
 config -> `program.build_program` (mesh, model, optimizer, shardings, jitted steps) -> born-sharded
-state (or the newest checkpoint) -> per-process batches -> train step (donated state) -> metrics
-(JSONL, TensorBoard, progress line) -> periodic evaluation and checkpoints -> learning-curve PNG.
-Returns the final evaluation metrics (or, with `compile_only`, the per-device memory report).
+state (or the newest readable checkpoint, refusing a changed config) -> per-process batches ->
+train step (donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation
+and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
+the per-device memory report; when preempted, {'preempted': True, 'step': N}).
+
+Step N+1 is dispatched before step N's metrics are read. Every step's `nonfinite` flag is checked
+(one step late, and before any checkpoint of that step), so no state after a NaN/Inf step is saved.
+SIGTERM/SIGINT finish the current step, save it and return (see `guards.Preemption`).
 """
 
 import math
-import os
 import sys
 import time
 
@@ -20,6 +24,7 @@ from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
+from vit_jax.train import guards
 from vit_jax.train import logs
 from vit_jax.train import program as program_lib
 from vit_jax.train.program import build_model, eval_pp, resolve_steps, train_pp  # re-exported
@@ -42,11 +47,12 @@ def _mean_metrics(history: list) -> dict:
   return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
 
 
-def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
+def train_and_evaluate(config, workdir: str, *, devices=None,
+                       allow_config_change: bool = False) -> dict:
   """Trains `config` in `workdir` (resuming from its newest checkpoint) and returns final eval.
 
-  `devices` (default: all devices of all processes) is what the mesh is built over; with
-  `config.compile_only` it returns the compiled train step's per-device memory report instead.
+  `devices` (default: all devices of all processes) is what the mesh is built over. Resuming a
+  workdir whose checkpoint was made with another config is refused unless `allow_config_change`.
   """
   prog = program_lib.build_program(config, devices)
   if config.compile_only:
@@ -54,24 +60,45 @@ def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
     if jax.process_index() == 0:
       print(memory.format_report(report, prog.describe()), flush=True)
     return report
-  mesh, total_steps, num_train = prog.mesh, prog.total_steps, prog.num_train
 
-  _make_workdir(workdir)
-  state = prog.init_state()
-  ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
-  start_step = ckpt.latest_step() or 0
-  if start_step:
-    state, _ = ckpt.restore(start_step, train_ckpt.abstract_with_shardings(
-        prog.abstract_state, prog.state_shardings))
-    _say(f'resumed from {ckpt.directory} at step {start_step}')
+  with guards.Preemption() as preemption:
+    _make_workdir(workdir)
+    ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
+    logger = None
+    try:
+      start_step, state = _start(prog, ckpt, workdir, allow_config_change)
+      logger = logs.MetricLogger(workdir)
+      return _run(prog, state, start_step, ckpt, logger, preemption, workdir)
+    finally:
+      if logger is not None:
+        logger.close()
+      ckpt.close()
 
+
+def _start(prog, ckpt, workdir, allow_config_change):
+  """(start step, state): the newest readable checkpoint, or a fresh state."""
+  abstract = train_ckpt.abstract_with_shardings(prog.abstract_state, prog.state_shardings)
+  start_step, state, stored = ckpt.restore_latest(abstract)
+  if start_step is None:
+    return 0, prog.init_state()
+  if not allow_config_change:
+    guards.refuse_config_drift(workdir, start_step, stored, prog.config.to_dict())
+  if jax.process_index() == 0:
+    logs.truncate_after(logs.metrics_path(workdir), start_step)
+  _say(f'resumed from {ckpt.directory} at step {start_step}')
+  return start_step, state
+
+
+def _run(prog, state, start_step, ckpt, logger, preemption, workdir) -> dict:
+  config, mesh, total_steps = prog.config, prog.mesh, prog.total_steps
   eval_data = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
       batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
       process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
-  logger = logs.MetricLogger(workdir)
   config_json = config.to_dict()
   result = None
+  guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
+                         last_checkpoint=start_step or None)
 
   if start_step < total_steps:
     train_data = data_lib.train_iterator(
@@ -80,7 +107,7 @@ def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
         process_index=jax.process_index(), process_count=jax.process_count(),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
         sharding=config.data_sharding)
-    _say(f'training on {config.dataset} ({num_train} examples) for {total_steps} steps on '
+    _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
          f'{mesh.devices.size} device(s): {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
     t_start = time.perf_counter()
@@ -88,9 +115,10 @@ def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
       state, metrics = prog.train_fn(state, batch, prog.dropout_rng)
+      guard.check_previous_then_hold(step, metrics)
       history.append(metrics)
       if to_log is not None:  # read step N-1's metrics only after step N is dispatched
-        _log_train(logger, progress, *to_log)
+        _log_train(logger, progress, *to_log, skipped=guard.skipped)
         to_log = None
       if step == start_step + 1:
         jax.block_until_ready(metrics)
@@ -98,16 +126,28 @@ def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
       if step % config.log_every == 0 or step == total_steps:
         to_log, history = (step, history), []
       is_last = step == total_steps
+      stop = preemption.should_stop(step) and not is_last
       if step % config.eval_every == 0 or is_last:
+        guard.check_held()
         if to_log is not None:
-          _log_train(logger, progress, *to_log)
+          _log_train(logger, progress, *to_log, skipped=guard.skipped)
           to_log = None
         result = evaluate(prog.eval_fn, state.params, eval_data, mesh)
         logger.write(step, 'eval', result)
         _say(f'\nstep {step}: eval {config.eval_split} top-1 {result["accuracy"]:.4f} '
              f'loss {result["loss"]:.4f} ({int(result["count"])} examples)')
-      if step % config.checkpoint_every == 0 or is_last:
+      if step % config.checkpoint_every == 0 or is_last or stop:
+        guard.check_held()
         ckpt.save(step, state, config_json)
+        guard.last_checkpoint = step
+      if stop:
+        if to_log is not None:
+          _log_train(logger, progress, *to_log, skipped=guard.skipped)
+        progress.close()
+        ckpt.wait()
+        _say(f'\npreempted: saved the checkpoint of step {step} in {ckpt.directory}; rerun the '
+             f'same command to resume')
+        return {'preempted': True, 'step': step}
     progress.close()
     elapsed = time.perf_counter() - t_start
     _say(f'trained steps {start_step + 1}-{total_steps} in {elapsed:.0f} s (compilation, '
@@ -116,20 +156,41 @@ def train_and_evaluate(config, workdir: str, *, devices=None) -> dict:
     _say(f'{workdir} already holds the final checkpoint (step {start_step}); evaluating it')
   if result is None:
     result = evaluate(prog.eval_fn, state.params, eval_data, mesh)
-  ckpt.close()
-  logger.close()
+  ckpt.wait()
   if jax.process_index() == 0:
-    logs.plot_learning_curve(logger.path, os.path.join(workdir, 'learning_curve.png'))
+    logs.plot_learning_curve(logs.metrics_path(workdir),
+                             f'{workdir.rstrip("/")}/learning_curve.png')
   return result
 
 
-def _log_train(logger, progress, step, history):
+class _NumericsGuard:
+  """Checks each step's `nonfinite` flag one step late (or at once before a save or eval)."""
+
+  def __init__(self, max_skipped: int, skipped: int, last_checkpoint):
+    self.max_skipped, self.skipped, self.last_checkpoint = max_skipped, skipped, last_checkpoint
+    self._held = None
+
+  def check_previous_then_hold(self, step: int, metrics) -> None:
+    self.check_held()
+    self._held = (step, metrics)
+
+  def check_held(self) -> None:
+    if self._held is None:
+      return
+    step, metrics = self._held
+    self._held = None
+    if float(metrics['nonfinite']):
+      self.skipped += 1
+      values = {k: float(metrics[k]) for k in ('loss', 'grad_norm', 'nonfinite')}
+      guards.check_finite(step, values, self.last_checkpoint, self.skipped, self.max_skipped)
+
+
+def _log_train(logger, progress, step, history, *, skipped: int):
   metrics = _mean_metrics(history)
-  if not all(math.isfinite(v) for v in metrics.values()):
-    bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
-    raise FloatingPointError(f'non-finite {", ".join(bad)} in the steps up to {step}')
+  metrics['skipped'] = float(skipped)
   logger.write(step, 'train', metrics)
-  progress.update(step, metrics['loss'])
+  if math.isfinite(metrics['loss']):
+    progress.update(step, metrics['loss'])
 
 
 def _make_workdir(workdir: str) -> None:
@@ -147,4 +208,5 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-__all__ = ['train_and_evaluate', 'resolve_steps', 'build_model', 'evaluate', 'train_pp', 'eval_pp']
+__all__ = ['train_and_evaluate', 'resolve_steps', 'build_model', 'evaluate', 'train_pp',
+           'eval_pp']

@@ -123,7 +123,7 @@ def init_fn_and_shapes(model, tx, image_shape, rng):
     dummy = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
     params = model.init({'params': rng}, dummy, train=False)['params']
     return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                               opt_state=tx.init(params))
+                               opt_state=tx.init(params), skipped=jnp.zeros((), jnp.int32))
 
   return init, jax.eval_shape(init, rng)
 
@@ -175,7 +175,8 @@ def build_program(config, devices: Optional[list] = None) -> Program:
   train_step = step_lib.make_train_step(
       apply_fn=model.apply, tx=tx, loss_fn=loss_fn, num_classes=num_classes,
       label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
-      reduce_axis=steps_lib.reduce_axis(config.parallelism))
+      reduce_axis=steps_lib.reduce_axis(config.parallelism),
+      skip_nonfinite=config.max_nonfinite_steps > 0)
   train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
   eval_fn = steps_lib.compile_eval_step(
       step_lib.make_eval_step(apply_fn=model.apply, loss_fn=loss_fn, num_classes=num_classes),

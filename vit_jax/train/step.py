@@ -26,6 +26,7 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  skipped: Any = 0  # steps whose loss or gradient was NaN/Inf and were skipped (int32 scalar)
 
 
 def _l2(tree):
@@ -34,8 +35,14 @@ def _l2(tree):
 
 def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, loss_fn: Callable,
                     num_classes: int, label_smoothing: float, accum_steps: int,
-                    schedule: Callable, reduce_axis: Optional[str] = None):
-  """Returns the pure train step for this model, optimizer and loss (see the module docstring)."""
+                    schedule: Callable, reduce_axis: Optional[str] = None,
+                    skip_nonfinite: bool = False):
+  """Returns the pure train step for this model, optimizer and loss (see the module docstring).
+
+  Every step reports `nonfinite` (1.0 if its loss or gradient norm is NaN/Inf). With
+  `skip_nonfinite`, such a step leaves parameters and optimizer state unchanged (the step count
+  still advances, so the data stream moves on) and increments `state.skipped`.
+  """
 
   def loss_and_logits(params, images, labels, rng):
     logits = apply_fn({'params': params}, images, train=True, rngs={'dropout': rng})
@@ -77,15 +84,25 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
       n_correct, count = jax.lax.psum((n_correct, count), reduce_axis)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    grad_norm = _l2(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    skipped = state.skipped
+    if skip_nonfinite:
+      keep_old = lambda new, old: jnp.where(finite, new, old)
+      params = jax.tree.map(keep_old, params, state.params)
+      opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
+      skipped = skipped + (1 - finite.astype(jnp.int32))
     metrics = {
         'loss': loss,
         'accuracy': n_correct / count,
         'lr': schedule(state.step),
-        'grad_norm': _l2(grads),
+        'grad_norm': grad_norm,
         'param_norm': _l2(params),
         'update_norm': _l2(updates),
+        'nonfinite': 1.0 - finite.astype(jnp.float32),
     }
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         skipped=skipped), metrics
 
   return train_step
 

@@ -1,0 +1,210 @@
+"""Faults: preemption, kill -9 (also mid-checkpoint), corrupt checkpoints, NaNs, config drift.
+
+Every interrupted run must end with parameters bitwise equal to the uninterrupted reference run.
+"""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default
+from vit_jax.analysis import inputs
+from vit_jax.errors import UserError
+from vit_jax.train import guards
+from vit_jax.train import logs
+from vit_jax.train import loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 24
+ARGS = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01',
+        '--config.warmup_steps=2', '--config.log_every=1', f'--config.eval_every={STEPS}',
+        '--config.progress=False', '--config.model.dropout_rate=0.1']
+
+
+def _config(data_dir, **overrides):
+  c = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01')
+  c.warmup_steps, c.log_every, c.eval_every, c.progress = 2, 1, STEPS, False
+  c.model.dropout_rate, c.data_dir = 0.1, data_dir  # dropout: the step RNG must resume too
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+def _final_state(workdir, step=STEPS):
+  params, _ = inputs.load_checkpoint(f'{workdir}/checkpoints/{step}')
+  return params
+
+
+def _assert_bitwise_equal(a, b):
+  flat_a, flat_b = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+  assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
+  for (path, x), (_, y) in zip(flat_a, flat_b):
+    assert np.array_equal(x, y), jax.tree_util.keystr(path)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory, data_dir):
+  """The uninterrupted run (8 devices, as the subprocesses below)."""
+  workdir = tmp_path_factory.mktemp('reference')
+  loop.train_and_evaluate(_config(data_dir), str(workdir))
+  return workdir
+
+
+def _launch(workdir, data_dir, *extra):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *ARGS, f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', *extra],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _trained_steps(workdir) -> int:
+  records = logs.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+  return max((r['step'] for r in records if r['split'] == 'train'), default=0)
+
+
+def _wait_for_step(proc, workdir, step, timeout=300):
+  deadline = time.monotonic() + timeout
+  while _trained_steps(workdir) < step:
+    assert proc.poll() is None, proc.communicate()[1]
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+
+
+def test_sigterm_at_a_random_step_then_resume_is_bitwise_exact(tmp_path, data_dir, reference):
+  workdir = tmp_path / 'work'
+  stop_after = random.Random(os.getpid()).randint(3, STEPS - 6)
+  proc = _launch(workdir, data_dir, '--config.checkpoint_every=1000')
+  _wait_for_step(proc, workdir, stop_after)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('preempted: saved the checkpoint of step ') and last.endswith(
+      'rerun the same command to resume'), err
+  saved = int(last.split('step ')[1].split(' ')[0])
+  assert stop_after <= saved < STEPS
+  assert sorted(os.listdir(workdir / 'checkpoints')) == [str(saved)]
+  # The rerun resumes there and ends exactly where the uninterrupted run ended.
+  proc = _launch(workdir, data_dir, '--config.checkpoint_every=1000')
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0 and f'at step {saved}' in err, err
+  _assert_bitwise_equal(_final_state(workdir), _final_state(reference))
+  steps = [r['step'] for r in logs.read_metrics(str(workdir / 'metrics.jsonl'))
+           if r['split'] == 'train']
+  assert steps == list(range(1, STEPS + 1))  # each step logged once
+
+
+def test_kill_9_loop_always_resumes_and_ends_bitwise_exact(tmp_path, data_dir, reference):
+  """12 kills: odd ones the moment a checkpoint is being written, even ones at random times."""
+  workdir = tmp_path / 'work'
+  extra = ['--config.checkpoint_every=1', '--config.keep_checkpoints=2']
+  rng = random.Random(1234)
+  mid_write = 0
+  for kill in range(12):
+    proc = _launch(workdir, data_dir, *extra)
+    _wait_for_step(proc, workdir, min(_trained_steps(workdir) + 1, STEPS - 1))
+    if kill % 2:  # wait for an unfinished checkpoint directory, then kill at once
+      deadline = time.monotonic() + 30
+      while time.monotonic() < deadline and proc.poll() is None:
+        entries = os.listdir(workdir / 'checkpoints')
+        if any('tmp' in e for e in entries):
+          mid_write += 1
+          break
+        time.sleep(0.001)
+    else:
+      time.sleep(rng.uniform(0, 0.3))
+    proc.kill()
+    proc.communicate()
+    assert _trained_steps(workdir) < STEPS, 'the run finished before the kills did'
+  assert mid_write >= 3, mid_write
+  proc = _launch(workdir, data_dir, *extra)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  _assert_bitwise_equal(_final_state(workdir), _final_state(reference))
+
+
+def test_corrupt_latest_checkpoint_is_reported_and_the_previous_one_used(
+    tmp_path, data_dir, reference, capfd):
+  workdir = tmp_path / 'work'
+  loop.train_and_evaluate(_config(data_dir, checkpoint_every=10), str(workdir))
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['10', '20', str(STEPS)]
+  for root, _, files in os.walk(workdir / 'checkpoints' / str(STEPS) / 'state'):
+    for name in files:  # damage every data file of the newest step
+      with open(os.path.join(root, name), 'r+b') as f:
+        f.truncate(max(0, os.path.getsize(os.path.join(root, name)) // 3))
+  capfd.readouterr()
+  loop.train_and_evaluate(_config(data_dir, checkpoint_every=10), str(workdir))
+  err = capfd.readouterr().err
+  assert f'checkpoint {STEPS} in' in err and 'is unreadable' in err, err
+  assert 'at step 20' in err, err
+  assert os.listdir(workdir / 'corrupt_checkpoints')[0].startswith(f'{STEPS}-')  # kept
+  _assert_bitwise_equal(_final_state(workdir), _final_state(reference))
+
+
+def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  loop.train_and_evaluate(_config(data_dir, total_steps=4), str(workdir))
+  with pytest.raises(guards.Diverged, match=r'non-finite .*nan.* at step (\d+); the last '
+                                            r'checkpoint \(step \d+\) is intact') as error:
+    loop.train_and_evaluate(_config(data_dir, total_steps=12, lr=1e30, checkpoint_every=1),
+                            str(workdir), allow_config_change=True)
+  bad_step = int(str(error.value).split(' at step ')[1].split(';')[0])
+  saved = sorted(int(s) for s in os.listdir(workdir / 'checkpoints'))
+  assert 4 in saved and max(saved) < bad_step, (saved, bad_step)  # nothing from a bad step on
+  assert f'(step {max(saved)}) is intact' in str(error.value)
+  # Skipping mode: bad steps are counted in the log and the run stops after the limit.
+  with pytest.raises(guards.Diverged, match='after skipping 2 such steps'):
+    loop.train_and_evaluate(_config(data_dir, total_steps=12, lr=1e30, max_nonfinite_steps=2),
+                            str(tmp_path / 'skip'))
+  records = logs.read_metrics(str(tmp_path / 'skip' / 'metrics.jsonl'))
+  assert [r['skipped'] for r in records][-2:] == [1.0, 2.0]
+
+
+def test_config_drift_is_refused_unless_allowed(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  loop.train_and_evaluate(_config(data_dir, total_steps=3), str(workdir))
+  with pytest.raises(UserError, match=r"with another config: lr 0.01 -> 0.02, total_steps 3 -> "
+                                      r"4; rerun with the same config, use a new --workdir, or "
+                                      r"pass --allow_config_change"):
+    loop.train_and_evaluate(_config(data_dir, total_steps=4, lr=0.02), str(workdir))
+  # Operational keys (logging, checkpoint cadence, devices) may change freely.
+  result = loop.train_and_evaluate(_config(data_dir, total_steps=3, log_every=2,
+                                           checkpoint_every=7), str(workdir))
+  assert result['count'] == 1000
+  result = loop.train_and_evaluate(_config(data_dir, total_steps=4, lr=0.02), str(workdir),
+                                   allow_config_change=True)
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['3', '4']
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *ARGS, f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', '--config.checkpoint_every=1000',
+       f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  _wait_for_step(procs[0], workdir, 4)
+  procs[1].send_signal(signal.SIGTERM)  # only the second process is told
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err
+  saved = sorted(os.listdir(workdir / 'checkpoints'))
+  assert len(saved) == 1 and 4 <= int(saved[0]) < STEPS, saved
+  assert f'preempted: saved the checkpoint of step {saved[0]}' in outs[0][1]
