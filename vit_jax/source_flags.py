@@ -54,9 +54,6 @@ def params_file_only() -> bool:
 def resolve():
   """The `Bundle` the flags name."""
   from vit_jax.checkpoint import bundle  # pylint: disable=g-import-not-at-top
-  if not (_WORKDIR.value or _CHECKPOINT.value or _BUNDLE.value):
-    raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
-                    '--checkpoint=FILE.npz --model=NAME')
   return bundle.resolve(workdir=_WORKDIR.value, checkpoint=_CHECKPOINT.value,
                         bundle=_BUNDLE.value, model=_MODEL.value,
                         options=parse_options(_MODEL_OPTIONS.value),

@@ -224,6 +224,9 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
             class_names: Optional[str] = None, data_dir: Optional[str] = None) -> Bundle:
   """The Bundle named by the CLI source flags: --bundle, --checkpoint FILE.npz|.safetensors (with
   --model unless the file says), or --workdir [--checkpoint STEP|STEP_DIR]."""
+  if not (workdir or checkpoint or bundle):
+    raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
+                    '--checkpoint=FILE.npz --model=NAME')
   names = read_class_names(class_names) if class_names else None
   is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)
   if bundle:

@@ -6,6 +6,7 @@ and in the metadata of .safetensors files, so neither needs the training config.
 """
 
 import dataclasses
+import json
 import math
 from typing import Any, Dict, Mapping, Optional
 
@@ -25,6 +26,14 @@ class ModelSpec:
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   image_size: int = 224
   channels: int = 3
+
+  def __post_init__(self):
+    # Options as JSON stores them (tuples become lists), so a spec equals itself after a round trip.
+    try:
+      object.__setattr__(self, 'options', json.loads(json.dumps(dict(self.options))))
+    except TypeError as e:
+      raise UserError(f'model options must be plain values (numbers, strings, lists): {e}') \
+          from None
 
   def build(self):
     """The flax module (vit_jax.models.create_model)."""

@@ -205,6 +205,10 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
     raise UserError('the timm model has fc_norm (the final norm after pooling), which this '
                     "project's ViT does not have: convert a model built with fc_norm=False")
   qkv = {k: flat.pop(k) for k in [k for k in flat if re.fullmatch(r'blocks\.\d+\.attn\.qkv\.\w+', k)]}
+  for key, value in qkv.items():
+    if value.shape[0] % 3 or (value.shape[0] // 3) % num_heads:
+      raise UserError(f'{key} has shape {value.shape}, which does not split into q, k, v of '
+                      f'{num_heads} heads: pass the model (--model) the file was trained as')
   out, unmatched = _convert_names(flat, _VIT_RULES + _hybrid_rules(flat), to_timm=False,
                                   heads=num_heads)
   if unmatched:
@@ -215,9 +219,6 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
     i, kind = re.fullmatch(r'blocks\.(\d+)\.attn\.qkv\.(\w+)', key).groups()
     att = f'Transformer/encoderblock_{i}/{_ATTN}'
     width = value.shape[0] // 3
-    if value.shape[0] % 3 or width % num_heads:
-      raise UserError(f'{key} has shape {value.shape}, which does not split into q, k, v of '
-                      f'{num_heads} heads: pass the model (--model) the file was trained as')
     for name, part in zip(('query', 'key', 'value'), np.split(value, 3, axis=0)):
       if kind == 'weight':
         out[f'{att}{name}/kernel'] = np.ascontiguousarray(part.T.reshape(-1, num_heads,

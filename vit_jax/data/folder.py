@@ -242,9 +242,9 @@ def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
   splits = {name: split.num_examples for name, split in builder.info.splits.items()}
   line = (f'prepared {PREFIX}{root}: {len(listing.classes)} classes, '
           f'{sum(splits.values())} images ({", ".join(f"{n} {s}" for s, n in splits.items())})')
-  line += (f'; skipped {_summary(corrupt, "corrupt")} and '
-           f'{_summary(list(listing.non_images), "non-image")}' if corrupt or listing.non_images
-           else '; no file skipped')
+  skips = [_summary(names, what) for names, what in
+           ((corrupt, 'corrupt'), (list(listing.non_images), 'non-image')) if names]
+  line += f'; skipped {" and ".join(skips)}' if skips else '; no file skipped'
   print(f'{line}; cached in {directory}', file=sys.stderr, flush=True)
   return builder
 
