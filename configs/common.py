@@ -34,7 +34,7 @@ def base_config() -> config_dict.ConfigDict:
   c.model.remat = False                   # rematerialise each encoder block (saves memory)
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
-  c.dataset = 'mnist5k'
+  c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)
   c.data_dir = placeholder(str)           # tfds data_dir (local or gs://); None = tfds default
   c.train_split = 'train'
   c.eval_split = 'test'

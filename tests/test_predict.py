@@ -2,6 +2,7 @@
 convert: every way of loading the trained model gives the expected top class and the same
 probabilities; bad input gives one-line errors."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from vit_jax import inference
 from vit_jax.checkpoint import bundle as bundle_lib
 from vit_jax.checkpoint import npz, timm_layout
 from vit_jax.checkpoint.spec import ModelSpec, infer_image_size
+from vit_jax.data import image_files, preprocess
 from vit_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,9 +62,15 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
     assert r['top'][0]['class'] == run['images'][r['file']], r
     probs = [t['probability'] for t in r['top']]
     assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-5
-  # Same numbers as the model on the same preprocessing, in one batch.
-  again = inference.predict(bundle, paths, batch_size=8)
-  np.testing.assert_allclose(_probabilities(again), _probabilities(results), atol=1e-6)
+  # The numbers are the model's on the eval preprocessing (here resize_small + central crop).
+  images = image_files.load(paths, preprocess.EvalSpec('central', 28, resize=28), 3)
+  assert images.shape == (3, 28, 28, 3)
+  logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, images, train=False),
+                      np.float64)
+  softmax = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  np.testing.assert_allclose(_probabilities(results), softmax, atol=1e-6)
+  sigmoid = inference.predict(dataclasses.replace(bundle, output='sigmoid'), paths, batch_size=8)
+  np.testing.assert_allclose(_probabilities(sigmoid), 1 / (1 + np.exp(-logits)), atol=1e-6)
 
 
 def test_bundle_and_converted_files_predict_the_same(run, tmp_path):

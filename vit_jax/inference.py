@@ -2,8 +2,8 @@
 
 Files are read and preprocessed exactly as the model's eval images (`Bundle.eval_spec`) and run in
 batches of `batch_size`; the last batch is padded so that the model compiles once. Unusable files
-(missing, not PNG/JPEG) make the whole call a UserError that names them all (first three). Probabilities are the
-softmax of the logits, or the per-class sigmoid for models trained with sigmoid_xent.
+(missing, not PNG/JPEG) make the whole call a UserError naming them (up to four). Probabilities
+are the softmax of the logits, or the per-class sigmoid for models trained with sigmoid_xent.
 """
 
 from typing import Any, Dict, List, Sequence

@@ -6,7 +6,7 @@ timm imports `torchvision.ops.misc.FrozenBatchNorm2d` (norm layers), `torchvisio
 them. Every name of the stand-in is a class that raises when it is instantiated or called, so a code
 path that does need torchvision fails loudly instead of computing something else. Names that timm
 imports inside `try: ... except ImportError` (optional features) are absent, so timm takes its own
-fallback; `InterpolationMode`, which timm reads at import time, is an enum with torchvision's values.
+fallback; `InterpolationMode`, which timm reads at import time, is an enum of torchvision's values.
 """
 
 import enum

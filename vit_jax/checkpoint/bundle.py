@@ -1,4 +1,4 @@
-"""Inference bundles: a model's params plus everything needed to run it, without the training config.
+"""Inference bundles: a model's params and what is needed to run them, without the training config.
 
 A bundle is a directory:
   params.npz   the params in the released .npz layout (`save_npz`; readable by the original code

@@ -39,7 +39,8 @@ import numpy as np
 
 from vit_jax.checkpoint import files
 from vit_jax.checkpoint import npz
-from vit_jax.checkpoint.npz import _as_numpy, _few, _flatten, _forward_order, _params_only, _unflatten  # pylint: disable=protected-access
+from vit_jax.checkpoint.npz import (  # pylint: disable=protected-access
+    _as_numpy, _few, _flatten, _forward_order, _params_only, _unflatten)
 from vit_jax.checkpoint.spec import ModelSpec
 from vit_jax.errors import UserError
 from vit_jax.models import resnet as resnet_lib
@@ -204,7 +205,8 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   if 'fc_norm.weight' in flat:
     raise UserError('the timm model has fc_norm (the final norm after pooling), which this '
                     "project's ViT does not have: convert a model built with fc_norm=False")
-  qkv = {k: flat.pop(k) for k in [k for k in flat if re.fullmatch(r'blocks\.\d+\.attn\.qkv\.\w+', k)]}
+  qkv_keys = [k for k in flat if re.fullmatch(r'blocks\.\d+\.attn\.qkv\.\w+', k)]
+  qkv = {k: flat.pop(k) for k in qkv_keys}
   for key, value in qkv.items():
     if value.shape[0] % 3 or (value.shape[0] // 3) % num_heads:
       raise UserError(f'{key} has shape {value.shape}, which does not split into q, k, v of '
