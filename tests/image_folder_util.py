@@ -38,13 +38,16 @@ def write_colour_folder(root, per_class: int = 12, seed: int = 0) -> dict:
   return files
 
 
+def image_paths(directory) -> dict:
+  """{path: colour} of the images `write_images` writes to `directory`."""
+  return {os.path.join(directory, f'{c}.{"jpg" if c == "red" else "png"}'): c for c in COLOURS}
+
+
 def write_images(directory, seed: int = 1) -> dict:
   """One new image per colour (new sizes and noise): {path: colour}."""
   rng = np.random.default_rng(seed)
   os.makedirs(directory, exist_ok=True)
-  out = {}
-  for colour in COLOURS:
-    path = os.path.join(directory, f'{colour}.{"jpg" if colour == "red" else "png"}')
+  paths = image_paths(directory)
+  for path, colour in paths.items():
     Image.fromarray(colour_image(colour, rng, size=(33, 27))).save(path)
-    out[path] = colour
-  return out
+  return paths

@@ -3,6 +3,7 @@ convert: every way of loading the trained model gives the expected top class and
 probabilities; bad input gives one-line errors."""
 
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import default
-from image_folder_util import write_colour_folder, write_images
+from image_folder_util import image_paths, write_colour_folder, write_images
 from vit_jax import inference
 from vit_jax.checkpoint import bundle as bundle_lib
 from vit_jax.checkpoint import npz, timm_layout
@@ -24,11 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 40
 
 
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-  """A ViT-Ze/4 trained STEPS steps on the colour folder; its workdir and fresh test images."""
+def _train(base):
   from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
-  base = tmp_path_factory.mktemp('predict')
   write_colour_folder(str(base / 'colours'))
   config = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=3e-3')
   config.dataset = f'folder:{base / "colours"}'
@@ -40,8 +38,24 @@ def run(tmp_path_factory):
   config.eval_every = config.checkpoint_every = config.log_every = STEPS
   config.progress = False
   result = loop.train_and_evaluate(config, str(base / 'run'))
-  return dict(workdir=str(base / 'run'), result=result, images=write_images(str(base / 'new')),
-              base=base)
+  write_images(str(base / 'new'))
+  with open(base / 'result.json', 'w') as f:
+    json.dump(result, f)
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """A ViT-Ze/4 trained STEPS steps on the colour folder (once for all xdist workers of the
+  session: the first to take the lock trains); its workdir, eval result and fresh images."""
+  base = tmp_path_factory.getbasetemp()
+  base = (base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base) / 'predict_colours'
+  base.mkdir(exist_ok=True)
+  with open(base / 'lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (base / 'result.json').exists():
+      _train(base)
+  return dict(workdir=str(base / 'run'), result=json.loads((base / 'result.json').read_text()),
+              images=image_paths(str(base / 'new')), base=base)
 
 
 def _probabilities(results):
