@@ -13,10 +13,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torchvision_stub  # pylint: disable=g-import-not-at-top,wrong-import-position
+from parity_figures import FIGURES  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 torchvision_stub.install()
-
-FIGURES = []  # (model, direction, max relative logit error), filled by the tests
 
 
 def pytest_terminal_summary(terminalreporter):

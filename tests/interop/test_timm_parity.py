@@ -21,7 +21,7 @@ import timm
 import torch
 from timm.models.vision_transformer import _load_weights
 
-from conftest import FIGURES
+from parity_figures import FIGURES
 from vit_jax.checkpoint import npz, timm_layout
 from vit_jax.checkpoint.spec import ModelSpec
 
