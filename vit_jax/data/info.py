@@ -2,7 +2,7 @@
 
 Any dataset registered with tensorflow-datasets can be named (plus `mnist5k`, registered by
 `vit_jax.data`). Datasets must already be prepared in `data_dir` (a local or gs:// path): this
-module never downloads. `mnist5k` is the one exception: it is built offline on first use, and so is
+module never downloads. Two datasets are built offline on first use instead: `mnist5k`, and
 'folder:PATH', a folder of class sub-folders of your own images (`vit_jax.data.folder`).
 """
 
