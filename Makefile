@@ -1,13 +1,16 @@
 # The two quickstart commands: `make train` and `make test`. Both build .venv from nothing with the
-# pinned versions in requirements.lock (tested on Python 3.11, CPU).
+# pinned versions in requirements.lock (tested on Python 3.11, CPU). `make test-interop` adds torch
+# (CPU) and timm (requirements-interop.lock) and runs the parity tests in tests/interop.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/default
 PYTEST_ARGS ?=
+INTEROP_STAMP := $(VENV)/.interop-installed
+TORCH_WHEELS ?= /opt/wheels
 
-.PHONY: install train test clean
+.PHONY: install train test test-interop clean
 
 install: $(STAMP)
 
@@ -22,7 +25,14 @@ train: install
 	$(BIN)/python -m vit_jax.main --config=configs/default.py --workdir=$(WORKDIR)
 
 test: install
-	$(BIN)/python -m pytest -q -n 2 --durations=10 tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
+
+$(INTEROP_STAMP): $(STAMP) requirements-interop.lock
+	$(BIN)/pip install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock
+	touch $(INTEROP_STAMP)
+
+test-interop: $(INTEROP_STAMP)
+	$(BIN)/python -m pytest -q tests/interop $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

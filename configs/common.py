@@ -35,7 +35,7 @@ def base_config() -> config_dict.ConfigDict:
                                           # (dots keeps the Dense outputs, recomputes the rest)
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
-  c.dataset = 'mnist5k'
+  c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)
   c.data_dir = placeholder(str)           # tfds data_dir (local or gs://); None = tfds default
   c.train_split = 'train'
   c.eval_split = 'test'

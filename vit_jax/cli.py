@@ -15,6 +15,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
+from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
@@ -96,17 +97,8 @@ def import_tensorflow_quietly() -> None:
   """
   if 'tensorflow' in sys.modules:
     return
-  sys.stderr.flush()
-  saved = os.dup(2)
-  try:
-    with open(os.devnull, 'w') as null:
-      os.dup2(null.fileno(), 2)
-      try:
-        import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-      finally:
-        os.dup2(saved, 2)
-  finally:
-    os.close(saved)
+  with quiet.silenced_stderr():
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
 
 
 def run_main(fn, *, required_flags=()) -> None:

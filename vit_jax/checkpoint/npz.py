@@ -24,17 +24,15 @@ loaded tree with a model's abstract params and explain any difference in one lin
 with a file raises `UserError`. Files are always read with allow_pickle=False.
 """
 
-import contextlib
 import os
 import re
-import tempfile
-import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.checkpoint import files
 from vit_jax.errors import UserError
 
 Params = Dict[str, Any]
@@ -50,8 +48,7 @@ _TO_RELEASED = {'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_
                 'LayerNorm_1': 'LayerNorm_2', 'MlpBlock_0': 'MlpBlock_3'}
 _BLOCK_CHILD = re.compile(r'^(Transformer/encoderblock_\d+/)([^/]+)(/.*)$')
 _GROUPNORM = re.compile(r'(^|/)(gn_root|gn_proj|gn\d+)/(scale|bias)$')
-_REMOTE = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
-_FIX = 'check the path, or re-download / re-export the checkpoint'
+_FIX = files.FIX
 
 
 def _flatten(tree: Any, prefix: str = '') -> Dict[str, Any]:
@@ -166,42 +163,6 @@ def to_released_layout(flat: Mapping[str, Any], groupnorm_4d: bool = True) -> Di
   return out
 
 
-def _is_remote(path: str) -> bool:
-  return bool(_REMOTE.match(path))
-
-
-def _gfile():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for gs:// and the like)
-  return tf.io.gfile
-
-
-def _open_for_read(path: str):
-  if _is_remote(path):
-    gfile = _gfile()
-    try:
-      exists, isdir = gfile.exists(path), gfile.isdir(path)
-    except Exception as e:  # pylint: disable=broad-except  (permission, network, unknown scheme)
-      raise UserError(f'cannot open checkpoint {path}: {_describe(e)}') from None
-    if not exists:
-      raise UserError(f'checkpoint {path} does not exist: {_FIX}')
-    if isdir:
-      raise UserError(f'checkpoint {path} is a directory, not an .npz file: give the file path')
-    return gfile.GFile(path, 'rb')
-  if not os.path.exists(path):
-    raise UserError(f'checkpoint {path} does not exist: {_FIX}')
-  if os.path.isdir(path):
-    raise UserError(f'checkpoint {path} is a directory, not an .npz file: give the file path')
-  try:
-    return open(path, 'rb')
-  except OSError as e:
-    raise UserError(f'cannot open checkpoint {path}: {e.strerror or e}') from None
-
-
-def _describe(e: BaseException) -> str:
-  text = ' '.join(str(e).split())[:160]
-  return f'{type(e).__name__}: {text}' if text else type(e).__name__
-
-
 def _read_member(npz, path: str, key: str) -> np.ndarray:
   try:
     array = npz[key]
@@ -212,10 +173,10 @@ def _read_member(npz, path: str, key: str) -> np.ndarray:
       raise UserError(f'checkpoint {path} holds a pickled object array under {key}; it is not '
                       'loaded (pickles can run code): re-export the params as plain numeric '
                       'arrays') from None
-    raise UserError(f'checkpoint {path} is corrupt or truncated ({key}: {_describe(e)}): '
+    raise UserError(f'checkpoint {path} is corrupt or truncated ({key}: {files.describe(e)}): '
                     f'{_FIX}') from None
   except Exception as e:  # pylint: disable=broad-except  (zip, zlib, EOF, OS, tf errors)
-    raise UserError(f'checkpoint {path} is corrupt or truncated ({key}: {_describe(e)}): '
+    raise UserError(f'checkpoint {path} is corrupt or truncated ({key}: {files.describe(e)}): '
                     f'{_FIX}') from None
   if not isinstance(array, np.ndarray):  # numpy returns the bytes of a non-.npy zip member
     raise UserError(f'checkpoint {path} is a zip archive but {key} is not an .npy array: the '
@@ -230,7 +191,7 @@ def _read_member(npz, path: str, key: str) -> np.ndarray:
 def read_npz_arrays(path: str) -> Dict[str, np.ndarray]:
   """Every array of the .npz at `path` (local or gs://), keys as stored; UserError if unusable."""
   path = os.fspath(path)
-  with _open_for_read(path) as f:
+  with files.open_for_read(path, '.npz') as f:
     try:
       magic = f.read(6)
       f.seek(0)
@@ -245,7 +206,7 @@ def read_npz_arrays(path: str) -> Dict[str, np.ndarray]:
     except (UserError, MemoryError):
       raise
     except Exception as e:  # pylint: disable=broad-except  (BadZipFile, OSError, tf errors)
-      raise UserError(f'checkpoint {path} is corrupt or truncated ({_describe(e)}): '
+      raise UserError(f'checkpoint {path} is corrupt or truncated ({files.describe(e)}): '
                       f'{_FIX}') from None
     with npz:
       arrays = {key: _read_member(npz, path, key) for key in npz.files}
@@ -285,47 +246,7 @@ def save_npz(path: str, params: Any, *, groupnorm_4d: bool = True) -> None:
   if not flat:
     raise UserError('save_npz got an empty param tree: pass the model params')
   flat = to_released_layout(flat, groupnorm_4d)
-  if _is_remote(path):
-    _save_remote(path, flat)
-    return
-  directory = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(directory):
-    raise UserError(f'cannot save {path}: directory {directory} does not exist; create it first')
-  # A hidden temp file in the same directory (same filesystem: the rename is atomic).
-  tmp = os.path.join(directory, f'.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp')
-  try:
-    with open(tmp, 'xb') as f:
-      np.savez(f, allow_pickle=False, **flat)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-  if hasattr(os, 'O_DIRECTORY'):  # make the rename itself durable
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-      os.fsync(dir_fd)
-    finally:
-      os.close(dir_fd)
-
-
-def _save_remote(path: str, flat: Mapping[str, np.ndarray]) -> None:
-  """gs:// etc.: numpy needs a seekable file, so write locally, upload to a temp name, rename."""
-  gfile = _gfile()
-  remote_tmp = f'{path}.tmp-{uuid.uuid4().hex}'
-  with tempfile.TemporaryDirectory() as local_dir:
-    local = os.path.join(local_dir, 'params.npz')
-    with open(local, 'wb') as f:
-      np.savez(f, allow_pickle=False, **flat)
-    try:
-      gfile.copy(local, remote_tmp, overwrite=True)
-      gfile.rename(remote_tmp, path, overwrite=True)
-    except BaseException:
-      with contextlib.suppress(Exception):
-        gfile.remove(remote_tmp)
-      raise
+  files.atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **flat))
 
 
 def _few(keys: Sequence[str], n: int = 3) -> str:
@@ -404,12 +325,19 @@ def load_for_model(path: str, model: Any, image_shape: Sequence[int], *,
                    name: Optional[str] = None) -> Params:
   """load_npz + check_params against `model` on images of `image_shape` ([B,]H,W,C); the arrays
   are cast to the model's param dtypes. `name` (e.g. 'ViT-B/16') is used in the error message."""
-  params = load_npz(path)
+  return fit_to_model(load_npz(path), model, image_shape, name=name)
+
+
+def fit_to_model(params: Any, model: Any, image_shape: Sequence[int], *,
+                 name: Optional[str] = None) -> Params:
+  """check_params of `params` against `model` on images of `image_shape`, then a copy cast to the
+  model's param dtypes (numpy arrays)."""
   shape = tuple(int(d) for d in image_shape)
   images = jax.ShapeDtypeStruct((1,) * (len(shape) == 3) + shape, jnp.float32)
   init = lambda x: model.init(jax.random.key(0), x, train=False)['params']
   abstract = jax.eval_shape(init, images)
   check_params(params, abstract, what=name or _model_name(model))
   dtypes = _flatten(abstract)
-  flat = {k: np.asarray(v).astype(dtypes[k].dtype, copy=False) for k, v in _flatten(params).items()}
+  flat = {k: np.asarray(v).astype(dtypes[k].dtype, copy=False)
+          for k, v in _flatten(_params_only(params)).items()}
   return _unflatten(flat)

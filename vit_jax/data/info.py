@@ -2,7 +2,8 @@
 
 Any dataset registered with tensorflow-datasets can be named (plus `mnist5k`, registered by
 `vit_jax.data`). Datasets must already be prepared in `data_dir` (a local or gs:// path): this
-module never downloads. `mnist5k` is the one exception: it is built offline on first use.
+module never downloads. Two datasets are built offline on first use instead: `mnist5k`, and
+'folder:PATH', a folder of class sub-folders of your own images (`vit_jax.data.folder`).
 """
 
 import dataclasses
@@ -11,6 +12,7 @@ from typing import Optional
 
 import tensorflow_datasets as tfds
 
+from vit_jax.data import folder
 from vit_jax.data import mnist5k
 from vit_jax.errors import UserError
 
@@ -45,7 +47,11 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
   """Returns the tfds builder of a prepared dataset (preparing mnist5k if needed), never downloads.
 
   Raises `UserError` if the name is unknown to tfds or the dataset is not prepared in `data_dir`.
+  'folder:PATH' is a folder of class sub-folders of images, prepared into `data_dir` on first use
+  (`vit_jax.data.folder`).
   """
+  if dataset.startswith(folder.PREFIX):
+    return folder.load_builder(dataset, data_dir)
   try:
     name, name_kwargs = tfds.core.naming.parse_builder_name_kwargs(dataset)
   except (ValueError, TypeError) as e:

@@ -1,0 +1,174 @@
+"""Train on an image folder written by the test (with a corrupt file), then predict, export and
+convert: every way of loading the trained model gives the expected top class and the same
+probabilities; bad input gives one-line errors."""
+
+import dataclasses
+import fcntl
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import default
+from image_folder_util import image_paths, write_colour_folder, write_images
+from vit_jax import inference
+from vit_jax.checkpoint import bundle as bundle_lib
+from vit_jax.checkpoint import npz, timm_layout
+from vit_jax.checkpoint.spec import ModelSpec, infer_image_size
+from vit_jax.data import image_files, preprocess
+from vit_jax.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 40
+
+
+def _train(base):
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  write_colour_folder(str(base / 'colours'))
+  config = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=3e-3')
+  config.dataset = f'folder:{base / "colours"}'
+  config.data_dir = str(base / 'tfds')
+  config.pp.train_crop = 'resize'
+  config.pp.eval_crop = 'central'  # resize_small + central crop: predict must do the same
+  config.eval_batch_size = 8
+  config.warmup_steps = 5
+  config.eval_every = config.checkpoint_every = config.log_every = STEPS
+  config.progress = False
+  result = loop.train_and_evaluate(config, str(base / 'run'))
+  write_images(str(base / 'new'))
+  with open(base / 'result.json', 'w') as f:
+    json.dump(result, f)
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """A ViT-Ze/4 trained STEPS steps on the colour folder (once for all xdist workers of the
+  session: the first to take the lock trains); its workdir, eval result and fresh images."""
+  base = tmp_path_factory.getbasetemp()
+  base = (base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base) / 'predict_colours'
+  base.mkdir(exist_ok=True)
+  with open(base / 'lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (base / 'result.json').exists():
+      _train(base)
+  return dict(workdir=str(base / 'run'), result=json.loads((base / 'result.json').read_text()),
+              images=image_paths(str(base / 'new')), base=base)
+
+
+def _probabilities(results):
+  return np.array([[t['probability'] for t in sorted(r['top'], key=lambda t: t['index'])]
+                   for r in results])
+
+
+def test_folder_run_trains_and_predict_gives_the_expected_class(run):
+  assert run['result']['count'] == 3  # the 3 test images (one per class), corrupt file skipped
+  bundle = bundle_lib.from_workdir(run['workdir'])
+  assert bundle.class_names == ('blue', 'green', 'red')
+  assert (bundle.crop, bundle.resize, bundle.decode_channels) == ('central', 28, 3)
+  paths = list(run['images'])
+  results = inference.predict(bundle, paths, batch_size=2, top_k=5)  # 2 batches, last padded
+  assert [r['file'] for r in results] == paths
+  for r in results:
+    assert len(r['top']) == 3  # top 5 of 3 classes
+    assert r['top'][0]['class'] == run['images'][r['file']], r
+    probs = [t['probability'] for t in r['top']]
+    assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-5
+  # The numbers are the model's on the eval preprocessing (here resize_small + central crop).
+  images = image_files.load(paths, preprocess.EvalSpec('central', 28, resize=28), 3)
+  assert images.shape == (3, 28, 28, 3)
+  logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, images, train=False),
+                      np.float64)
+  softmax = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  np.testing.assert_allclose(_probabilities(results), softmax, atol=1e-6)
+  sigmoid = inference.predict(dataclasses.replace(bundle, output='sigmoid'), paths, batch_size=8)
+  np.testing.assert_allclose(_probabilities(sigmoid), 1 / (1 + np.exp(-logits)), atol=1e-6)
+
+
+def test_bundle_and_converted_files_predict_the_same(run, tmp_path):
+  paths = list(run['images'])
+  want = _probabilities(inference.predict(bundle_lib.from_workdir(run['workdir']), paths))
+
+  bundle_lib.save(bundle_lib.from_workdir(run['workdir']), str(tmp_path / 'bundle'))
+  assert sorted(os.listdir(tmp_path / 'bundle')) == ['model.json', 'params.npz']
+  meta = json.loads((tmp_path / 'bundle' / 'model.json').read_text())
+  assert (meta['model_name'], meta['image_size'], meta['channels']) == ('ViT-Ze/4', 28, 3)
+  assert meta['class_names'] == ['blue', 'green', 'red']
+  assert npz.read_npz(str(tmp_path / 'bundle' / 'params.npz'))[1] == 'released'
+  loaded = bundle_lib.load(str(tmp_path / 'bundle'))
+  np.testing.assert_allclose(_probabilities(inference.predict(loaded, paths)), want, atol=1e-6)
+
+  path = str(tmp_path / 'm.safetensors')
+  timm_layout.save_safetensors(path, loaded.params, spec=loaded.spec,
+                               class_names=loaded.class_names)
+  from_file = bundle_lib.from_params_file(path)
+  assert from_file.spec == loaded.spec and from_file.class_names == loaded.class_names
+  # A params file carries no preprocessing: it gets the original fine-tuning's eval resize.
+  assert from_file.crop == 'resize'
+  from_file.crop = loaded.crop
+  np.testing.assert_allclose(_probabilities(inference.predict(from_file, paths)), want, atol=1e-6)
+
+  plain = bundle_lib.from_params_file(str(tmp_path / 'bundle' / 'params.npz'),
+                                      model_name='ViT-Ze/4')
+  assert plain.spec.image_size == 28 and plain.class_names == ('0', '1', '2')
+
+
+def test_cli_export_then_predict_json(run, tmp_path):
+  out = tmp_path / 'bundle'
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax.export', f'--workdir={run["workdir"]}',
+                         f'--out={out}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == f'wrote {out}: ViT-Ze/4, 3 classes, 28x28x3'
+  paths = list(run['images'])
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax.predict', f'--bundle={out}', '--json',
+                         '--top_k=2', *paths], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  results = json.loads(proc.stdout)
+  assert [r['file'] for r in results] == paths
+  assert [r['top'][0]['class'] for r in results] == [run['images'][p] for p in paths]
+  assert all(len(r['top']) == 2 for r in results)
+
+
+def test_user_errors(run, tmp_path):
+  with pytest.raises(UserError, match='no model given'):
+    bundle_lib.resolve()
+  with pytest.raises(UserError, match='not a bundle'):
+    bundle_lib.resolve(bundle=str(tmp_path))
+  with pytest.raises(UserError, match='holds params only: pass the model'):
+    params_file = str(tmp_path / 'p.npz')
+    npz.save_npz(params_file, bundle_lib.from_workdir(run['workdir']).params)
+    bundle_lib.resolve(checkpoint=params_file)
+  with pytest.raises(UserError, match=r'checkpoint does not fit ViT-Mu/4'):
+    bundle_lib.resolve(checkpoint=params_file, model='ViT-Mu/4')
+  with pytest.raises(UserError, match='apply to a params file'):
+    bundle_lib.resolve(workdir=run['workdir'], model='ViT-B/16')
+  (tmp_path / 'names.txt').write_text('a\nb\n')
+  with pytest.raises(UserError, match='2 names for a model with 3 classes'):
+    bundle_lib.resolve(workdir=run['workdir'], class_names=str(tmp_path / 'names.txt'))
+  (tmp_path / 'keep').mkdir()
+  (tmp_path / 'keep' / 'notes.txt').write_text('mine')
+  with pytest.raises(UserError, match='non-empty directory that is not a bundle'):
+    bundle_lib.save(bundle_lib.from_workdir(run['workdir']), str(tmp_path / 'keep'))
+  assert os.listdir(tmp_path / 'keep') == ['notes.txt']
+  trained = bundle_lib.from_workdir(run['workdir'])
+  with pytest.raises(UserError, match='no images given'):
+    inference.predict(trained, [])
+  paths = [list(run['images'])[0], str(tmp_path / 'missing.png'),
+           str(run['base'] / 'colours' / 'red' / 'broken.jpg'), str(tmp_path / 'names.txt')]
+  with pytest.raises(UserError) as e:
+    inference.predict(trained, paths, batch_size=2)
+  assert str(e.value) == (f'cannot read image {paths[1]}: no such file; pass PNG or JPEG files '
+                          f'(and 2 more: {paths[2]}, {paths[3]}); nothing was printed: remove or '
+                          'fix these files')
+
+
+def test_image_size_is_inferred_from_the_position_embedding():
+  import jax  # pylint: disable=g-import-not-at-top
+  for name, size in (('ViT-B/16', 384), ('R+ViT-Ti/16', 224), ('R50+ViT-B/16', 224)):
+    model = ModelSpec(name, 5, {}, size, 3).build()
+    x = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+    params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
+    assert infer_image_size(params['params'], name) == size, name

@@ -1,0 +1,256 @@
+"""Inference bundles: a model's params and what is needed to run them, without the training config.
+
+A bundle is a directory:
+  params.npz   the params in the released .npz layout (`save_npz`; readable by the original code
+               and by timm's npz loader)
+  model.json   {"format": "vit_jax.bundle", "version": 1, "model_name", "num_classes", "options"
+               (create_model overrides), "image_size", "channels", "class_names",
+               "preprocess": {"crop", "resize", "decode_channels"}, "output": softmax | sigmoid,
+               "source"}
+
+`Bundle` is also what `predict`, `export` and `convert` load from any source (`resolve`): a training
+run's workdir (model and preprocessing from its stored config, class names from its dataset), a
+bundle, or a params file (.npz or .safetensors) plus a model name.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from vit_jax.checkpoint import files
+from vit_jax.checkpoint import npz
+from vit_jax.checkpoint import timm_layout
+from vit_jax.checkpoint import workdir as workdir_lib
+from vit_jax.checkpoint.spec import ModelSpec, infer_image_size, input_channels
+from vit_jax.errors import UserError
+
+FORMAT = 'vit_jax.bundle'
+VERSION = 1
+PARAMS_FILE = 'params.npz'
+MODEL_FILE = 'model.json'
+PARAM_SUFFIXES = ('.npz', '.safetensors')
+OUTPUTS = ('softmax', 'sigmoid')
+
+
+@dataclasses.dataclass
+class Bundle:
+  """Params and how to run them. `crop`/`resize` are the eval preprocessing
+  (`preprocess.EvalSpec`); images are decoded to `decode_channels` first."""
+  spec: ModelSpec
+  params: Dict[str, Any]
+  class_names: Tuple[str, ...]
+  crop: str = 'resize'
+  resize: Optional[int] = None
+  decode_channels: int = 3
+  output: str = 'softmax'
+  source: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def eval_spec(self):
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+    return preprocess.eval_spec(dict(crop=self.crop, image_size=self.spec.image_size,
+                                     resize=self.resize or self.spec.image_size,
+                                     channels=self.spec.channels))
+
+  def to_json(self) -> Dict[str, Any]:
+    return {'format': FORMAT, 'version': VERSION, **self.spec.to_dict(),
+            'class_names': list(self.class_names),
+            'preprocess': {'crop': self.crop, 'resize': self.resize,
+                           'decode_channels': self.decode_channels},
+            'output': self.output, 'source': self.source}
+
+
+def fitted(spec: ModelSpec, params: Any, what: str) -> Dict[str, Any]:
+  """`params` checked against the model of `spec` (one-line UserError if they do not fit)."""
+  return npz.fit_to_model(params, spec.build(), (spec.image_size, spec.image_size, spec.channels),
+                          name=f'{spec.model_name} ({what})')
+
+
+def _index_names(num_classes: int) -> Tuple[str, ...]:
+  return tuple(str(i) for i in range(num_classes))
+
+
+def dataset_class_names(dataset: str, data_dir: Optional[str]) -> Tuple[str, ...]:
+  """Class names of a dataset (a folder's are read from its listing, without preparing it)."""
+  from vit_jax.data import folder, info  # pylint: disable=g-import-not-at-top
+  if dataset.startswith(folder.PREFIX):
+    return folder.list_folder(os.path.abspath(dataset[len(folder.PREFIX):])).classes
+  ds_info = info.get_info(dataset, data_dir)
+  return tuple(ds_info.tfds_info.features[ds_info.label_key].names)
+
+
+def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
+                 data_dir: Optional[str] = None) -> Bundle:
+  """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  step_dir = workdir_lib.resolve_checkpoint(workdir, checkpoint)
+  params, config = workdir_lib.load_checkpoint(step_dir)
+  spec = ModelSpec.from_config(config, params)
+  source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
+  try:
+    names = dataset_class_names(config.dataset, data_dir or config.data_dir)
+    if len(names) != spec.num_classes:
+      raise UserError(f'it has {len(names)} classes, the model {spec.num_classes}')
+    source['class_names'] = f'dataset {config.dataset}'
+  except UserError as e:
+    names = _index_names(spec.num_classes)
+    source['class_names'] = f'class indices (no names from dataset {config.dataset}: {e})'
+  pp = loop._eval_pp(config)  # pylint: disable=protected-access  (the eval preprocessing policy)
+  return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
+                crop=pp['crop'], resize=pp['resize'],
+                decode_channels=spec.channels if config.pp.channels is None else 3,
+                output='sigmoid' if config.loss == 'sigmoid_xent' else 'softmax', source=source)
+
+
+def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
+  """create_model options that a released params file implies: classifier (cls token or not),
+  representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
+  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else 'gap'}
+  if 'pre_logits' in params:
+    options['representation_size'] = int(np.shape(params['pre_logits']['kernel'])[-1])
+  if 'posembed_input' not in params.get('Transformer', {}):
+    options['posemb'] = 'sincos2d'
+  return options
+
+
+def from_params_file(path: str, *, model_name: Optional[str] = None,
+                     options: Optional[Mapping[str, Any]] = None,
+                     image_size: Optional[int] = None,
+                     class_names: Optional[Sequence[str]] = None) -> Bundle:
+  """The bundle of an .npz (any layout load_npz reads) or a timm .safetensors file.
+
+  A .safetensors file written by this project carries its spec (and class names); otherwise
+  `model_name` is needed. Options not given are inferred from the params (`infer_options`), the
+  image size from the position embedding, the channels from the first conv.
+  """
+  path = os.fspath(path)
+  stored, stored_names = None, None
+  if path.endswith('.safetensors'):
+    tensors, metadata = timm_layout.read_safetensors(path)
+    stored = timm_layout.stored_spec(metadata, path)
+    stored_names = timm_layout.stored_class_names(metadata, path)
+    heads = None
+    if model_name:
+      heads = ModelSpec(model_name, 1, dict(options or {})).variant()['num_heads']
+    elif stored is None:
+      raise UserError(f'{path} does not say which model it holds: pass --model (e.g. ViT-B/16)')
+    params = timm_layout.params_from_tensors(tensors, stored, num_heads=heads, path=path)
+  elif path.endswith('.npz'):
+    params = npz.load_npz(path)
+  else:
+    raise UserError(f'{path}: params files must end in {" or ".join(PARAM_SUFFIXES)}')
+  if model_name or stored is None:
+    if not model_name:
+      raise UserError(f'{path} holds params only: pass the model it was trained as '
+                      '(--model, e.g. ViT-B/16)')
+    opts = {**infer_options(params), **dict(options or {})}
+    size = image_size or infer_image_size(params, model_name, opts)
+    if 'head' not in params:
+      raise UserError(f'{path} has no head/ params: a classifier is needed to predict')
+    spec = ModelSpec(model_name, int(np.shape(params['head']['kernel'])[-1]), opts, size,
+                     input_channels(params))
+  else:
+    spec = dataclasses.replace(stored, image_size=image_size or stored.image_size)
+  if class_names is None:
+    class_names = stored_names or _index_names(spec.num_classes)
+  if len(class_names) != spec.num_classes:
+    raise UserError(f'{len(class_names)} class names for a model with {spec.num_classes} '
+                    'classes: give one name per class')
+  return Bundle(spec=spec, params=fitted(spec, params, path), class_names=tuple(class_names),
+                source={'checkpoint': path})
+
+
+def save(bundle: Bundle, out: str) -> None:
+  """Writes the bundle directory `out` (created if needed; an existing bundle is replaced file by
+  file, atomically; a directory holding anything else is refused)."""
+  out = os.fspath(out)
+  if os.path.isfile(out):
+    raise UserError(f'--out={out} is a file: give a directory for the bundle')
+  if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MODEL_FILE)):
+    raise UserError(f'--out={out} is a non-empty directory that is not a bundle: give a new or '
+                    'empty directory (nothing was written)')
+  os.makedirs(out, exist_ok=True)
+  npz.save_npz(os.path.join(out, PARAMS_FILE), bundle.params)
+  text = json.dumps(bundle.to_json(), indent=1).encode()
+  files.atomic_write(os.path.join(out, MODEL_FILE), lambda f: f.write(text))
+
+
+def load(path: str) -> Bundle:
+  """The bundle in directory `path`."""
+  path = os.fspath(path)
+  model_file = os.path.join(path, MODEL_FILE)
+  if not os.path.isfile(model_file):
+    raise UserError(f'--bundle={path} is not a bundle (no {MODEL_FILE}): make one with python -m '
+                    'vit_jax.export --workdir=DIR --out=BUNDLE')
+  try:
+    with open(model_file) as f:
+      meta = json.load(f)
+  except ValueError as e:
+    raise UserError(f'{model_file} is not valid JSON ({e}): re-export the bundle') from None
+  if not isinstance(meta, dict) or meta.get('format') != FORMAT:
+    raise UserError(f'{model_file} is not a {FORMAT} description: re-export the bundle')
+  if meta.get('version') != VERSION:
+    raise UserError(f'{model_file} has bundle version {meta.get("version")}; this code reads '
+                    f'version {VERSION}: re-export the bundle with this version')
+  spec = ModelSpec.from_dict(meta, source=model_file)
+  pp = meta.get('preprocess') or {}
+  names = tuple(str(n) for n in meta.get('class_names') or _index_names(spec.num_classes))
+  if len(names) != spec.num_classes or meta.get('output', 'softmax') not in OUTPUTS:
+    raise UserError(f'{model_file}: class_names or output do not fit the model: re-export it')
+  params = npz.load_npz(os.path.join(path, PARAMS_FILE))
+  return Bundle(spec=spec, params=fitted(spec, params, path), class_names=names,
+                crop=pp.get('crop', 'resize'), resize=pp.get('resize'),
+                decode_channels=int(pp.get('decode_channels', spec.channels)),
+                output=meta.get('output', 'softmax'), source={'bundle': path})
+
+
+def read_class_names(path: str) -> Tuple[str, ...]:
+  """A text file with one class name per line (blank lines ignored)."""
+  try:
+    with open(path) as f:
+      names = tuple(line.strip() for line in f if line.strip())
+  except OSError as e:
+    raise UserError(f'cannot read --class_names={path}: {e.strerror or e}') from None
+  if not names:
+    raise UserError(f'--class_names={path} holds no names: write one class name per line')
+  return names
+
+
+def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
+            bundle: Optional[str] = None, model: Optional[str] = None,
+            options: Optional[Mapping[str, Any]] = None, image_size: Optional[int] = None,
+            class_names: Optional[str] = None, data_dir: Optional[str] = None) -> Bundle:
+  """The Bundle named by the CLI source flags: --bundle, --checkpoint FILE.npz|.safetensors (with
+  --model unless the file says), or --workdir [--checkpoint STEP|STEP_DIR]."""
+  if not (workdir or checkpoint or bundle):
+    raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
+                    '--checkpoint=FILE.npz --model=NAME')
+  names = read_class_names(class_names) if class_names else None
+  is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)
+  if bundle:
+    if workdir or checkpoint:
+      raise UserError('pass one source: --bundle, or --workdir [--checkpoint], or --checkpoint '
+                      'FILE --model NAME')
+    result = load(bundle)
+  elif is_file:
+    if workdir:
+      raise UserError(f'--checkpoint={checkpoint} is a params file: drop --workdir, or pass a '
+                      'step number with --workdir')
+    return from_params_file(checkpoint, model_name=model, options=options, image_size=image_size,
+                            class_names=names)
+  else:
+    if model or options:
+      raise UserError('--model/--model_options apply to a params file (--checkpoint=FILE.npz); a '
+                      "workdir's model comes from its config")
+    result = from_workdir(workdir, checkpoint, data_dir)
+  if names is not None:
+    if len(names) != result.spec.num_classes:
+      raise UserError(f'--class_names has {len(names)} names for a model with '
+                      f'{result.spec.num_classes} classes: give one name per class')
+    result.class_names = names
+  if image_size and image_size != result.spec.image_size:
+    raise UserError(f'--image_size={image_size} differs from the model\'s {result.spec.image_size}'
+                    ': drop --image_size (it is only for params files)')
+  return result

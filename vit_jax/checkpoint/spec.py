@@ -1,0 +1,98 @@
+"""What a set of params needs to become a runnable model: `ModelSpec`.
+
+A spec is the variant name, the class count, the `create_model` options (the `model` section of a
+training config), and the input resolution and channels. It is stored as JSON in inference bundles
+and in the metadata of .safetensors files, so neither needs the training config.
+"""
+
+import dataclasses
+import json
+import math
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from vit_jax import models
+from vit_jax.models import resnet as resnet_lib
+from vit_jax.errors import UserError
+
+_FIELDS = ('model_name', 'num_classes', 'options', 'image_size', 'channels')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  model_name: str
+  num_classes: int
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  image_size: int = 224
+  channels: int = 3
+
+  def __post_init__(self):
+    # Options as JSON stores them (tuples become lists), so a spec equals itself after a round trip.
+    try:
+      object.__setattr__(self, 'options', json.loads(json.dumps(dict(self.options))))
+    except TypeError as e:
+      raise UserError(f'model options must be plain values (numbers, strings, lists): {e}') \
+          from None
+
+  def build(self):
+    """The flax module (vit_jax.models.create_model)."""
+    return models.create_model(self.model_name, num_classes=self.num_classes, **self.options)
+
+  def variant(self) -> Dict[str, Any]:
+    """The decoded variant with the options applied (patch_size, hidden_size, num_heads, ...)."""
+    model = self.build()
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+            if f.name not in ('parent', 'name')}
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {'model_name': self.model_name, 'num_classes': int(self.num_classes),
+            'options': dict(self.options), 'image_size': int(self.image_size),
+            'channels': int(self.channels)}
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], *, source: str) -> 'ModelSpec':
+    missing = [k for k in _FIELDS if k not in d]
+    if missing:
+      raise UserError(f'{source} lacks the model description field(s) {", ".join(missing)}: '
+                      're-export it with python -m vit_jax.export')
+    spec = cls(model_name=str(d['model_name']), num_classes=int(d['num_classes']),
+               options=dict(d['options'] or {}), image_size=int(d['image_size']),
+               channels=int(d['channels']))
+    spec.build()  # unknown variant / option -> UserError now, not at first use
+    return spec
+
+  @classmethod
+  def from_config(cls, config, params) -> 'ModelSpec':
+    """The model of a training run: its config plus the class count and channels of `params`."""
+    num_classes = int(np.shape(params['head']['kernel'])[-1])
+    if config.num_classes and config.num_classes != num_classes:
+      raise UserError(f'config.num_classes={config.num_classes} but the checkpoint head has '
+                      f'{num_classes} outputs: the checkpoint and its config do not match')
+    return cls(model_name=config.model_name, num_classes=num_classes,
+               options=config.model.to_dict(), image_size=int(config.image_size),
+               channels=input_channels(params))
+
+
+def input_channels(params) -> int:
+  """Image channels a model was trained on (from its first conv kernel)."""
+  first = params['conv_root'] if 'conv_root' in params else params['embedding']
+  return int(np.shape(first['kernel'])[2])
+
+
+def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any]] = None) -> int:
+  """The square input size that gives the token count of a learned position embedding."""
+  posemb = params.get('Transformer', {}).get('posembed_input', {}).get('pos_embedding')
+  if posemb is None:
+    raise UserError('the checkpoint has no learned position embedding, so its image size is not '
+                    'stored: pass --image_size')
+  model = models.create_model(model_name, num_classes=1, **dict(options or {}))
+  tokens = int(np.shape(posemb)[1]) - (model.classifier != 'gap')
+  side = math.isqrt(tokens)
+  resnet = resnet_lib.as_resnet_config(model.resnet)
+  stride = resnet.stride if resnet is not None else 1
+  ph, pw = model.patch
+  if side * side != tokens or ph != pw:
+    raise UserError(f'the position embedding has {tokens} patch tokens, not a square grid of '
+                    f'square patches: pass --image_size')
+  return side * ph * stride

@@ -1,0 +1,50 @@
+"""Image files (PNG/JPEG; local or gs://) -> model inputs, preprocessed like eval images.
+
+`load_one(path, spec, decode_channels)` reads a file, decodes it to `decode_channels` (1 or 3) and
+applies `preprocess.eval_preprocess(image, spec)`, the op the eval pipeline runs on dataset
+records. A missing, unreadable or undecodable file raises `UserError` naming it.
+"""
+
+from typing import Sequence
+
+import numpy as np
+
+from vit_jax import quiet
+from vit_jax.errors import UserError
+
+
+def read_bytes(path: str) -> bytes:
+  """The bytes of an image file; UserError if it is missing or unreadable."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not tf.io.gfile.exists(path):
+    raise UserError(f'cannot read image {path}: no such file; pass PNG or JPEG files')
+  try:
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      return f.read()
+  except (tf.errors.OpError, OSError) as e:
+    raise UserError(f'cannot read image {path}: {first_line(e)}; pass PNG or JPEG files') \
+        from None
+
+
+def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
+  """[S, S, C] float32 in [-1, 1] (`spec`: a `preprocess.EvalSpec`); UserError naming the file."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline, preprocess  # pylint: disable=g-import-not-at-top
+  pipeline.hide_accelerators_from_tf()
+  encoded = read_bytes(path)
+  try:
+    with quiet.silenced_stderr():  # libjpeg's own complaint; the UserError says it in one line
+      image = preprocess.decode(tf.constant(encoded), decode_channels)
+    return preprocess.eval_preprocess(image, spec).numpy().astype(np.float32)
+  except (tf.errors.InvalidArgumentError, ValueError):
+    raise UserError(f'cannot decode image {path}: not a readable PNG or JPEG file') from None
+
+
+def load(paths: Sequence[str], spec, decode_channels: int) -> np.ndarray:
+  """[len(paths), S, S, C] float32 in [-1, 1]; the first unusable file raises UserError."""
+  return np.stack([load_one(path, spec, decode_channels) for path in paths])
+
+
+def first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return ' '.join(text[0].split()) if text else type(error).__name__

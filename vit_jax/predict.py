@@ -1,0 +1,43 @@
+"""Top-5 classes of image files: `python -m vit_jax.predict --workdir=DIR img1.jpg img2.png ...`.
+
+The model is a training run (--workdir, optionally --checkpoint=STEP), an exported bundle
+(--bundle), or a params file (--checkpoint=FILE.npz --model=ViT-B/16; see vit_jax/source_flags.py).
+Images are preprocessed like the model's eval images and run in batches of --batch_size. Prints,
+per image, its path and the --top_k classes with probabilities; --json prints one JSON document
+(a list of {"file", "top": [{"class", "index", "probability"}]}).
+"""
+
+import json
+import sys
+
+from absl import flags
+
+from vit_jax import cli
+from vit_jax import source_flags
+
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
+_TOP_K = flags.DEFINE_integer('top_k', 5, 'Classes shown per image.')
+_JSON = flags.DEFINE_bool('json', False, 'Print machine-readable JSON.')
+
+
+def run(argv) -> int:
+  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  paths = argv[1:]
+  if not paths:
+    raise cli.UserError('no images given: pass image files, e.g. python -m vit_jax.predict '
+                        '--workdir=DIR img1.jpg img2.png')
+  bundle = source_flags.resolve()
+  note = bundle.source.get('class_names', '')
+  if note.startswith('class indices'):
+    print(f'note: classes shown as {note}', file=sys.stderr)
+  results = inference.predict(bundle, paths, batch_size=_BATCH_SIZE.value, top_k=_TOP_K.value)
+  print(json.dumps(results, indent=1) if _JSON.value else inference.format_text(results))
+  return 0
+
+
+def main():
+  cli.run_main(run)
+
+
+if __name__ == '__main__':
+  sys.exit(main())
