@@ -84,7 +84,7 @@ def dataset_class_names(dataset: str, data_dir: Optional[str]) -> Tuple[str, ...
 def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                  data_dir: Optional[str] = None) -> Bundle:
   """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
-  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   step_dir = workdir_lib.resolve_checkpoint(workdir, checkpoint)
   params, config = workdir_lib.load_checkpoint(step_dir)
   spec = ModelSpec.from_config(config, params)
@@ -97,7 +97,7 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
   except UserError as e:
     names = _index_names(spec.num_classes)
     source['class_names'] = f'class indices (no names from dataset {config.dataset}: {e})'
-  pp = loop._eval_pp(config)  # pylint: disable=protected-access  (the eval preprocessing policy)
+  pp = program.eval_pp(config)  # the eval preprocessing policy
   return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
                 crop=pp['crop'], resize=pp['resize'],
                 decode_channels=spec.channels if config.pp.channels is None else 3,
