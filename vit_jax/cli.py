@@ -7,6 +7,7 @@ fix>` on stderr and exits 2, without a traceback. Internal bugs keep their trace
 import difflib
 import importlib.util
 import os
+import re
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # keep TensorFlow's C++ banner quiet
@@ -32,7 +33,16 @@ def _parse_flags(argv):
   except flags.Error as e:
     fail(_user_message(e) or _one_line(str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no config key
-    fail(_unknown_key_message(str(e).strip('"\''), argv))
+    fail(_unknown_key_message(_key_of(e), argv))
+
+
+def _key_of(error: BaseException) -> str:
+  """The key ml_collections could not find: the first quoted word of its message."""
+  while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError(...))
+    error = error.args[0]
+  text = str(error.args[0]) if error.args else str(error)
+  match = re.search(r"['\"]([^'\"]+)['\"]", text)
+  return match.group(1) if match else text.split()[0]
 
 
 def _one_line(message: str) -> str:
@@ -55,12 +65,27 @@ def _user_message(error: BaseException) -> str | None:
   return None
 
 
+# Names other ViT codebases use for what this schema calls otherwise (for "did you mean").
+_OTHER_NAMES = {
+    'base_lr': 'lr', 'learning_rate': 'lr', 'wd': 'weight_decay', 'epochs': 'total_epochs',
+    'num_epochs': 'total_epochs', 'steps': 'total_steps', 'num_steps': 'total_steps',
+    'warmup': 'warmup_steps', 'grad_clip': 'grad_clip_norm', 'clip_grad_norm': 'grad_clip_norm',
+    'model': 'model_name', 'variant': 'model_name', 'batch': 'batch_size',
+    'dropout': 'model.dropout_rate', 'drop_path': 'model.stochastic_depth',
+    'pool_type': 'model.classifier', 'rep_size': 'model.representation_size',
+    'optim': 'optimizer', 'schedule': 'decay_type', 'accum': 'accum_steps',
+}
+
+
 def _unknown_key_message(key: str, argv) -> str:
   arg = next((a for a in argv if a.startswith('--config.') and key in a.split('=')[0]), key)
   message = f'unknown config key in {arg}'
   known = _config_keys(argv)
   name = arg.split('=')[0][len('--config.'):]
   close = difflib.get_close_matches(name, known, n=3)
+  other = _OTHER_NAMES.get(name.rsplit('.', 1)[-1])
+  if other and other in known and other not in close:
+    close = [other] + close[:2]
   hint = f'did you mean {", ".join(close)}? ' if close else ''
   return f'{message}: {hint}every key is listed in configs/README.md'
 
@@ -101,6 +126,12 @@ def import_tensorflow_quietly() -> None:
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
 
 
+class _NotFromOrbax:
+
+  def filter(self, record) -> bool:
+    return f'{os.sep}orbax{os.sep}' not in record.pathname
+
+
 def run_main(fn, *, required_flags=()) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2."""
   for name in required_flags:
@@ -109,6 +140,9 @@ def run_main(fn, *, required_flags=()) -> None:
   def guarded(argv):
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.ERROR)  # library INFO/WARNING chatter off unless asked for
+      # orbax logs a failed background write at ERROR with its traceback, then raises it in the
+      # caller, which turns it into one line; the log would only repeat it.
+      logging.get_absl_handler().addFilter(_NotFromOrbax())
     import_tensorflow_quietly()
     try:
       return fn(argv)

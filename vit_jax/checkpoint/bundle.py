@@ -241,6 +241,11 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
     return from_params_file(checkpoint, model_name=model, options=options, image_size=image_size,
                             class_names=names)
   else:
+    step_like = checkpoint is None or str(checkpoint).isdigit() or os.path.isdir(checkpoint)
+    if not step_like:
+      raise UserError(f'--checkpoint={checkpoint} is neither a params file '
+                      f'({" or ".join(PARAM_SUFFIXES)}) nor a step number or step directory of '
+                      f'a training run: pass one of those')
     if model or options:
       raise UserError('--model/--model_options apply to a params file (--checkpoint=FILE.npz); a '
                       "workdir's model comes from its config")

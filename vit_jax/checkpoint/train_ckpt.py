@@ -51,14 +51,16 @@ class Checkpointer:
     try:
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_dict)))
-    except OSError as e:
-      self._write_failed(step, e)
+    except OSError as e:  # this save, or an earlier one still finishing in the background
+      self._write_failed(e)
 
-  def _write_failed(self, step: int, error: OSError) -> None:
+  def _write_failed(self, error: OSError) -> None:
+    self._manager = self._open()  # forget the failed save; list what is really on disk
     kept = self.all_steps()
-    raise UserError(f'cannot write checkpoint {step} to {self.directory} ({error.strerror or error}'
-                    f'): free space or fix permissions there and rerun the same command to resume '
-                    f'from {"step " + str(kept[-1]) if kept else "the start"}') from None
+    resume = f'the checkpoint of step {kept[-1]}' if kept else 'the start'
+    raise UserError(f'cannot write a checkpoint to {self.directory} ({error.strerror or error}): '
+                    f'free space or fix permissions there, then rerun the same command to resume '
+                    f'from {resume}') from None
 
   def read_config(self, step: int) -> dict:
     restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -101,13 +103,16 @@ class Checkpointer:
     self._manager = self._open()
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    try:
+      self._manager.wait_until_finished()
+    except OSError as e:
+      self._write_failed(e)
 
   def close(self) -> None:
     try:
       self._manager.wait_until_finished()
     except OSError as e:  # an async write failed after `save` returned
-      self._write_failed(self.latest_step() or 0, e)
+      self._write_failed(e)
     finally:
       self._manager.close()
 

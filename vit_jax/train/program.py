@@ -20,7 +20,7 @@ from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
-from vit_jax.train import losses, optim, step as step_lib
+from vit_jax.train import losses, optim, step as step_lib, validate
 
 
 @dataclasses.dataclass
@@ -129,6 +129,7 @@ def init_fn_and_shapes(model, tx, image_shape, rng):
 
 
 def _check(config, mesh) -> None:
+  validate.check_values(config)
   if config.data_sharding not in data_lib.SHARDINGS:
     raise UserError(f'unknown data_sharding {config.data_sharding!r}: use '
                     f'--config.data_sharding=process or global')

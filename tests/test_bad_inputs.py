@@ -1,0 +1,208 @@
+"""The bad-input catalogue: each mistake, through the real command line, gives a non-zero exit, one
+`error:` line on stderr that says what is wrong and how to fix it, no traceback, and leaves what
+was already in the workdir untouched. The cases run as concurrent subprocesses."""
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = [sys.executable, '-m', 'vit_jax.main']
+TINY = '--config=configs/default.py:model_name=ViT-Ze/4,steps=6,batch_size=16'
+
+
+@dataclasses.dataclass
+class Case:
+  name: str
+  argv: Callable[[dict], List[str]]   # resources -> command line
+  needles: List[str]                  # all must appear in the error line
+  last_line_only: bool = False        # the run had started: earlier progress lines are fine
+  env: Optional[Callable[[dict], Dict[str, str]]] = None
+
+
+def _main(*args):
+  return lambda r: [*MAIN, TINY, f'--workdir={r["workdir"]}', f'--config.data_dir={r["data_dir"]}',
+                    '--config.warmup_steps=1', *args]
+
+
+def _cli(module, *args):
+  return lambda r: [sys.executable, '-m', module, *(a.format(**r) for a in args)]
+
+
+CASES = [
+    # vit_jax.main: model, data and config mistakes.
+    Case('unknown variant', _main('--config.model_name=ViT-Q/16'),
+         ["unknown model 'ViT-Q/16'", 'ViT-B/16']),
+    Case('unknown dataset', _main('--config.dataset=no_such_dataset'),
+         ["unknown dataset 'no_such_dataset'", 'tfds.list_builders']),
+    Case('tfds data not prepared', _main('--config.dataset=cifar10'),
+         ["dataset 'cifar10' is not prepared", 'tfds build cifar10']),
+    Case('malformed config argument',
+         lambda r: [*MAIN, '--config=configs/default.py:steps', f'--workdir={r["workdir"]}'],
+         ["config argument 'steps' is not key=value"]),
+    Case('unknown config key', _main('--config.no_such_key=1'),
+         ['unknown config key in --config.no_such_key=1', 'configs/README.md']),
+    Case('override key from another codebase', _main('--config.learning_rate=0.1'),
+         ['unknown config key in --config.learning_rate=0.1', 'did you mean lr?']),
+    Case('mistyped override key', _main('--config.batchsize=16'),
+         ['unknown config key in --config.batchsize=16', 'did you mean batch_size']),
+    Case('mistyped override value', _main('--config.lr=fast'), ['lr', 'fast']),
+    Case('missing workdir', lambda r: [*MAIN, TINY], ['missing --workdir']),
+    Case('batch not divisible by devices', _main('--config.batch_size=12'),
+         ['batch_size=12 does not split over 8 devices', '--config.batch_size=8']),
+    Case('batch not divisible by accumulation', _main('--config.accum_steps=3'),
+         ['per-device batch 2 does not split into accum_steps=3']),
+    Case('zero steps', _main('--config.total_steps=0'),
+         ['--config.total_steps=0 is out of range', '>= 1']),
+    Case('negative lr', _main('--config.lr=-0.1'), ['--config.lr=-0.1 is out of range', '> 0']),
+    Case('image size not divisible by patch', _main('--config.image_size=30'),
+         ['image size 30 is not divisible by the patch size 4', 'use a multiple of 4']),
+    Case('unwritable workdir',
+         lambda r: [*MAIN, TINY, '--workdir=/proc/no_such/dir', f'--config.data_dir={r["data_dir"]}',
+                    '--config.warmup_steps=1'],
+         ['cannot create --workdir=/proc/no_such/dir', 'writable directory']),
+    Case('coordinator unreachable',
+         _main('--num_processes=2', '--process_id=1', '--distributed_timeout=3',
+               '--coordinator_address=127.0.0.1:{port}'),
+         ['distributed runtime did not start within 3 s', 'start the same command on all 2']),
+    Case('full disk during a checkpoint',
+         lambda r: [sys.executable, 'tests/tools/full_disk_main.py', TINY,
+                    f'--workdir={r["workdir"]}', f'--config.data_dir={r["data_dir"]}',
+                    '--config.warmup_steps=1', '--config.checkpoint_every=2',
+                    '--config.progress=False'],
+         ['cannot write a checkpoint', 'No space left on device',
+          'resume from the checkpoint of step 2'],
+         last_line_only=True, env=lambda r: {'FULL_DISK_FROM_STEP': '4'}),
+    # Image folders.
+    Case('image folder empty', _main('--config.dataset=folder:{empty_folder}'), ['empty_folder']),
+    Case('image folder with one class', _main('--config.dataset=folder:{one_class_folder}'),
+         ['one_class_folder', 'class']),
+    Case('image folder with only corrupt files',
+         _main('--config.dataset=folder:{corrupt_folder}'), ['corrupt_folder']),
+    # vit_jax.predict, convert, export, analyze, launch.
+    Case('predict: missing checkpoint',
+         _cli('vit_jax.predict', '--checkpoint={tmp}/missing.npz', '--model=ViT-Ze/4',
+              '{image}'), ['missing.npz']),
+    Case('predict: truncated checkpoint',
+         _cli('vit_jax.predict', '--checkpoint={truncated_npz}', '--model=ViT-Ze/4', '{image}'),
+         ['truncated.npz']),
+    Case('predict: checkpoint of another model',
+         _cli('vit_jax.predict', '--checkpoint={ze_npz}', '--model=ViT-Mu/4', '{image}'),
+         ['ze.npz']),
+    Case('predict: a non-image file',
+         _cli('vit_jax.predict', '--checkpoint={ze_npz}', '--model=ViT-Ze/4',
+              '--image_size=28', '{text_file}'), ['notes.txt']),
+    Case('convert: not an npz', _cli('vit_jax.convert', '--checkpoint={text_file}',
+                                     '--model=ViT-Ze/4', '--out={tmp}/out.safetensors'),
+         ['--checkpoint=', 'notes.txt is neither a params file']),
+    Case('export: workdir without checkpoints',
+         _cli('vit_jax.export', '--workdir={workdir}', '--out={tmp}/bundle'), ['checkpoints']),
+    Case('analyze: workdir without checkpoints',
+         _cli('vit_jax.analyze', '--workdir={workdir}', '--out={tmp}/figures'),
+         ['no checkpoints in']),
+    Case('launch: no command', _cli('vit_jax.launch', '--tpu=t', '--zone=z', '--dry_run'),
+         ['no command to run']),
+]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _png(path, color):
+  Image.fromarray(np.full((8, 8, 3), color, np.uint8)).save(path)
+
+
+@pytest.fixture(scope='module')
+def resources(tmp_path_factory, data_dir):
+  base = tmp_path_factory.mktemp('bad_inputs')
+  empty = base / 'empty_folder'
+  empty.mkdir()
+  one = base / 'one_class_folder' / 'cat'
+  one.mkdir(parents=True)
+  _png(one / 'a.png', 10)
+  _png(one / 'b.png', 20)
+  corrupt = base / 'corrupt_folder'
+  for name in ('cat', 'dog'):
+    (corrupt / name).mkdir(parents=True)
+    (corrupt / name / 'x.jpg').write_bytes(b'not a jpeg at all')
+  image = base / 'digit.png'
+  _png(image, 128)
+  text = base / 'notes.txt'
+  text.write_text('not an image\n')
+
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax.checkpoint import npz  # pylint: disable=g-import-not-at-top
+  model = models.create_model('ViT-Ze/4', num_classes=10)
+  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 28, 28, 1), np.float32),
+                      train=False)['params']
+  ze = base / 'ze.npz'
+  npz.save_npz(str(ze), params)
+  truncated = base / 'truncated.npz'
+  truncated.write_bytes(ze.read_bytes()[:ze.stat().st_size // 2])
+  return dict(data_dir=data_dir, tmp=str(base), empty_folder=str(empty),
+              one_class_folder=str(one.parent), corrupt_folder=str(corrupt), image=str(image),
+              text_file=str(text), ze_npz=str(ze), truncated_npz=str(truncated))
+
+
+def _snapshot(directory) -> Dict[str, str]:
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def _run(case: Case, resources: dict, workdir) -> tuple:
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('keep me')
+  (workdir / 'old_run').mkdir()
+  (workdir / 'old_run' / 'result.json').write_text('{"accuracy": 0.9}')
+  before = _snapshot(workdir)
+  r = dict(resources, workdir=str(workdir), port=_free_port())
+  argv = [a.format(**r) for a in case.argv(r)]
+  env = dict(os.environ, **(case.env(r) if case.env else {}))
+  proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  return proc, before, _snapshot(workdir)
+
+
+def test_bad_input_catalogue(tmp_path, resources):
+  assert len(CASES) >= 20
+  with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    futures = {case.name: pool.submit(_run, case, resources, tmp_path / f'work{i}')
+               for i, case in enumerate(CASES)}
+    results = {name: future.result() for name, future in futures.items()}
+  failures = []
+  for case in CASES:
+    proc, before, after = results[case.name]
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    problems = []
+    if proc.returncode == 0:
+      problems.append('exit status 0')
+    if 'Traceback' in proc.stderr:
+      problems.append('a traceback')
+    if not lines or not lines[-1].startswith('error: '):
+      problems.append('no error: line last')
+    elif not case.last_line_only and len(lines) != 1:
+      problems.append(f'{len(lines)} lines')
+    elif not all(n in lines[-1] for n in case.needles):
+      problems.append(f'missing {[n for n in case.needles if n not in lines[-1]]}')
+    if any(after.get(path) != digest for path, digest in before.items()):
+      problems.append('workdir contents changed')
+    if problems:
+      failures.append(f'{case.name}: {", ".join(problems)}\n{proc.stderr[-800:]}')
+  assert not failures, '\n\n'.join(failures)
