@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import data as data_lib
+from vit_jax import evaluate as evaluate_lib
 from vit_jax import models
 from vit_jax import parallel
-from vit_jax.checkpoint import train_ckpt
+from vit_jax.checkpoint import train_ckpt, transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
-from vit_jax.train import logs, losses, optim, step as step_lib
+from vit_jax.train import logs, optim, polyak, step as step_lib, tasks
 
 
 def resolve_steps(config, num_train_examples: int) -> int:
@@ -38,13 +39,15 @@ def resolve_steps(config, num_train_examples: int) -> int:
 
 def build_model(config, num_classes: int):
   return models.create_model(config.model_name, num_classes=num_classes,
-                             **config.model.to_dict())
+                             **{**config.model.to_dict(), **tasks.model_overrides(config)})
 
 
 def _train_pp(config) -> dict:
   return dict(crop=config.pp.train_crop, image_size=config.image_size,
               resize=config.pp.resize or config.image_size, pad=config.pp.pad,
-              flip=config.pp.flip, channels=config.pp.channels)
+              flip=config.pp.flip, channels=config.pp.channels,
+              randaug_layers=config.randaug.num_layers,
+              randaug_magnitude=config.randaug.magnitude)
 
 
 def _eval_pp(config) -> dict:
@@ -92,7 +95,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains `config` in `workdir` (resuming from its newest checkpoint) and returns final eval."""
   os.makedirs(workdir, exist_ok=True)
   info = data_lib.get_info(config.dataset, config.data_dir)
-  num_classes = config.num_classes or info.num_classes
+  num_classes = tasks.num_outputs(config, config.num_classes or info.num_classes,
+                                  _input_channels(config, info))
   num_train = info.num_examples(config.train_split)
   total_steps = resolve_steps(config, num_train)
 
@@ -113,7 +117,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                  warmup_steps=config.warmup_steps, decay_type=config.decay_type,
                                  lr_end=config.lr_end)
   tx = optim.make_optimizer(config, schedule)
-  loss_fn = losses.get_loss(config.loss)
   image_shape = (config.image_size, config.image_size, _input_channels(config, info))
 
   rng = jax.random.PRNGKey(config.seed)
@@ -126,17 +129,25 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state, _ = ckpt.restore(start_step, train_ckpt.abstract_with_shardings(abstract,
                                                                            state_shardings))
     _say(f'resumed from {ckpt.directory} at step {start_step}')
+  elif config.init:  # a new run from a pre-trained checkpoint (never over the run's own)
+    state, source = transfer.initialise_state(
+        config.init, state, model=model, image_size=config.image_size,
+        method=config.init_posemb_resize, tx=tx, shardings=state_shardings)
+    _say(f'initialised from {source}')
 
   batch_sh = sharding.batch_sharding(mesh)
   repl = sharding.replicated(mesh)
   train_step = step_lib.make_train_step(
-      apply_fn=model.apply, tx=tx, loss_fn=loss_fn, num_classes=num_classes,
-      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule)
+      apply_fn=model.apply, tx=tx, loss_fn=tasks.loss_fn(config), num_classes=num_classes,
+      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
+      objective=tasks.objective(config, model, num_classes))
   train_fn = jax.jit(train_step, in_shardings=(state_shardings, batch_sh, repl),
                      out_shardings=(state_shardings, repl), donate_argnums=(0,))
-  eval_fn = jax.jit(step_lib.make_eval_step(apply_fn=model.apply, loss_fn=loss_fn,
-                                            num_classes=num_classes),
+  eval_fn = jax.jit(tasks.eval_step(config, model, num_classes),
                     in_shardings=(state_shardings.params, batch_sh), out_shardings=repl)
+  extra_evals = evaluate_lib.periodic_evaluators(
+      config, model=model, mesh=mesh, param_shardings=state_shardings.params,
+      eval_pp=_eval_pp(config))
 
   eval_data = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
@@ -174,10 +185,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
         if to_log is not None:
           _log_train(logger, progress, *to_log)
           to_log = None
-        result = evaluate(eval_fn, state.params, eval_data, mesh)
+        result = evaluate(eval_fn, polyak.eval_params(state), eval_data, mesh)
         logger.write(step, 'eval', result)
         _say(f'\nstep {step}: eval {config.eval_split} top-1 {result["accuracy"]:.4f} '
              f'loss {result["loss"]:.4f} ({int(result["count"])} examples)')
+      for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
+                                              lambda: polyak.eval_params(state)):
+        logger.write(step, name, extra)
+        _say(f'step {step}: {name} ' + ' '.join(f'{k} {v:.4f}' for k, v in extra.items()))
       if step % config.checkpoint_every == 0 or is_last:
         ckpt.save(step, state, config_json)
     progress.close()
@@ -187,7 +202,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   else:
     _say(f'{workdir} already holds the final checkpoint (step {start_step}); evaluating it')
   if result is None:
-    result = evaluate(eval_fn, state.params, eval_data, mesh)
+    result = evaluate(eval_fn, polyak.eval_params(state), eval_data, mesh)
   ckpt.close()
   logger.close()
   if jax.process_index() == 0:

@@ -28,25 +28,32 @@ def _l2(tree):
 
 def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, loss_fn: Callable,
                     num_classes: int, label_smoothing: float, accum_steps: int,
-                    schedule: Callable):
-  """Returns the pure train step for this model, optimizer and loss."""
+                    schedule: Callable, objective: Callable | None = None):
+  """Returns the pure train step for this model, optimizer and loss.
+
+  `objective(params, images, labels, rng) -> (mean loss, number correct)` replaces the default
+  classification objective (mixup: train/mixup.py; masked patch prediction: train/mpp.py).
+  """
 
   def loss_and_logits(params, images, labels, rng):
     logits = apply_fn({'params': params}, images, train=True, rngs={'dropout': rng})
     targets = losses.one_hot(labels, num_classes, label_smoothing)
     return jnp.mean(loss_fn(logits, targets)), logits
 
-  grad_fn = jax.value_and_grad(loss_and_logits, has_aux=True)
-
   def correct(logits, labels):
     return jnp.sum(jnp.argmax(logits, -1) == labels)
+
+  def classification(params, images, labels, rng):
+    loss, logits = loss_and_logits(params, images, labels, rng)
+    return loss, correct(logits, labels)
+
+  grad_fn = jax.value_and_grad(objective or classification, has_aux=True)
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
     images, labels = batch['image'], batch['label']
     if accum_steps == 1:
-      (loss, logits), grads = grad_fn(state.params, images, labels, rng)
-      n_correct = correct(logits, labels)
+      (loss, n_correct), grads = grad_fn(state.params, images, labels, rng)
     else:
       def micro(x):  # [B, ...] -> [accum, B/accum, ...]; micro-batch i = rows i, i+a, i+2a, ...
         return jnp.swapaxes(x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:]), 0, 1)
@@ -54,9 +61,9 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
       def body(carry, xs):
         grads, loss, n_correct = carry
         i, im, lab = xs
-        (l, logits), g = grad_fn(state.params, im, lab, jax.random.fold_in(rng, i))
+        (l, c), g = grad_fn(state.params, im, lab, jax.random.fold_in(rng, i))
         grads = jax.tree.map(jnp.add, grads, g)
-        return (grads, loss + l, n_correct + correct(logits, lab)), None
+        return (grads, loss + l, n_correct + c), None
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       (grads, loss, n_correct), _ = jax.lax.scan(
