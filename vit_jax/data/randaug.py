@@ -63,9 +63,10 @@ def invert(image):
   return 255 - image
 
 
-def posterize(image, bits):
-  shift = tf.cast(8 - bits, tf.uint8)
-  return tf.bitwise.left_shift(tf.bitwise.right_shift(image, shift), shift)
+def posterize(image, bits: int):
+  """Keeps the `bits` (0..8) most significant bits of every value."""
+  keep = (0xFF << (8 - int(bits))) & 0xFF
+  return tf.bitwise.bitwise_and(image, tf.constant(keep, tf.uint8))
 
 
 def solarize(image, threshold):

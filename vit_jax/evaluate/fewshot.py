@@ -101,8 +101,15 @@ def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int
     counts = tf.tensor_scatter_nd_add(counts, [[label]], [tf.cast(take, tf.int32)])
     return counts, (record, take)
 
-  pool = records.scan(tf.zeros([num_classes], tf.int32), keep)
-  pool = pool.filter(lambda record, take: take).map(lambda record, take: record)
+  def taken(record, take):
+    del record
+    return take
+
+  def record_only(record, take):
+    del take
+    return record
+
+  pool = records.scan(tf.zeros([num_classes], tf.int32), keep).filter(taken).map(record_only)
   return pool.take(max_shots * num_classes).cache()
 
 
