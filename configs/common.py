@@ -71,7 +71,7 @@ def base_config() -> config_dict.ConfigDict:
   c.decay_type = 'linear'                 # linear | cosine (after the linear warmup)
   c.lr_end = 0.0                          # learning rate at the end of the decay
   c.grad_clip_norm = 1.0                  # global-norm clipping; 0 = off
-  c.loss = 'softmax_xent'                 # softmax_xent | sigmoid_xent | mpp (masked patch prediction)
+  c.loss = 'softmax_xent'                 # softmax_xent | sigmoid_xent | mpp (masked patch pred.)
   c.label_smoothing = 0.0
 
   # Recipes (issue 4): augmentation and regularisation, transfer, self-supervision, evaluators.
@@ -79,15 +79,15 @@ def base_config() -> config_dict.ConfigDict:
   c.randaug = config_dict.ConfigDict()
   c.randaug.num_layers = 0                # RandAugment ops applied per image; 0 = off
   c.randaug.magnitude = 10                # RandAugment magnitude (10 = each op's max; AugReg to 20)
-  c.polyak_decay = 0.0                    # evaluate an average of the params, this decay per step; 0 = off
+  c.polyak_decay = 0.0                    # evaluate a moving average of the params; 0 = off
   c.init = placeholder(str)               # start from: a workdir, a checkpoint step dir or an .npz
-  c.init_posemb_resize = 'bilinear'       # bilinear | bicubic: posemb grid resize for a new resolution
+  c.init_posemb_resize = 'bilinear'       # bilinear | bicubic: posemb resize to a new grid
   c.mpp = config_dict.ConfigDict()        # masked patch prediction (loss=mpp)
   c.mpp.ratio = 0.5                       # fraction of patch embeddings corrupted per image
   c.mpp.mask_prob = 0.8                   # of those: replaced by the learnable [mask] embedding
-  c.mpp.random_prob = 0.1                 # of those: replaced by another patch's embedding (rest kept)
+  c.mpp.random_prob = 0.1                 # of those: another patch's embedding (the rest: kept)
   c.fewshot = config_dict.ConfigDict()    # few-shot linear evaluation of pre-logit features
-  c.fewshot.every = 0                     # steps between few-shot evaluations (and at the end); 0 = off
+  c.fewshot.every = 0                     # steps between few-shot evals (and at the end); 0 = off
   c.fewshot.dataset = placeholder(str)    # tfds name; None = the run's dataset
   c.fewshot.train_split = 'train'         # the first n images per class of it are the n-shot set
   c.fewshot.eval_split = 'test'

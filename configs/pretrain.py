@@ -62,7 +62,8 @@ def _augreg(c, model: str, dataset: str, epochs: float, args) -> None:
   aug, wd, dropout, sd = recipes.AUGREG_RECOMMENDED.get(model, ('none', 0.1, 0.0, 0.0))
   aug = args['aug'] or aug
   if aug not in recipes.AUG_LEVELS:
-    raise UserError(f'aug={aug!r} is not an AugReg level: use one of {", ".join(recipes.AUG_LEVELS)}')
+    raise UserError(f'aug={aug!r} is not an AugReg level: use one of '
+                    f'{", ".join(recipes.AUG_LEVELS)}')
   c.total_epochs = float(recipes.choose(int(epochs), recipes.AUGREG_EPOCHS[dataset], 'epochs'))
   c.lr = recipes.AUGREG_LR
   c.decay_type = 'cosine'

@@ -1,4 +1,4 @@
-"""AugReg pieces: mixup, RandAugment (each op against PIL or an analytic answer), Polyak averaging."""
+"""AugReg pieces: mixup, RandAugment (each op against PIL or a known answer), Polyak averaging."""
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +23,6 @@ def test_mixup_lambda_distribution():
   # Beta(1, 1) is uniform, so max(l, 1 - l) is uniform on [0.5, 1]: mean 0.75, variance 1/48.
   np.testing.assert_allclose(lams.mean(), 0.75, atol=0.005)
   np.testing.assert_allclose(lams.var(), 1 / 48, rtol=0.05)
-  # A small alpha puts lambda near 1 (little mixing), as intended for alpha = 0.2.
-  small = np.asarray(jax.vmap(lambda k: mixup.sample_lambda(k, 0.2))(
-      jax.random.split(jax.random.PRNGKey(1), 20000)))
-  assert small.mean() > 0.85
 
 
 def test_mixup_mixes_with_the_next_example():
@@ -47,8 +43,9 @@ def test_mixup_objective_equals_manual_mixing():
   params = {'w': jnp.asarray(np.random.default_rng(0).normal(size=(2, 3)), jnp.float32)}
   images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)), jnp.float32)
   labels = jnp.array([0, 1, 2, 1])
-  objective = mixup.classification_objective(apply_fn=apply_fn, loss_fn=losses.softmax_xent,
-                                             num_classes=3, label_smoothing=0.0, alpha=0.4)
+  objective = jax.jit(mixup.classification_objective(
+      apply_fn=apply_fn, loss_fn=losses.softmax_xent, num_classes=3, label_smoothing=0.0,
+      alpha=0.4))
   rng = jax.random.PRNGKey(5)
   loss, _ = objective(params, images, labels, rng)
   lam = mixup.sample_lambda(jax.random.split(rng)[0], 0.4)

@@ -85,7 +85,7 @@ def _abstract(model, size, channels=1):
 
 def _numpy_params(model, size, seed=0):
   x = np.zeros((1, size, size, 1), np.float32)
-  params = model.init(jax.random.key(seed), x, train=False)['params']
+  params = jax.jit(lambda x: model.init(jax.random.key(seed), x, train=False))(x)['params']
   return jax.tree.map(np.array, params)  # writable copies
 
 
@@ -165,4 +165,5 @@ def test_trained_grid_comes_from_the_stored_config():
   # (the stored config drives the old grid of a workdir init)
   config = ml_collections.ConfigDict({'model_name': 'ViT-Ze/4', 'image_size': 36})
   assert transfer._trained_grid(config) == (9, 9)  # pylint: disable=protected-access
-  assert transfer._trained_grid(ml_collections.ConfigDict({'model_name': 'x'})) is None  # pylint: disable=protected-access
+  unknown = ml_collections.ConfigDict({'model_name': 'x'})
+  assert transfer._trained_grid(unknown) is None  # pylint: disable=protected-access

@@ -51,7 +51,8 @@ def run(argv) -> int:
       model=model, mesh=mesh, param_shardings=sharding.replicated(mesh), dataset=dataset,
       data_dir=_DATA_DIR.value or config.data_dir, train_split=_TRAIN_SPLIT.value,
       eval_split=_EVAL_SPLIT.value, shots=shots, l2_reg=_L2_REG.value,
-      batch_size=_BATCH_SIZE.value, pp=loop._eval_pp(config), cache=False)  # pylint: disable=protected-access
+      batch_size=_BATCH_SIZE.value, cache=False,
+      pp=loop._eval_pp(config))  # pylint: disable=protected-access
   for name, accuracy in evaluator(params).items():
     print(f'{dataset} {name[:-len("shot")]}-shot top-1: {accuracy:.4f} '
           f'({evaluator.num_classes} classes, {_EVAL_SPLIT.value})')

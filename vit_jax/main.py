@@ -24,13 +24,13 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
 def run(argv) -> int:
   del argv
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import tasks, train_and_evaluate  # pylint: disable=g-import-not-at-top
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  print(f'final {_CONFIG.value.eval_split} top-1 accuracy: {result["accuracy"]:.4f} '
-        f'({int(result["count"])} examples)')
+  print(f'final {_CONFIG.value.eval_split} {tasks.metric_name(_CONFIG.value)}: '
+        f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 
 

@@ -5,6 +5,7 @@ stored with them (only the `params` of the train state are read, not the optimiz
 Used by the analyses, the few-shot CLI and `config.init` (vit_jax.checkpoint.transfer).
 """
 
+import os
 from typing import Optional, Tuple
 
 import jax
@@ -65,7 +66,7 @@ def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_colle
   the run's evaluations scored) when the run kept one.
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  step_dir = epath.Path(step_dir)
+  step_dir = _absolute(step_dir)  # orbax finds no metadata under a relative path
   with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
     config = ml_collections.ConfigDict(ckptr.restore(step_dir / 'config'))
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
@@ -83,6 +84,11 @@ def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_colle
     return restored['params'], config
   opt_state = restored['opt_state']
   return opt_state[_average_index(opt_state)]['average'], config
+
+
+def _absolute(path) -> epath.Path:
+  path = str(path)
+  return epath.Path(path if '://' in path else os.path.abspath(path))
 
 
 def _average_index(opt_state) -> Optional[int]:

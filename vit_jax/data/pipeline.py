@@ -17,7 +17,9 @@ the same value in the run and in its resumption.)
 Eval batches (`eval_iterator`). Every example of the split is yielded exactly once over all
 processes; the last batch is padded with zero images whose `mask` is 0, and every process yields
 the same number of batches, ceil(max share size / batch_size), adding all-padding batches if its
-share is smaller. The result can be iterated again for each evaluation.
+share is smaller. The result can be iterated again for each evaluation. `padded_eval_batches`
+does the same for any (encoded image, label) records (`encoded_records`), e.g. the few-shot
+training images or the ReaL label sets (vit_jax/evaluate/).
 
 TensorFlow is kept off accelerators: the pipelines hide GPUs from TF before building.
 """

@@ -1,4 +1,4 @@
-"""RandAugment (Cubuk et al. 2020) as a stateless TensorFlow op: runs inside tf.data, explicit seeds.
+"""RandAugment (Cubuk et al. 2020) as a stateless TensorFlow op: runs in tf.data, explicit seeds.
 
 `randaugment(image, num_layers, magnitude, seed)` applies `num_layers` ops in sequence to a uint8
 [H, W, C] image (C = 1 or 3), each drawn uniformly from `OPS` and always applied, at strength

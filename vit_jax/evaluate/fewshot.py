@@ -5,8 +5,8 @@ after the pre_logits layer if the model has one) of `shots` training images per 
 to {-1, 1}^K targets by regularised least squares, solved in closed form; test images are
 classified by the largest of the K outputs.
 
-  W, b = fit_ridge(x_train, y_train, K, l2_reg)   argmin |(x - mean x) W + b - T|^2 + l2_reg |W|^2,
-                                                  T = 2 * one_hot(y) - 1, b = mean of T (unpenalised)
+  W, b = fit_ridge(x_train, y_train, K, l2_reg)   argmin |x W + b - T|^2 + l2_reg |W|^2, with
+                                                  T = 2 one_hot(y) - 1 and b not penalised
   accuracy(x_test, y_test, W, b)
 
 Which training images: the first n of each class in the split's stored order (tfds writes shuffled

@@ -9,6 +9,7 @@ from typing import Callable, Iterator, List, Tuple
 
 from vit_jax.evaluate.fewshot import FewShotEvaluator
 from vit_jax.evaluate.real import RealEvaluator
+from vit_jax.errors import UserError
 
 Periodic = Tuple[str, int, Callable]
 
@@ -24,10 +25,14 @@ def periodic_evaluators(config, *, model, mesh, param_shardings, eval_pp) -> Lis
         shots=config.fewshot.shots, l2_reg=config.fewshot.l2_reg,
         batch_size=config.eval_batch_size, pp=eval_pp, cache=config.cache)))
   if config.real.dataset:
-    out.append(('real', config.eval_every, RealEvaluator(
-        model=model, mesh=mesh, param_shardings=param_shardings, dataset=config.real.dataset,
-        data_dir=config.data_dir, split=config.real.split, batch_size=config.eval_batch_size,
-        pp=eval_pp, cache=config.cache)))
+    try:
+      out.append(('real', config.eval_every, RealEvaluator(
+          model=model, mesh=mesh, param_shardings=param_shardings, dataset=config.real.dataset,
+          data_dir=config.data_dir, split=config.real.split, batch_size=config.eval_batch_size,
+          pp=eval_pp, cache=config.cache)))
+    except UserError as e:
+      raise UserError(f"{e} (ImageNet ReaL evaluation; --config.real.dataset='' turns it "
+                      f'off)') from None
   return out
 
 

@@ -313,7 +313,8 @@ class VisionTransformer(nn.Module):
                     param_dtype=self.param_dtype, name='head')(x)
 
 
-def token_grid(model: VisionTransformer, image_size: Union[int, Tuple[int, int]]) -> Tuple[int, int]:
+def token_grid(model: VisionTransformer,
+               image_size: Union[int, Tuple[int, int]]) -> Tuple[int, int]:
   """The (gh, gw) patch grid of `model` at `image_size` (hybrids: after the ResNet stem)."""
   h, w = (image_size, image_size) if np.isscalar(image_size) else image_size
   resnet = resnet_lib.as_resnet_config(model.resnet)

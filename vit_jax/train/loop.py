@@ -187,8 +187,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
           to_log = None
         result = evaluate(eval_fn, polyak.eval_params(state), eval_data, mesh)
         logger.write(step, 'eval', result)
-        _say(f'\nstep {step}: eval {config.eval_split} top-1 {result["accuracy"]:.4f} '
-             f'loss {result["loss"]:.4f} ({int(result["count"])} examples)')
+        _say(f'\nstep {step}: eval {config.eval_split} {tasks.metric_name(config)} '
+             f'{result["accuracy"]:.4f}, loss {result["loss"]:.4f} ({int(result["count"])} '
+             'examples)')
       for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
                                               lambda: polyak.eval_params(state)):
         logger.write(step, name, extra)

@@ -38,6 +38,11 @@ def loss_fn(config) -> Callable:
   return losses.softmax_xent if _is_mpp(config) else losses.get_loss(config.loss)
 
 
+def metric_name(config) -> str:
+  """What the eval step's 'accuracy' measures, for the log lines."""
+  return 'masked-patch colour accuracy' if _is_mpp(config) else 'top-1 accuracy'
+
+
 def _geometry(model, image_size: int):
   grid = models.token_grid(model, image_size)
   return grid, (image_size // grid[0], image_size // grid[1])
@@ -64,4 +69,5 @@ def eval_step(config, model, num_classes: int) -> Callable:
                                  num_classes=num_classes)
 
 
-__all__ = ['CHOICES', 'eval_step', 'loss_fn', 'model_overrides', 'num_outputs', 'objective']
+__all__ = ['CHOICES', 'eval_step', 'loss_fn', 'metric_name', 'model_overrides', 'num_outputs',
+           'objective']
