@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
+from configs import pretrain
 from vit_jax.data import preprocess, randaug
 from vit_jax.errors import UserError
-from vit_jax.train import losses, mixup, polyak
+from vit_jax.train import loop, losses, mixup, polyak
 
 
 # ---------------------------------------------------------------- mixup
@@ -196,3 +197,7 @@ def test_randaugment_is_seeded_and_runs_in_tf_data():
   with pytest.raises(UserError, match='randaug.magnitude'):
     preprocess.train_spec(dict(crop='resize', image_size=16, randaug_layers=1,
                                randaug_magnitude=-2))
+  # The trainer hands config.randaug to the train pipeline.
+  config = pretrain.get_config('model=B/16,dataset=imagenet21k,augreg=true,aug=medium2')
+  spec = preprocess.train_spec(loop._train_pp(config))  # pylint: disable=protected-access
+  assert (spec.randaug_layers, spec.randaug_magnitude) == (2, 15)

@@ -1,6 +1,6 @@
 """End to end: masked-patch-prediction pre-training, then fine-tuning from it with the recipe
-options on (mixup, RandAugment, Polyak averaging, periodic few-shot evaluation), then the
-few-shot CLI on the result."""
+options on (mixup, Polyak averaging, periodic few-shot evaluation), then the few-shot CLI on the
+result. (RandAugment in the input pipeline: tests/test_augment.py.)"""
 
 import json
 import os
@@ -37,12 +37,12 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
 
   ft = finetune.get_config('model=Ze/4,dataset=mnist5k,steps=60,image_size=36,lr=0.1')
   ft.data_dir, ft.progress, ft.init = data_dir, False, pre_dir
-  ft.mixup, ft.randaug.num_layers, ft.randaug.magnitude, ft.polyak_decay = 0.2, 2, 10, 0.9
+  ft.mixup, ft.polyak_decay = 0.2, 0.9
   ft.fewshot.every, ft.fewshot.shots = 30, (1, 5)
   ft.log_every, ft.eval_every, ft.checkpoint_every = 30, 30, 30
   ft_dir = str(tmp_path / 'ft')
   result = loop.train_and_evaluate(ft, ft_dir)
-  # Chance is 0.1; with mixup, RandAugment and the lagging average this short run measured 0.2.
+  # Chance is 0.1; with mixup and the lagging average this short run measured 0.263.
   assert result['count'] == 1000 and result['accuracy'] > 0.15, result
   first, _ = restore.load_checkpoint(restore.resolve_checkpoint(ft_dir, '30'))
   assert not {'mask_token', 'pre_logits'} & set(first)
