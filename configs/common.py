@@ -72,8 +72,31 @@ def base_config() -> config_dict.ConfigDict:
   c.decay_type = 'linear'                 # linear | cosine (after the linear warmup)
   c.lr_end = 0.0                          # learning rate at the end of the decay
   c.grad_clip_norm = 1.0                  # global-norm clipping; 0 = off
-  c.loss = 'softmax_xent'                 # softmax_xent | sigmoid_xent
+  c.loss = 'softmax_xent'                 # softmax_xent | sigmoid_xent | mpp (masked patch pred.)
   c.label_smoothing = 0.0
+
+  # Recipes: augmentation and regularisation, transfer, self-supervision, evaluators.
+  c.mixup = 0.0                           # mixup Beta(a, a) alpha, one lambda per step; 0 = off
+  c.randaug = config_dict.ConfigDict()
+  c.randaug.num_layers = 0                # RandAugment ops applied per image; 0 = off
+  c.randaug.magnitude = 10                # RandAugment magnitude (10 = each op's max; AugReg to 20)
+  c.polyak_decay = 0.0                    # evaluate a moving average of the params; 0 = off
+  c.init = placeholder(str)               # start from: a workdir, a checkpoint step dir or an .npz
+  c.init_posemb_resize = 'bilinear'       # bilinear | bicubic: posemb resize to a new grid
+  c.mpp = config_dict.ConfigDict()        # masked patch prediction (loss=mpp)
+  c.mpp.ratio = 0.5                       # fraction of patch embeddings corrupted per image
+  c.mpp.mask_prob = 0.8                   # of those: replaced by the learnable [mask] embedding
+  c.mpp.random_prob = 0.1                 # of those: another patch's embedding (the rest: kept)
+  c.fewshot = config_dict.ConfigDict()    # few-shot linear evaluation of pre-logit features
+  c.fewshot.every = 0                     # steps between few-shot evals (and at the end); 0 = off
+  c.fewshot.dataset = placeholder(str)    # tfds name; None = the run's dataset
+  c.fewshot.train_split = 'train'         # the first n images per class of it are the n-shot set
+  c.fewshot.eval_split = 'test'
+  c.fewshot.shots = (1, 5, 10, 25)        # images per class
+  c.fewshot.l2_reg = 1.0                  # ridge penalty of the closed-form least squares
+  c.real = config_dict.ConfigDict()       # ImageNet ReaL top-1 at every evaluation
+  c.real.dataset = placeholder(str)       # imagenet2012_real; None = off
+  c.real.split = 'validation'
 
   # Devices: mesh data x fsdp x model must equal the device count; one axis may be -1 (the rest).
   c.parallelism = 'jit'                   # jit (sharded, any mesh) | pmap (per-device + pmean)

@@ -119,6 +119,10 @@ COUNT_224_1K = {
     # [1,1,2048,1024] instead of a [32,32,3,1024] embedding = 23,508,032; then
     # ViT-B/32 - 32*32*3*768 + 2048*768 + 23,508,032 = 110,945,832.
     'R50+ViT-B/32': 110_945_832,
+    # Derived the same way: R50 (3,4,9) backbone = R50+ViT-B/16 - ViT-B/16 with a [1,1,1024,768]
+    # instead of a [16,16,3,768] embedding = 11,894,848; then
+    # ViT-L/16 - 16*16*3*1024 + 1024*1024 + 11,894,848 = 316,483,624.
+    'R50+ViT-L/16': 316_483_624,
 }
 
 SMALL_VARIANTS = ('ViT-Mu/4', 'ViT-Ze/4', 'R+ViT-Mu/4', 'R+ViT-Ze/4')
@@ -220,6 +224,7 @@ def test_decode_variant():
       patch_size=(4, 4), hidden_size=64, num_layers=6, num_heads=4, mlp_dim=256, resnet=None)
   hybrid = {
       'R50+ViT-B/16': ((3, 4, 9), 1, 768), 'R50+ViT-L/32': ((3, 4, 6, 3), 1, 1024),
+      'R50+ViT-L/16': ((3, 4, 9), 1, 1024),
       'R50+ViT-B/32': ((3, 4, 6, 3), 1, 768), 'R26+ViT-S/32': ((2, 2, 2, 2), 1, 384),
       'R26+ViT-B/32': ((2, 2, 2, 2), 1, 768), 'R+ViT-Ti/16': ((), 8, 192),
       'R+ViT-Mu/4': ((), 1, 64), 'R+ViT-Ze/4': ((), 1, 32)}

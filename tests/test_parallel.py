@@ -1,6 +1,7 @@
 """Scale-out on 8 simulated CPU devices: mesh, sharding policy, both parallel paths, memory controls."""
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -172,10 +173,13 @@ def test_restore_under_another_mesh_continues_the_run(tmp_path, data_dir):
   loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=6, checkpoint_every=3),
                           str(straight))
   resumed = tmp_path / 'resumed'
-  loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=3), str(resumed))
-  loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=6, **{
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(resumed / 'checkpoints' / '6')  # as if the run had stopped after step 3
+  loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=6, checkpoint_every=3, **{
       'mesh.data': 1, 'mesh.fsdp': 4, 'mesh.model': 2}), str(resumed))
-  np.testing.assert_allclose(_train_losses(resumed), _train_losses(straight), rtol=1e-5)
+  losses = _train_losses(resumed)  # steps 1-3 kept from the log, 4-6 trained under the new mesh
+  assert len(losses) == 6
+  np.testing.assert_allclose(losses, _train_losses(straight), rtol=1e-5)
 
 
 def test_parallel_config_errors(tmp_path, data_dir):

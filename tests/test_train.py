@@ -122,8 +122,7 @@ def _tiny_setup(accum_steps=1, optimizer='adam', lr=1e-3, dropout=0.0):
   images = jax.random.uniform(jax.random.PRNGKey(1), (16, 28, 28, 1), minval=-1, maxval=1)
   labels = jnp.arange(16) % 4
   params = model.init({'params': jax.random.PRNGKey(0)}, images[:1], train=False)['params']
-  state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                              opt_state=tx.init(params))
+  state = step_lib.TrainState.create(params, tx)
   train_step = step_lib.make_train_step(
       apply_fn=model.apply, tx=tx, loss_fn=losses.softmax_xent, num_classes=4,
       label_smoothing=0.0, accum_steps=accum_steps, schedule=schedule)

@@ -31,7 +31,7 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 def run(argv) -> int:
   del argv
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import tasks, train_and_evaluate  # pylint: disable=g-import-not-at-top
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
@@ -40,8 +40,8 @@ def run(argv) -> int:
                               allow_config_change=_ALLOW_CHANGE.value)
   if _CONFIG.value.compile_only or result.get('preempted'):
     return 0
-  print(f'final {_CONFIG.value.eval_split} top-1 accuracy: {result["accuracy"]:.4f} '
-        f'({int(result["count"])} examples)')
+  print(f'final {_CONFIG.value.eval_split} {tasks.metric_name(_CONFIG.value)}: '
+        f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 
 

@@ -11,18 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import resnet as resnet_lib
+from vit_jax.models.vit import token_grid  # re-exported: analyses describe grids with it
 
 Grid = Tuple[int, int]
-
-
-def token_grid(model, image_size: Union[int, Tuple[int, int]]) -> Grid:
-  """The (gh, gw) patch grid of `model` at `image_size` (hybrids: after the ResNet stem)."""
-  h, w = (image_size, image_size) if np.isscalar(image_size) else image_size
-  resnet = resnet_lib.as_resnet_config(model.resnet)
-  stride = resnet.stride if resnet is not None else 1
-  ph, pw = model.patch
-  return h // (ph * stride), w // (pw * stride)
 
 
 def has_cls_token(model) -> bool:

@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.checkpoint.spec import ModelSpec, input_channels  # pylint: disable=unused-import
-from vit_jax.checkpoint.workdir import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
 
 
 def build_model(config, params):

@@ -23,7 +23,7 @@ import numpy as np
 from vit_jax.checkpoint import files
 from vit_jax.checkpoint import npz
 from vit_jax.checkpoint import timm_layout
-from vit_jax.checkpoint import workdir as workdir_lib
+from vit_jax.checkpoint import restore
 from vit_jax.checkpoint.spec import ModelSpec, infer_image_size, input_channels
 from vit_jax.errors import UserError
 
@@ -85,8 +85,8 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                  data_dir: Optional[str] = None) -> Bundle:
   """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
-  step_dir = workdir_lib.resolve_checkpoint(workdir, checkpoint)
-  params, config = workdir_lib.load_checkpoint(step_dir)
+  step_dir = restore.resolve_checkpoint(workdir, checkpoint)
+  params, config = restore.load_checkpoint(step_dir)
   spec = ModelSpec.from_config(config, params)
   source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
   try:

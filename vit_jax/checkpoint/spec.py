@@ -69,9 +69,11 @@ class ModelSpec:
     if config.num_classes and config.num_classes != num_classes:
       raise UserError(f'config.num_classes={config.num_classes} but the checkpoint head has '
                       f'{num_classes} outputs: the checkpoint and its config do not match')
-    return cls(model_name=config.model_name, num_classes=num_classes,
-               options=config.model.to_dict(), image_size=int(config.image_size),
-               channels=input_channels(params))
+    options = config.model.to_dict()
+    if 'mask_token' in params:  # a masked-patch-prediction pre-training run
+      options['with_mask_token'] = True
+    return cls(model_name=config.model_name, num_classes=num_classes, options=options,
+               image_size=int(config.image_size), channels=input_channels(params))
 
 
 def input_channels(params) -> int:

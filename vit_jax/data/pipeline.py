@@ -17,7 +17,9 @@ the same value in the run and in its resumption.)
 Eval batches (`eval_iterator`). Every example of the split is yielded exactly once over all
 processes; the last batch is padded with zero images whose `mask` is 0, and every process yields
 the same number of batches, ceil(max share size / batch_size), adding all-padding batches if its
-share is smaller. The result can be iterated again for each evaluation.
+share is smaller. The result can be iterated again for each evaluation. `padded_eval_batches`
+does the same for any (encoded image, label) records (`encoded_records`), e.g. the few-shot
+training images or the ReaL label sets (vit_jax/evaluate/).
 
 TensorFlow is kept off accelerators: the pipelines hide GPUs from TF before building.
 """
@@ -161,10 +163,28 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
   shares = tfds.even_splits(split, n=process_count)
   counts = [ds_info.num_examples(s) for s in shares]
   num_batches = -(-max(counts) // batch_size)
-  channels = preprocess.decode_channels(ds_info.image_shape)
+  records = None
+  if counts[process_index]:
+    records = _records(builder, ds_info, shares[process_index], cache)
+  batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
+                                batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape)
+  return batches, num_batches
+
+
+def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
+                        batch_size: int, spec: preprocess.EvalSpec, stored_shape,
+                        label_shape: tuple[int, ...] = ()) -> EvalBatches:
+  """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records.
+
+  The last real batch is padded with zero images, zero labels and mask 0, then all-padding
+  batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
+  label set has label_shape (K,)). `records` may be None when `count` is 0.
+  """
+  channels = preprocess.decode_channels(stored_shape)
   size = spec.image_size
   out_spec = tf.TensorSpec(
-      [size, size, preprocess.output_channels(ds_info.image_shape, spec.channels)], tf.float32)
+      [size, size, preprocess.output_channels(stored_shape, spec.channels)], tf.float32)
+  label_pad = [[0, 0]] * len(label_shape)
 
   def process_example(encoded):
     return preprocess.eval_preprocess(preprocess.decode(encoded, channels), spec)
@@ -176,28 +196,28 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
     fill = batch_size - real
     batch = {
         'image': tf.pad(images, [[0, fill], [0, 0], [0, 0], [0, 0]]),
-        'label': tf.pad(tf.cast(labels, tf.int32), [[0, fill]]),
+        'label': tf.pad(tf.cast(labels, tf.int32), [[0, fill]] + label_pad),
         'mask': tf.pad(tf.ones([real], tf.float32), [[0, fill]]),
     }
     for value in batch.values():
       value.set_shape([batch_size, *value.shape[1:]])
     return batch
 
-  real_batches = -(-counts[process_index] // batch_size)
+  real_batches = -(-count // batch_size)
   padding = tf.data.Dataset.from_tensors({
       'image': tf.zeros([batch_size, *out_spec.shape], tf.float32),
-      'label': tf.zeros([batch_size], tf.int32),
+      'label': tf.zeros([batch_size, *label_shape], tf.int32),
       'mask': tf.zeros([batch_size], tf.float32),
   }).repeat(num_batches - real_batches)
   if real_batches:
-    # The records are read to their end (no `take` on them), so the cache completes in pass one.
-    ds = _records(builder, ds_info, shares[process_index], cache).batch(batch_size)
+    # The records are read to their end (no `take` on them), so a cache completes in pass one.
+    ds = records.batch(batch_size)
     ds = ds.map(process_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.concatenate(padding)
   else:
     ds = padding
   ds = ds.prefetch(1).with_options(_options())
-  return EvalBatches(ds, num_batches), num_batches
+  return EvalBatches(ds, num_batches)
 
 
 def _map_examples(fn, elems, out_spec: tf.TensorSpec) -> tf.Tensor:
@@ -208,13 +228,19 @@ def _map_examples(fn, elems, out_spec: tf.TensorSpec) -> tf.Tensor:
 
 def _records(builder, ds_info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
   """(encoded image bytes, label) of `split` in a fixed order, optionally cached in memory."""
+  return encoded_records(builder, split, ds_info.image_key,
+                         lambda ex: ex[ds_info.label_key], cache=cache)
+
+
+def encoded_records(builder, split, image_key: str, label_fn, *, cache: bool) -> tf.data.Dataset:
+  """(encoded image bytes, label_fn(example)) of `split` in stored order, optionally cached."""
   ds = builder.as_dataset(
       split=split,
       shuffle_files=False,
-      decoders={ds_info.image_key: tfds.decode.SkipDecoding()},
+      decoders={image_key: tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(try_autocache=False, add_tfds_id=False),
   )
-  ds = ds.map(lambda ex: (ex[ds_info.image_key], ex[ds_info.label_key]),
+  ds = ds.map(lambda ex: (ex[image_key], label_fn(ex)),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.cache() if cache else ds
 

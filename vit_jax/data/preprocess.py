@@ -5,7 +5,8 @@ All train randomness is stateless: every random op takes an explicit seed (a [2]
 example's position in the stream, so a pipeline is exactly reproducible and resumable.
 
 Pixel pipeline: decode (uint8) -> crop / resize (float32, values stay in [0, 255]) -> optional
-flip -> channel conversion -> `value_range`: (x - 127.5) / 127.5 in [-1, 1].
+flip -> optional RandAugment (`randaug.py`, on the image rounded to uint8) -> channel conversion
+-> `value_range`: (x - 127.5) / 127.5 in [-1, 1].
 
 Train crops (`TrainSpec.crop`):
   'inception'    stateless sample_distorted_bounding_box, area [0.05, 1], aspect [3/4, 4/3],
@@ -28,6 +29,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from vit_jax.data import randaug
 from vit_jax.errors import UserError
 
 TRAIN_CROPS = ('inception', 'resize_crop', 'pad_crop', 'resize')
@@ -45,6 +47,8 @@ class TrainSpec:
   pad: Optional[int] = None  # pixels per side ('pad_crop')
   flip: bool = False  # random horizontal flip, p = 0.5 (leave off for digits)
   channels: Optional[int] = None  # None: as stored; 3 tiles grayscale; 1 converts RGB to gray
+  randaug_layers: int = 0  # RandAugment ops per image (0 = off)
+  randaug_magnitude: float = 10  # RandAugment magnitude (10 = each op's maximum)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,7 @@ def train_spec(pp: Any) -> TrainSpec:
                f'({spec.image_size})', minimum=spec.image_size)
   if spec.crop == 'pad_crop':
     _check_int(spec.pad, 'pad', 'pixels of zero padding per side for pad_crop', minimum=0)
+  randaug.check(spec.randaug_layers, spec.randaug_magnitude)
   return spec
 
 
@@ -244,6 +249,11 @@ def train_preprocess(image: tf.Tensor, seed: tf.Tensor, spec: TrainSpec) -> tf.T
     raise UserError(f"train crop {spec.crop!r} is not one of {', '.join(TRAIN_CROPS)}")
   if spec.flip:
     image = random_flip(image, flip_seed)
+  if spec.randaug_layers:
+    image.set_shape([size, size, image.shape[-1]])
+    pixels = tf.cast(tf.clip_by_value(tf.round(tf.cast(image, tf.float32)), 0, 255), tf.uint8)
+    image = randaug.randaugment(pixels, spec.randaug_layers, spec.randaug_magnitude,
+                                tf.random.experimental.stateless_fold_in(seed, 2))
   image = to_channels(tf.cast(image, tf.float32), spec.channels)
   image = value_range(image)
   image.set_shape([size, size, image.shape[-1]])

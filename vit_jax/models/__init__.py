@@ -9,10 +9,10 @@ import jax.numpy as jnp
 from vit_jax.errors import UserError
 from vit_jax.models.resnet import ResNetConfig, as_resnet_config
 from vit_jax.models.variants import BASES, HYBRIDS, VARIANTS, decode_variant
-from vit_jax.models.vit import CLASSIFIERS, POSEMBS, VisionTransformer
+from vit_jax.models.vit import CLASSIFIERS, POSEMBS, VisionTransformer, token_grid
 
 __all__ = ['create_model', 'decode_variant', 'VARIANTS', 'VisionTransformer', 'ResNetConfig',
-           'OPTIONS', 'BASES', 'HYBRIDS']
+           'OPTIONS', 'BASES', 'HYBRIDS', 'token_grid']
 
 # Every VisionTransformer field a caller may override (num_classes is its own argument).
 OPTIONS = tuple(f.name for f in dataclasses.fields(VisionTransformer)

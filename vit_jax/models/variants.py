@@ -27,6 +27,7 @@ HYBRIDS: Dict[str, Tuple[str, Tuple[int, ...], int]] = {
     'R50+ViT-B/16': ('B', (3, 4, 9), 1),       # stage 4 removed, its units moved into stage 3
     'R50+ViT-B/32': ('B', (3, 4, 6, 3), 1),    # standard R50 (P Tab.6); not in the VJ model test
     'R50+ViT-L/32': ('L', (3, 4, 6, 3), 1),
+    'R50+ViT-L/16': ('L', (3, 4, 9), 1),       # as R50+ViT-B/16 (P Tab.3 and Tab.6)
     'R26+ViT-S/32': ('S', (2, 2, 2, 2), 1),
     'R26+ViT-B/32': ('B', (2, 2, 2, 2), 1),
     'R+ViT-Ti/16': ('Ti', (), 8),              # stem stride 4 x patch 8: 7x7 grid (50 tokens) @224

@@ -12,13 +12,16 @@ map 1:1:
   Transformer/encoder_norm
   pre_logits                                         (representation_size only) Dense + tanh
   head                                               zero kernel, bias = head_bias_init
+  mask_token                                         [1,1,D] (with_mask_token only: masked patch
+                                                     prediction pre-training, vit_jax/train/mpp.py)
 
 Activations carry logical axis names (`batch`, `tokens`, `embed`, `heads`, `kv`, `mlp`) through
 `vit_jax.parallel.sharding.constrain`, which maps them to mesh axes inside the jitted train step
 and does nothing elsewhere. `remat` ('none' | 'full' | 'dots') rematerialises each encoder block.
 
 Every block sows its attention weights [B, heads, N, N] into the 'intermediates' collection;
-`model.apply(..., mutable=['intermediates'])` returns them without changing the logits.
+`model.apply(..., mutable=['intermediates'])` returns them without changing the logits, and
+'features': what the head sees (the few-shot evaluator's frozen pre-logit features).
 """
 
 from typing import Any, Optional, Tuple, Union
@@ -249,6 +252,7 @@ class VisionTransformer(nn.Module):
   head_bias_init: float = 0.
   gelu_approximate: bool = True
   remat: Union[bool, str] = 'none'
+  with_mask_token: bool = False  # masked patch prediction: a learnable [mask] patch embedding
 
   @property
   def patch(self) -> Tuple[int, int]:
@@ -285,7 +289,9 @@ class VisionTransformer(nn.Module):
                       f'use a multiple of {multiple}')
 
   @nn.compact
-  def __call__(self, inputs: jax.Array, *, train: bool) -> jax.Array:
+  def __call__(self, inputs: jax.Array, *, train: bool, corrupt=None) -> jax.Array:
+    """`corrupt` (masked patch prediction only): {'source': int [B, N] patch to take each
+    embedding from, 'use_mask': bool [B, N] replace by the mask token}; see vit_jax/train/mpp.py."""
     resnet = resnet_lib.as_resnet_config(self.resnet)
     self._check(inputs, resnet)
     x = inputs.astype(self.dtype)
@@ -297,6 +303,12 @@ class VisionTransformer(nn.Module):
                 dtype=self.dtype, param_dtype=self.param_dtype, name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
+    if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings
+      mask = self.param('mask_token', nn.initializers.normal(stddev=POSEMB_STDDEV), (1, 1, d),
+                        self.param_dtype)
+      if corrupt is not None:
+        x = jnp.take_along_axis(x, corrupt['source'][..., None], axis=1)
+        x = jnp.where(corrupt['use_mask'][..., None], mask.astype(x.dtype), x)
 
     has_cls = self.classifier in ('token', 'unpooled')
     if has_cls:
@@ -322,7 +334,17 @@ class VisionTransformer(nn.Module):
       x = nn.Dense(self.representation_size, dtype=jnp.float32, param_dtype=self.param_dtype,
                    name='pre_logits')(x)
       x = jnp.tanh(x)
+    self.sow('intermediates', 'features', x)
     return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
                     bias_init=nn.initializers.constant(self.head_bias_init), dtype=jnp.float32,
                     param_dtype=self.param_dtype, name='head')(x)
 
+
+def token_grid(model: VisionTransformer,
+               image_size: Union[int, Tuple[int, int]]) -> Tuple[int, int]:
+  """The (gh, gw) patch grid of `model` at `image_size` (hybrids: after the ResNet stem)."""
+  h, w = (image_size, image_size) if np.isscalar(image_size) else image_size
+  resnet = resnet_lib.as_resnet_config(model.resnet)
+  stride = resnet.stride if resnet is not None else 1
+  ph, pw = model.patch
+  return h // (ph * stride), w // (pw * stride)

@@ -23,7 +23,9 @@ from vit_jax.errors import UserError
 OPERATIONAL_KEYS = frozenset({
     'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'data_dir',
     'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'parallelism', 'mesh.data',
-    'mesh.fsdp', 'mesh.model',
+    'mesh.fsdp', 'mesh.model', 'init', 'init_posemb_resize', 'fewshot.every',
+    'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split', 'fewshot.shots',
+    'fewshot.l2_reg', 'real.dataset', 'real.split',
 })
 
 

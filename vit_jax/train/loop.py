@@ -20,13 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import data as data_lib
+from vit_jax import evaluate as evaluate_lib
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
+from vit_jax.checkpoint import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.train import guards
 from vit_jax.train import logs
+from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
+from vit_jax.train import tasks
 from vit_jax.train.program import build_model, eval_pp, resolve_steps, train_pp  # re-exported
 
 
@@ -80,7 +84,13 @@ def _start(prog, ckpt, workdir, allow_config_change):
   abstract = train_ckpt.abstract_with_shardings(prog.abstract_state, prog.state_shardings)
   start_step, state, stored = ckpt.restore_latest(abstract)
   if start_step is None:
-    return 0, prog.init_state()
+    state = prog.init_state()
+    if prog.config.init:  # a new run from a pre-trained checkpoint (never over the run's own)
+      state, source = transfer.initialise_state(
+          prog.config.init, state, model=prog.model, image_size=prog.config.image_size,
+          method=prog.config.init_posemb_resize, tx=prog.tx, shardings=prog.state_shardings)
+      _say(f'initialised from {source}')
+    return 0, state
   if not allow_config_change:
     guards.refuse_config_drift(workdir, start_step, stored, prog.config.to_dict())
   if jax.process_index() == 0:
@@ -96,6 +106,9 @@ def _run(prog, state, start_step, ckpt, logger, preemption, workdir) -> dict:
       batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
       process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
   config_json = config.to_dict()
+  extra_evals = evaluate_lib.periodic_evaluators(
+      config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
+      eval_pp=eval_pp(config))
   result = None
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
@@ -132,10 +145,15 @@ def _run(prog, state, start_step, ckpt, logger, preemption, workdir) -> dict:
         if to_log is not None:
           _log_train(logger, progress, *to_log, skipped=guard.skipped)
           to_log = None
-        result = evaluate(prog.eval_fn, state.params, eval_data, mesh)
+        result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
         logger.write(step, 'eval', result)
-        _say(f'\nstep {step}: eval {config.eval_split} top-1 {result["accuracy"]:.4f} '
-             f'loss {result["loss"]:.4f} ({int(result["count"])} examples)')
+        _say(f'\nstep {step}: eval {config.eval_split} {tasks.metric_name(config)} '
+             f'{result["accuracy"]:.4f}, loss {result["loss"]:.4f} ({int(result["count"])} '
+             'examples)')
+      for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
+                                              lambda: polyak.eval_params(state)):
+        logger.write(step, name, extra)
+        _say(f'step {step}: {name} ' + ' '.join(f'{k} {v:.4f}' for k, v in extra.items()))
       if step % config.checkpoint_every == 0 or is_last or stop:
         guard.check_held()
         ckpt.save(step, state, config_json)
@@ -155,7 +173,7 @@ def _run(prog, state, start_step, ckpt, logger, preemption, workdir) -> dict:
   else:
     _say(f'{workdir} already holds the final checkpoint (step {start_step}); evaluating it')
   if result is None:
-    result = evaluate(prog.eval_fn, state.params, eval_data, mesh)
+    result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
   ckpt.wait()
   if jax.process_index() == 0:
     logs.plot_learning_curve(logs.metrics_path(workdir),

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax.errors import UserError
+from vit_jax.train import polyak
 
 
 def make_schedule(*, lr: float, total_steps: int, warmup_steps: int, decay_type: str,
@@ -41,7 +42,7 @@ def _kernel_mask(params):
 
 
 def make_optimizer(config, schedule) -> optax.GradientTransformation:
-  """clip -> (adam | sgd momentum) -> decoupled weight decay scaled by lr -> -lr.
+  """clip -> (adam | sgd momentum) -> decoupled weight decay scaled by lr -> -lr [-> Polyak].
 
   weight_decay follows the ViT paper: the per-step decay is lr_t * weight_decay * param (so
   wd=0.1 with peak lr 1e-3 equals big_vision's wd=1e-4).
@@ -62,4 +63,6 @@ def make_optimizer(config, schedule) -> optax.GradientTransformation:
     mask = _kernel_mask if config.weight_decay_mask == 'kernels' else None
     parts.append(optax.add_decayed_weights(config.weight_decay, mask=mask))
   parts.append(optax.scale_by_learning_rate(schedule))
+  if config.polyak_decay:
+    parts.append(polyak.ema_of_params(config.polyak_decay))  # last: it sees the final updates
   return optax.chain(*parts)

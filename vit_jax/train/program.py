@@ -20,7 +20,7 @@ from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
-from vit_jax.train import losses, optim, step as step_lib, validate
+from vit_jax.train import optim, step as step_lib, tasks, validate
 
 
 @dataclasses.dataclass
@@ -29,7 +29,8 @@ class Program:
   config: Any
   mesh: jax.sharding.Mesh
   model: Any
-  num_classes: int
+  tx: Any                    # the optax transformation (its state is part of the train state)
+  num_classes: int           # outputs of the head (masked patch prediction: colour classes)
   num_train: int             # train examples (0 if the dataset is absent in compile-only mode)
   total_steps: int
   image_shape: Tuple[int, int, int]
@@ -84,14 +85,16 @@ def resolve_steps(config, num_train_examples: int) -> int:
 
 def build_model(config, num_classes: int):
   return models.create_model(config.model_name, num_classes=num_classes,
-                             **config.model.to_dict())
+                             **{**config.model.to_dict(), **tasks.model_overrides(config)})
 
 
 def train_pp(config) -> dict:
   """The train preprocessing of a config (keys of `data.preprocess.TrainSpec`)."""
   return dict(crop=config.pp.train_crop, image_size=config.image_size,
               resize=config.pp.resize or config.image_size, pad=config.pp.pad,
-              flip=config.pp.flip, channels=config.pp.channels)
+              flip=config.pp.flip, channels=config.pp.channels,
+              randaug_layers=config.randaug.num_layers,
+              randaug_magnitude=config.randaug.magnitude)
 
 
 def eval_pp(config) -> dict:
@@ -122,8 +125,7 @@ def init_fn_and_shapes(model, tx, image_shape, rng):
   def init(rng):
     dummy = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
     params = model.init({'params': rng}, dummy, train=False)['params']
-    return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                               opt_state=tx.init(params), skipped=jnp.zeros((), jnp.int32))
+    return step_lib.TrainState.create(params, tx)
 
   return init, jax.eval_shape(init, rng)
 
@@ -158,6 +160,7 @@ def build_program(config, devices: Optional[list] = None) -> Program:
   mesh = parallel.make_mesh(config.mesh, devices)
   _check(config, mesh)
   num_classes, num_train, channels = dataset_facts(config)
+  num_classes = tasks.num_outputs(config, num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes
   # the learning-rate schedule, which does not change the compiled program.
   total_steps = resolve_steps(config, num_train) if num_train or config.total_steps else 1
@@ -167,22 +170,21 @@ def build_program(config, devices: Optional[list] = None) -> Program:
                                  warmup_steps=config.warmup_steps, decay_type=config.decay_type,
                                  lr_end=config.lr_end)
   tx = optim.make_optimizer(config, schedule)
-  loss_fn = losses.get_loss(config.loss)
   image_shape = (config.image_size, config.image_size, channels)
 
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng)
   state_shardings = sharding.param_shardings(abstract, mesh)
   train_step = step_lib.make_train_step(
-      apply_fn=model.apply, tx=tx, loss_fn=loss_fn, num_classes=num_classes,
+      apply_fn=model.apply, tx=tx, loss_fn=tasks.loss_fn(config), num_classes=num_classes,
       label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
       reduce_axis=steps_lib.reduce_axis(config.parallelism),
-      skip_nonfinite=config.max_nonfinite_steps > 0)
+      skip_nonfinite=config.max_nonfinite_steps > 0,
+      objective=tasks.objective(config, model, num_classes))
   train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
-  eval_fn = steps_lib.compile_eval_step(
-      step_lib.make_eval_step(apply_fn=model.apply, loss_fn=loss_fn, num_classes=num_classes),
-      mesh, state_shardings.params)
-  return Program(config=config, mesh=mesh, model=model, num_classes=num_classes,
+  eval_fn = steps_lib.compile_eval_step(tasks.eval_step(config, model, num_classes), mesh,
+                                        state_shardings.params)
+  return Program(config=config, mesh=mesh, model=model, tx=tx, num_classes=num_classes,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
                  schedule=schedule, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,

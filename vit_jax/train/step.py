@@ -23,10 +23,17 @@ from vit_jax.train import losses
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array
+  step: jax.Array     # int32 scalar: steps taken
   params: Any
   opt_state: Any
-  skipped: Any = 0  # steps whose loss or gradient was NaN/Inf and were skipped (int32 scalar)
+  skipped: jax.Array  # int32 scalar: steps whose loss or gradient was NaN/Inf and were skipped
+
+  @classmethod
+  def create(cls, params, tx: optax.GradientTransformation) -> 'TrainState':
+    """Step 0: `params` and a fresh optimizer state (the counters are int32 arrays, so every
+    step sees the same argument types and the step compiles once)."""
+    zero = jnp.zeros((), jnp.int32)
+    return cls(step=zero, params=params, opt_state=tx.init(params), skipped=zero)
 
 
 def _l2(tree):
@@ -36,9 +43,11 @@ def _l2(tree):
 def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, loss_fn: Callable,
                     num_classes: int, label_smoothing: float, accum_steps: int,
                     schedule: Callable, reduce_axis: Optional[str] = None,
-                    skip_nonfinite: bool = False):
+                    skip_nonfinite: bool = False, objective: Optional[Callable] = None):
   """Returns the pure train step for this model, optimizer and loss (see the module docstring).
 
+  `objective(params, images, labels, rng) -> (mean loss, number correct)` replaces the default
+  classification objective (mixup: train/mixup.py; masked patch prediction: train/mpp.py).
   Every step reports `nonfinite` (1.0 if its loss or gradient norm is NaN/Inf). With
   `skip_nonfinite`, such a step leaves parameters and optimizer state unchanged (the step count
   still advances, so the data stream moves on) and increments `state.skipped`.
@@ -49,10 +58,14 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
     targets = losses.one_hot(labels, num_classes, label_smoothing)
     return jnp.mean(loss_fn(logits, targets)), logits
 
-  grad_fn = jax.value_and_grad(loss_and_logits, has_aux=True)
-
   def correct(logits, labels):
     return jnp.sum(jnp.argmax(logits, -1) == labels)
+
+  def classification(params, images, labels, rng):
+    loss, logits = loss_and_logits(params, images, labels, rng)
+    return loss, correct(logits, labels)
+
+  grad_fn = jax.value_and_grad(objective or classification, has_aux=True)
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
@@ -60,8 +73,7 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
       rng = jax.random.fold_in(rng, jax.lax.axis_index(reduce_axis))
     images, labels = batch['image'], batch['label']
     if accum_steps == 1:
-      (loss, logits), grads = grad_fn(state.params, images, labels, rng)
-      n_correct = correct(logits, labels)
+      (loss, n_correct), grads = grad_fn(state.params, images, labels, rng)
     else:
       def micro(x):  # [B, ...] -> [accum, B/accum, ...]; micro-batch i = rows i, i+a, i+2a, ...
         return jnp.swapaxes(x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:]), 0, 1)
@@ -69,9 +81,9 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
       def body(carry, xs):
         grads, loss, n_correct = carry
         i, im, lab = xs
-        (l, logits), g = grad_fn(state.params, im, lab, jax.random.fold_in(rng, i))
+        (l, c), g = grad_fn(state.params, im, lab, jax.random.fold_in(rng, i))
         grads = jax.tree.map(jnp.add, grads, g)
-        return (grads, loss + l, n_correct + correct(logits, lab)), None
+        return (grads, loss + l, n_correct + c), None
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       (grads, loss, n_correct), _ = jax.lax.scan(

@@ -1,10 +1,11 @@
-"""A training run's checkpoints: `<workdir>/checkpoints/<step>/{state,config}` (orbax).
+"""Reading this project's orbax checkpoints back as host numpy arrays, whatever device topology
+wrote them: which step directory a --workdir/--checkpoint names, and its params plus the config
+stored with them (only the `params` of the train state are read, not the optimizer state).
 
-`resolve_checkpoint` finds a step directory from --workdir/--checkpoint; `load_checkpoint` restores
-its params as host numpy arrays, whatever device topology wrote them (the optimizer state is not
-read), and the run's config.
+Used by the analyses, the few-shot CLI and `config.init` (vit_jax.checkpoint.transfer).
 """
 
+import os
 from typing import Optional, Tuple
 
 import jax
@@ -58,10 +59,14 @@ def available_steps(workdir) -> list[int]:
                 if p.name.isdigit() and (p / 'state').is_dir() and (p / 'config').is_dir())
 
 
-def load_checkpoint(step_dir) -> Tuple[dict, ml_collections.ConfigDict]:
-  """(params as numpy arrays, the run's config) of one checkpoint step directory."""
+def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_collections.ConfigDict]:
+  """(params as numpy arrays, the run's config) of one checkpoint step directory.
+
+  averaged=True returns the Polyak average of the params instead (vit_jax/train/polyak.py: what
+  the run's evaluations scored) when the run kept one.
+  """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  step_dir = epath.Path(step_dir)
+  step_dir = _absolute(step_dir)  # orbax finds no metadata under a relative path
   with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
     config = ml_collections.ConfigDict(ckptr.restore(step_dir / 'config'))
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
@@ -69,11 +74,29 @@ def load_checkpoint(step_dir) -> Tuple[dict, ml_collections.ConfigDict]:
     if 'params' not in tree:
       raise UserError(f'{step_dir / "state"} holds no params (keys: {", ".join(tree)}): pass a '
                       f'checkpoint written by vit_jax.main')
-    item = {'params': tree['params']}
+    key = 'opt_state' if averaged and _average_index(tree.get('opt_state')) is not None \
+        else 'params'
+    item = {key: tree[key]}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
     restored = ckptr.restore(step_dir / 'state', args=ocp.args.PyTreeRestore(
         item=item, restore_args=restore_args, partial_restore=True))
-  return restored['params'], config
+  if key == 'params':
+    return restored['params'], config
+  opt_state = restored['opt_state']
+  return opt_state[_average_index(opt_state)]['average'], config
+
+
+def _absolute(path) -> epath.Path:
+  path = str(path)
+  return epath.Path(path if '://' in path else os.path.abspath(path))
+
+
+def _average_index(opt_state) -> Optional[int]:
+  """Where the optimizer chain keeps the Polyak average (a {'average': ...} entry), if it does."""
+  if not isinstance(opt_state, (list, tuple)):
+    return None
+  found = [i for i, s in enumerate(opt_state) if isinstance(s, dict) and set(s) == {'average'}]
+  return found[0] if found else None
 
 
 __all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint']

@@ -1,0 +1,135 @@
+"""Evaluators: the few-shot closed-form solver on features with known answers, and ImageNet ReaL."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from etils import epath
+
+from vit_jax import parallel
+from vit_jax.errors import UserError
+from vit_jax.evaluate import fewshot, real
+
+
+# ---------------------------------------------------------------- few-shot solver
+
+
+@pytest.mark.parametrize('n, d', [(40, 6), (6, 40)])  # primal and dual forms
+def test_fit_ridge_equals_augmented_least_squares(n, d):
+  rng = np.random.default_rng(0)
+  x, y, k, l2 = rng.normal(size=(n, d)) + 3.0, rng.integers(0, 4, n), 4, 0.7
+  weights, bias = fewshot.fit_ridge(x, y, k, l2)
+  # Independent reference: min |x W + b - T|^2 + l2 |W|^2 (b not penalised) as one lstsq.
+  t = 2 * np.eye(k)[y] - 1
+  a = np.block([[x, np.ones((n, 1))], [np.sqrt(l2) * np.eye(d), np.zeros((d, 1))]])
+  ref, *_ = np.linalg.lstsq(a, np.concatenate([t, np.zeros((d, k))]), rcond=None)
+  np.testing.assert_allclose(weights, ref[:d], atol=1e-8)
+  np.testing.assert_allclose(bias, ref[d], atol=1e-8)
+
+
+def test_separable_classes_give_100_percent_and_random_features_give_chance():
+  rng = np.random.default_rng(1)
+  k, d = 10, 32
+  centres = 5.0 * rng.normal(size=(k, d))
+  def sample(n):
+    y = rng.integers(0, k, n)
+    return centres[y] + 0.3 * rng.normal(size=(n, d)), y
+  train_x, train_y = sample(400)
+  test_x, test_y = sample(2000)
+  acc = fewshot.fewshot_accuracies(train_x, train_y, test_x, test_y, shots=(1, 5, 10, 25),
+                                   num_classes=k, l2_reg=1.0)
+  assert acc == {1: 1.0, 5: 1.0, 10: 1.0, 25: 1.0}
+  # Features unrelated to the labels: accuracy at chance (1/10) within sampling error.
+  noise_train, noise_test = rng.normal(size=(400, d)), rng.normal(size=(4000, d))
+  acc = fewshot.fewshot_accuracies(noise_train, train_y, noise_test, rng.integers(0, k, 4000),
+                                   shots=(5, 25), num_classes=k, l2_reg=1.0)
+  for value in acc.values():
+    assert abs(value - 0.1) < 0.025, acc
+
+
+def test_first_per_class_is_nested_and_in_order():
+  labels = np.array([2, 0, 0, 1, 2, 0, 1, 2, 0])
+  np.testing.assert_array_equal(fewshot.first_per_class(labels, 1), [0, 1, 3])
+  np.testing.assert_array_equal(fewshot.first_per_class(labels, 2), [0, 1, 2, 3, 4, 6])
+  assert len(fewshot.first_per_class(labels, 9)) == len(labels)  # fewer than asked: all of them
+  with pytest.raises(UserError, match='l2_reg'):
+    fewshot.fit_ridge(np.zeros((2, 2)), np.array([0, 1]), 2, -1.0)
+
+
+# ---------------------------------------------------------------- ImageNet ReaL
+
+
+class VitTestReal(tfds.core.GeneratorBasedBuilder):
+  """imagenet2012_real's features on 13 gray images whose brightness encodes the class (0..3)."""
+
+  name = 'vit_test_real'
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Test data.'}
+  # (predicted class, real label set) per image; the model below predicts the image's class.
+  ROWS = [(0, [0]), (1, [1, 2]), (2, [1]), (3, []), (0, [3]), (1, [1]), (2, [2, 3]), (3, [3]),
+          (0, []), (1, [0, 2]), (2, [0, 1, 2, 3]), (3, [0]), (0, [0, 1])]
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls):
+    return epath.Path(__file__)
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        'image': tfds.features.Image(shape=(None, None, 3)),
+        'original_label': tfds.features.ClassLabel(num_classes=4),
+        'real_label': tfds.features.Sequence(tfds.features.ClassLabel(num_classes=4)),
+    }), supervised_keys=('image', 'real_label'))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {'validation': self._generate_examples()}
+
+  def _generate_examples(self):
+    for i, (cls, labels) in enumerate(self.ROWS):
+      image = np.full((10, 12, 3), 40 + 60 * cls, np.uint8)
+      yield i, {'image': image, 'original_label': cls, 'real_label': labels}
+
+
+class BrightnessModel:
+  """Predicts the class whose brightness is closest (an analytic stand-in for a network)."""
+  num_classes = 4
+
+  def apply(self, variables, images, train):
+    del variables, train
+    level = (jnp.mean(images, axis=(1, 2, 3)) * 127.5 + 127.5 - 40) / 60  # 0..3
+    return -jnp.abs(level[:, None] - jnp.arange(4)[None])
+
+
+def test_real_hits_counts_predictions_in_the_label_set():
+  logits = jnp.eye(4)[jnp.array([1, 2, 0])]
+  sets = jnp.array([[0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+  out = real.real_hits(logits, sets, jnp.ones(3))
+  assert float(out['correct']) == 1.0 and float(out['count']) == 2.0  # empty set not scored
+
+
+def test_real_evaluator_on_a_tiny_builder(data_dir):
+  VitTestReal(data_dir=data_dir).download_and_prepare()
+  mesh = parallel.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1)))
+  evaluator = real.RealEvaluator(
+      model=BrightnessModel(), mesh=mesh, param_shardings=None, dataset='vit_test_real',
+      data_dir=data_dir, split='validation', batch_size=8,
+      pp={'crop': 'resize', 'image_size': 8})
+  result = evaluator({})
+  scored = [(p, s) for p, s in VitTestReal.ROWS if s]
+  expected = np.mean([p in s for p, s in scored])
+  assert result['count'] == len(scored) == 11
+  np.testing.assert_allclose(result['accuracy'], expected)
+  assert 0 < expected < 1
+  with pytest.raises(UserError, match='classes'):
+    bigger = BrightnessModel()
+    bigger.num_classes = 1000
+    real.RealEvaluator(model=bigger, mesh=mesh, param_shardings=None, dataset='vit_test_real',
+                       data_dir=data_dir, split='validation', batch_size=8,
+                       pp={'crop': 'resize', 'image_size': 8})
+  with pytest.raises(UserError, match="has no 'image' image with a 'real_label'"):
+    real.RealEvaluator(model=BrightnessModel(), mesh=mesh, param_shardings=None,
+                       dataset='mnist5k', data_dir=data_dir, split='test', batch_size=8,
+                       pp={'crop': 'resize', 'image_size': 8})

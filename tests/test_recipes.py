@@ -1,0 +1,230 @@
+"""The recipe configs against the paper: every Table 3 and Table 4 row, AugReg, schedules."""
+
+import math
+
+import numpy as np
+import pytest
+
+from configs import common, finetune, pretrain, recipes
+from vit_jax.errors import UserError
+from vit_jax.train import loop, optim
+
+IMAGENET_TRAIN = 1_281_167  # images in ImageNet-2012's train split (tfds imagenet2012)
+
+
+def _flat_keys(config, prefix=''):
+  out = []
+  for key, value in config.items():
+    out += _flat_keys(value, f'{prefix}{key}.') if hasattr(value, 'items') else [prefix + key]
+  return sorted(out)
+
+
+def _schedule(c, total_steps):
+  return optim.make_schedule(lr=c.lr, total_steps=total_steps, warmup_steps=c.warmup_steps,
+                             decay_type=c.decay_type, lr_end=c.lr_end)
+
+
+# ---------------------------------------------------------------- P Table 3
+
+# (model, dataset, epochs arg) -> epochs, lr, decay, weight decay, dropout, clip.
+TABLE_3 = [
+    ('B/16', 'jft300m', 0, 7, 8e-4, 'linear', 0.1, 0.0, 0.0),
+    ('B/32', 'jft300m', 0, 7, 8e-4, 'linear', 0.1, 0.0, 0.0),
+    ('L/32', 'jft300m', 0, 7, 6e-4, 'linear', 0.1, 0.0, 0.0),
+    ('L/16', 'jft300m', 0, 7, 4e-4, 'linear', 0.1, 0.0, 0.0),
+    ('L/16', 'jft300m', 14, 14, 4e-4, 'linear', 0.1, 0.0, 0.0),
+    ('H/14', 'jft300m', 0, 14, 3e-4, 'linear', 0.1, 0.0, 0.0),
+    ('R50+B/16', 'jft300m', 0, 7, 8e-4, 'linear', 0.1, 0.0, 0.0),
+    ('R50+B/32', 'jft300m', 0, 7, 8e-4, 'linear', 0.1, 0.0, 0.0),
+    ('R50+L/32', 'jft300m', 0, 7, 2e-4, 'linear', 0.1, 0.0, 0.0),
+    ('R50+L/16', 'jft300m', 0, 7, 4e-4, 'linear', 0.1, 0.0, 0.0),
+    ('R50+L/16', 'jft300m', 14, 14, 4e-4, 'linear', 0.1, 0.0, 0.0),
+    ('B/16', 'imagenet21k', 0, 90, 1e-3, 'linear', 0.03, 0.1, 1.0),
+    ('B/32', 'imagenet21k', 0, 90, 1e-3, 'linear', 0.03, 0.1, 1.0),
+    ('L/16', 'imagenet21k', 0, 90, 1e-3, 'linear', 0.03, 0.1, 1.0),
+    ('L/16', 'imagenet21k', 30, 30, 1e-3, 'linear', 0.03, 0.1, 1.0),
+    ('L/32', 'imagenet21k', 30, 30, 1e-3, 'linear', 0.03, 0.1, 1.0),
+    ('R50+B/16', 'imagenet21k', 0, 90, 1e-3, 'linear', 0.03, 0.1, 1.0),  # as its ViT
+    ('B/16', 'imagenet2012', 0, 300, 3e-3, 'cosine', 0.3, 0.1, 1.0),
+    ('L/16', 'imagenet2012', 0, 300, 3e-3, 'cosine', 0.3, 0.1, 1.0),
+    ('H/14', 'imagenet2012', 0, 300, 3e-3, 'cosine', 0.3, 0.1, 1.0),
+]
+
+
+@pytest.mark.parametrize('model, dataset, arg, epochs, lr, decay, wd, dropout, clip', TABLE_3)
+def test_table_3_rows(model, dataset, arg, epochs, lr, decay, wd, dropout, clip):
+  c = pretrain.get_config(f'model={model},dataset={dataset},epochs={arg}')
+  assert _flat_keys(c) == _flat_keys(common.base_config())  # recipes add no keys
+  assert c.model_name == recipes.variant(model) and c.dataset == dataset
+  assert (c.batch_size, c.optimizer, c.b1, c.b2) == (4096, 'adam', 0.9, 0.999)
+  assert (c.warmup_steps, c.image_size) == (10_000, 224)
+  assert (c.total_epochs, c.total_steps) == (epochs, None)
+  assert (c.lr, c.decay_type, c.weight_decay) == (lr, decay, wd)
+  assert c.weight_decay_mask == 'all'  # old flax.optim.Adam decayed every parameter
+  assert (c.model.dropout_rate, c.model.attention_dropout_rate, c.grad_clip_norm) == (
+      dropout, 0.0, clip)
+  assert c.model.classifier == 'token'
+  assert c.model.representation_size == {'B': 768, 'L': 1024, 'H': 1280}[recipes.base(model)]
+  assert (c.randaug.num_layers, c.mixup, c.model.stochastic_depth) == (0, 0.0, 0.0)
+
+
+def test_imagenet_1k_schedule_at_chosen_steps():
+  c = pretrain.get_config('model=B/16,dataset=imagenet2012')
+  steps = loop.resolve_steps(c, IMAGENET_TRAIN)
+  assert steps == math.ceil(300 * IMAGENET_TRAIN / 4096) == 93_836
+  s = _schedule(c, steps)
+  expected = {0: 0.0, 5_000: 1.5e-3, 10_000: 3e-3,
+              10_000 + (steps - 10_000) // 2: 1.5e-3, steps: 0.0}
+  for step, lr in expected.items():
+    np.testing.assert_allclose(float(s(step)), lr, atol=2e-7, err_msg=f'step {step}')
+  quarter = 10_000 + (steps - 10_000) / 4
+  np.testing.assert_allclose(float(s(quarter)), 3e-3 * 0.5 * (1 + np.cos(np.pi / 4)), rtol=1e-4)
+
+
+def test_jft_linear_schedule_at_chosen_steps():
+  c = pretrain.get_config('model=L/16,dataset=jft300m,epochs=14')
+  steps = loop.resolve_steps(c, 300_000_000)  # the size is read from the dataset at run time
+  assert steps == math.ceil(14 * 300_000_000 / 4096)
+  s = _schedule(c, steps)
+  for step, lr in {0: 0.0, 2_500: 1e-4, 10_000: 4e-4, 10_000 + (steps - 10_000) // 2: 2e-4,
+                   steps: 0.0}.items():
+    np.testing.assert_allclose(float(s(step)), lr, atol=1e-8, err_msg=f'step {step}')
+
+
+def test_pretrain_data_settings():
+  c = pretrain.get_config('model=B/16,dataset=imagenet21k')
+  assert (c.train_split, c.eval_split) == ('full[51200:]', 'full[:25600]')
+  assert (c.loss, c.model.head_bias_init) == ('sigmoid_xent', -10.0)
+  assert (c.pp.train_crop, c.pp.flip, c.pp.eval_crop, c.pp.resize) == (
+      'inception', True, 'central', 256)
+  c = pretrain.get_config('model=B/16,dataset=imagenet2012')
+  assert (c.train_split, c.eval_split, c.model.head_bias_init) == ('train', 'validation', -6.9)
+
+
+# ---------------------------------------------------------------- AugReg
+
+
+@pytest.mark.parametrize('level, layers, magnitude, alpha', [
+    ('none', 0, 0, 0.0), ('light1', 2, 0, 0.0), ('light2', 2, 10, 0.2), ('medium1', 2, 15, 0.2),
+    ('medium2', 2, 15, 0.5), ('strong1', 2, 20, 0.5), ('strong2', 2, 20, 0.8)])
+def test_augreg_levels(level, layers, magnitude, alpha):
+  c = pretrain.get_config(f'model=B/16,dataset=imagenet21k,augreg=true,aug={level}')
+  assert (c.randaug.num_layers, c.randaug.magnitude, c.mixup) == (layers, magnitude, alpha)
+
+
+@pytest.mark.parametrize('model, aug, wd, dropout, sd', [
+    ('L/16', 'strong1', 0.1, 0.0, 0.0), ('B/16', 'medium1', 0.1, 0.0, 0.0),
+    ('S/16', 'light1', 0.03, 0.0, 0.0), ('R50+L/32', 'medium1', 0.1, 0.1, 0.1),
+    ('R26+S/32', 'light1', 0.1, 0.0, 0.0), ('Ti/16', 'none', 0.03, 0.0, 0.0),
+    ('B/32', 'light1', 0.1, 0.0, 0.0), ('S/32', 'none', 0.1, 0.0, 0.0),
+    ('R+Ti/16', 'none', 0.03, 0.0, 0.0)])
+def test_augreg_recommended_settings(model, aug, wd, dropout, sd):
+  c = pretrain.get_config(f'model={model},dataset=imagenet21k,augreg=true')
+  layers, magnitude, alpha = recipes.AUG_LEVELS[aug]
+  assert (c.randaug.num_layers, c.randaug.magnitude, c.mixup) == (layers, magnitude, alpha)
+  assert (c.weight_decay, c.model.dropout_rate, c.model.stochastic_depth) == (wd, dropout, sd)
+  assert (c.lr, c.decay_type, c.grad_clip_norm, c.batch_size, c.warmup_steps) == (
+      1e-3, 'cosine', 1.0, 4096, 10_000)
+  assert (c.total_epochs, c.image_size, c.model.representation_size) == (300, 224, None)
+
+
+def test_augreg_overrides_and_imagenet_1k():
+  c = pretrain.get_config('model=B/16,dataset=imagenet21k,augreg=true,epochs=30,aug=strong2,'
+                          'wd=0.03,dropout=0.1,sd=0.1')
+  assert (c.total_epochs, c.mixup, c.weight_decay, c.model.dropout_rate,
+          c.model.stochastic_depth) == (30, 0.8, 0.03, 0.1, 0.1)
+  c = pretrain.get_config('model=S/16,dataset=imagenet2012,augreg=true')
+  assert (c.total_epochs, c.model.representation_size) == (300, 384)
+
+
+# ---------------------------------------------------------------- P Table 4
+
+# dataset -> steps, warmup, default lr, lr grid, eval split, dev splits.
+TABLE_4 = [
+    ('imagenet2012', 20_000, 500, 0.03, (0.003, 0.01, 0.03, 0.06), 'validation',
+     ('train[:99%]', 'train[99%:]')),
+    ('cifar10', 10_000, 500, 0.01, (0.001, 0.003, 0.01, 0.03), 'test',
+     ('train[:98%]', 'train[98%:]')),
+    ('cifar100', 10_000, 500, 0.01, (0.001, 0.003, 0.01, 0.03), 'test',
+     ('train[:98%]', 'train[98%:]')),
+    ('oxford_iiit_pet', 500, 100, 0.003, (0.001, 0.003, 0.01, 0.03), 'test',
+     ('train[:90%]', 'train[90%:]')),
+    ('oxford_flowers102', 500, 100, 0.003, (0.001, 0.003, 0.01, 0.03), 'test',
+     ('train[:90%]', 'train[90%:]')),
+]
+
+
+@pytest.mark.parametrize('dataset, steps, warmup, lr, grid, eval_split, dev', TABLE_4)
+def test_table_4_rows(dataset, steps, warmup, lr, grid, eval_split, dev):
+  c = finetune.get_config(f'model=B/16,dataset={dataset}')
+  assert _flat_keys(c) == _flat_keys(common.base_config())
+  assert (c.optimizer, c.momentum, c.batch_size, c.weight_decay) == ('sgd', 0.9, 512, 0.0)
+  assert (c.grad_clip_norm, c.decay_type, c.image_size) == (1.0, 'cosine', 384)
+  assert (c.total_steps, c.warmup_steps, c.lr) == (steps, warmup, lr)
+  assert recipes.lr_grid(dataset) == grid and lr in grid
+  assert (c.train_split, c.eval_split) == ('train', eval_split)
+  assert (c.model.representation_size, c.model.dropout_rate, c.polyak_decay) == (None, 0.0, 0.0)
+  assert c.real.dataset == ('imagenet2012_real' if dataset == 'imagenet2012' else None)
+  d = finetune.get_config(f'model=B/16,dataset={dataset},dev=true,lr={grid[0]}')
+  assert (d.train_split, d.eval_split, d.lr, d.real.dataset) == dev + (grid[0], None)
+  # The learning-rate schedule at chosen steps.
+  s = _schedule(c, steps)
+  half = warmup + (steps - warmup) / 2
+  for step, value in {0: 0.0, warmup // 2: lr / 2, warmup: lr, half: lr / 2, steps: 0.0}.items():
+    np.testing.assert_allclose(float(s(step)), value, atol=1e-9, err_msg=f'step {step}')
+
+
+def test_imagenet_headline_and_model_dropout():
+  c = finetune.get_config('model=L/16,dataset=imagenet2012,headline=true')
+  assert (c.image_size, c.polyak_decay, c.model.dropout_rate) == (512, 0.9999, 0.1)
+  c = finetune.get_config('model=H/14,dataset=imagenet2012,headline=true')
+  assert (c.image_size, c.polyak_decay, c.model.dropout_rate) == (518, 0.9999, 0.1)
+  assert finetune.get_config('model=R50+B/16,dataset=cifar10').model.dropout_rate == 0.1
+  with pytest.raises(UserError, match='headline=true'):
+    finetune.get_config('model=B/16,dataset=imagenet2012,headline=true')
+  with pytest.raises(UserError, match='headline=true'):
+    finetune.get_config('model=L/16,dataset=cifar10,headline=true')
+
+
+def test_vtab_1k():
+  supported = [task for task, row in recipes.VTAB_TASKS.items() if row]
+  assert len(recipes.VTAB_TASKS) == 19 and len(supported) == 12
+  for task in supported:
+    c = finetune.get_config(f'model=B/16,dataset=vtab/{task}')
+    assert (c.total_steps, c.lr, c.batch_size, c.optimizer) == (2_500, 0.01, 512, 'sgd')
+    assert (c.train_split, c.eval_split) == ('train[:1000]', recipes.VTAB_TASKS[task][1])
+    d = finetune.get_config(f'model=B/16,dataset=vtab/{task},dev=true')
+    assert (d.train_split, d.eval_split) == ('train[:800]', 'train[800:1000]')
+  assert recipes.lr_grid('vtab/dtd') == (0.01,)
+  with pytest.raises(UserError, match='derived from other features'):
+    finetune.get_config('model=B/16,dataset=vtab/clevr_count')
+  with pytest.raises(UserError, match='unknown VTAB task'):
+    finetune.get_config('model=B/16,dataset=vtab/mnist')
+
+
+# ---------------------------------------------------------------- mistakes and the CPU recipes
+
+
+@pytest.mark.parametrize('config, arg, needle', [
+    (pretrain, 'model=S/16,dataset=jft300m', "has no row in the paper's Table 3"),
+    (pretrain, 'model=B/16,dataset=jft300m,epochs=14', "epochs=14 is not one of the paper's"),
+    (pretrain, 'model=B/16,dataset=imagenet21k,aug=light1', 'is an AugReg setting'),
+    (pretrain, 'model=B/16,dataset=imagenet21k,augreg=true,aug=heavy', 'not an AugReg level'),
+    (pretrain, 'model=B/16,dataset=jft300m,augreg=true', 'AugReg pre-trains on'),
+    (pretrain, 'model=B/16,dataset=coco', 'has no pre-training recipe'),
+    (finetune, 'model=B/16,dataset=coco', 'has no fine-tuning recipe'),
+    (finetune, 'model=B/16,dataset=cifar10,steps=x', "steps='x' is not a valid int"),
+])
+def test_bad_recipe_arguments(config, arg, needle):
+  with pytest.raises(UserError, match=needle):
+    config.get_config(arg)
+
+
+def test_mnist5k_recipes():
+  p = pretrain.get_config('model=Mu/4,dataset=mnist5k,steps=200')
+  assert (p.model_name, p.image_size, p.total_steps, p.model.representation_size) == (
+      'ViT-Mu/4', 28, 200, 64)
+  f = finetune.get_config('model=ViT-Mu/4,dataset=mnist5k')
+  assert (f.model_name, f.image_size, f.optimizer, f.model.representation_size) == (
+      'ViT-Mu/4', 36, 'sgd', None)
+  assert _flat_keys(p) == _flat_keys(f) == _flat_keys(common.base_config())

@@ -1,0 +1,224 @@
+"""Starting a run from a pre-trained checkpoint (`config.init`): the paper's transfer rules.
+
+`config.init` names a training workdir (its newest checkpoint), one checkpoint step directory
+(`<workdir>/checkpoints/<step>`) or an .npz file in any layout `load_npz` reads. Every parameter of
+the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; facts sheet sections 3, 5):
+
+  head        the new model's own freshly initialised head (zero kernel) for the new class count
+  pre_logits  dropped, unless the new model has one (config.model.representation_size set): then
+              it is loaded and must have the same width
+  mask_token  dropped (masked patch prediction pre-training only)
+  posemb      resized when the patch grids differ: the cls row (if any) is kept, the grid rows
+              are interpolated in 2-D (`resize_posemb`), non-square grids included
+
+A parameter of the new model missing from the checkpoint, or with another shape, is a UserError
+naming it. The pure pieces (`interpolation_matrix`, `resize_posemb`, `transfer_params`) work on
+numpy arrays; `initialise_state` is what the trainer calls once, at step 0 of a new run.
+
+Interpolation (`method`) samples the old grid at corner-aligned positions: new index i of n_new
+sits at old coordinate i * (n_old - 1) / (n_new - 1), as scipy.ndimage.zoom(order=1) in the
+original code (facts sheet section 5). 'bilinear' is linear in each axis, equal to that zoom;
+'bicubic' is Keys cubic convolution (a = -0.5) at the same positions, edge rows repeated.
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import jax
+import numpy as np
+from etils import epath
+
+from vit_jax import models
+from vit_jax.checkpoint import npz as npz_lib
+from vit_jax.checkpoint import restore
+from vit_jax.errors import UserError
+
+METHODS = ('bilinear', 'bicubic')
+HEAD = 'head/'
+PRE_LOGITS = 'pre_logits/'
+PRETRAIN_ONLY = ('mask_token',)  # parameters that exist only for a pre-training objective
+Grid = Tuple[int, int]
+
+
+# ---------------------------------------------------------------------------------------------
+# Position-embedding resize (pure numpy).
+
+
+def _keys_cubic(s: np.ndarray, a: float = -0.5) -> np.ndarray:
+  s = np.abs(s)
+  near = ((a + 2) * s - (a + 3)) * s * s + 1
+  far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+  return np.where(s <= 1, near, np.where(s < 2, far, 0.0))
+
+
+def interpolation_matrix(n_old: int, n_new: int, method: str = 'bilinear') -> np.ndarray:
+  """[n_new, n_old] float64 weights: resized = W @ values along one axis (corner-aligned)."""
+  if method not in METHODS:
+    raise UserError(f'unknown posemb resize method {method!r}: use --config.init_posemb_resize= '
+                    f'one of {", ".join(METHODS)}')
+  if n_old < 1 or n_new < 1:
+    raise UserError(f'cannot resize a position-embedding grid from {n_old} to {n_new} rows')
+  if n_old == n_new:
+    return np.eye(n_new)
+  pos = np.arange(n_new) * ((n_old - 1) / (n_new - 1)) if n_new > 1 else np.zeros(1)
+  weights = np.zeros((n_new, n_old))
+  rows = np.arange(n_new)
+  if method == 'bilinear' or n_old == 1:
+    left = np.clip(np.floor(pos).astype(int), 0, max(n_old - 2, 0))
+    frac = pos - left
+    np.add.at(weights, (rows, left), 1.0 - frac)
+    np.add.at(weights, (rows, np.minimum(left + 1, n_old - 1)), frac)
+    return weights
+  base = np.floor(pos).astype(int)
+  for k in (-1, 0, 1, 2):
+    idx = base + k
+    np.add.at(weights, (rows, np.clip(idx, 0, n_old - 1)), _keys_cubic(pos - idx))
+  return weights
+
+
+def resize_posemb(posemb: np.ndarray, old_grid: Grid, new_grid: Grid, *, has_cls: bool,
+                  method: str = 'bilinear') -> np.ndarray:
+  """[1, (1+) gh*gw, D] -> [1, (1+) gh'*gw', D]: the cls row kept, the grid interpolated in 2-D.
+
+  Tokens are in row-major grid order (row gh, column gw), as the patch embedding flattens them.
+  """
+  posemb = np.asarray(posemb)
+  tokens, width = posemb.shape[1], posemb.shape[2]
+  (gh, gw), (nh, nw) = tuple(old_grid), tuple(new_grid)
+  if tokens != int(has_cls) + gh * gw:
+    raise UserError(f'the position embedding has {tokens} tokens, not {int(has_cls)} + {gh}x{gw}'
+                    f' for its grid: the checkpoint does not match the model it claims to be')
+  cls, grid = posemb[:, :int(has_cls)], posemb[0, int(has_cls):].reshape(gh, gw, width)
+  rows, cols = interpolation_matrix(gh, nh, method), interpolation_matrix(gw, nw, method)
+  resized = np.einsum('ai,ijd,bj->abd', rows, grid.astype(np.float64), cols)
+  resized = resized.reshape(1, nh * nw, width).astype(posemb.dtype)
+  return np.concatenate([cls, resized], axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which parameters come from the checkpoint (pure).
+
+
+def _describe(keys) -> str:
+  keys = sorted(keys)
+  return ', '.join(keys[:3]) + (f' and {len(keys) - 3} more' if len(keys) > 3 else '')
+
+
+def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has_cls: bool,
+                    old_grid: Optional[Grid], new_grid: Grid,
+                    method: str = 'bilinear') -> Dict[str, np.ndarray]:
+  """The checkpoint values of the new model's parameters, as a flat {'a/b/kernel': array} dict.
+
+  `loaded` and `target` are nested trees (target leaves only need .shape and .dtype). The result
+  has every target key except the head (and except pre_logits when the target has none); the
+  caller keeps its fresh values for those. `old_grid` None means: infer a square grid.
+  """
+  got = npz_lib._flatten(loaded)  # pylint: disable=protected-access
+  want = npz_lib._flatten(target)  # pylint: disable=protected-access
+  fresh = {k for k in want if k.startswith(HEAD)}
+  dropped = {k for k in got if k.startswith(HEAD) or k.split('/')[0] in PRETRAIN_ONLY
+             or (k.startswith(PRE_LOGITS) and not any(w.startswith(PRE_LOGITS) for w in want))}
+  missing = [k for k in want if k not in got and k not in fresh]
+  if missing:
+    hint = ('the new model has a pre_logits layer but the checkpoint has none: unset '
+            '--config.model.representation_size' if any(k.startswith(PRE_LOGITS) for k in missing)
+            else 'start from a checkpoint of the same model (variant, classifier, posemb)')
+    raise UserError(f'--config.init checkpoint lacks {_describe(missing)} of the new model: {hint}')
+  unexpected = [k for k in got if k not in want and k not in dropped]
+  if unexpected:
+    raise UserError(f'--config.init checkpoint has {_describe(unexpected)}, which the new model '
+                    f'lacks: start from a checkpoint of the same model (variant, classifier, '
+                    f'posemb)')
+  out = {}
+  for key, spec in want.items():
+    if key in fresh:
+      continue
+    value = np.asarray(got[key])
+    if key == npz_lib.POSEMB and value.shape != tuple(spec.shape):
+      grid = old_grid or square_grid(value.shape[1] - int(has_cls))
+      value = resize_posemb(value, grid, new_grid, has_cls=has_cls, method=method)
+    if value.shape != tuple(spec.shape):
+      raise UserError(f'--config.init parameter {key} has shape {value.shape} but the new model '
+                      f'needs {tuple(spec.shape)}: start from a checkpoint of the same variant'
+                      + (' and --config.model.representation_size' if
+                         key.startswith(PRE_LOGITS) else ''))
+    out[key] = value.astype(spec.dtype)
+  return out
+
+
+def square_grid(num_patches: int) -> Grid:
+  side = int(round(num_patches ** 0.5))
+  if side * side != num_patches:
+    raise UserError(f'cannot tell the patch grid of a position embedding with {num_patches} '
+                    f'patches (not a square): start from a training checkpoint, whose config '
+                    f'gives the grid')
+  return side, side
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the checkpoint that config.init names.
+
+
+@dataclasses.dataclass
+class Pretrained:
+  params: Dict[str, Any]  # nested numpy tree
+  grid: Optional[Grid]    # the patch grid it was trained at, when known
+  source: str             # what was read, for the log
+
+
+def load_pretrained(init: str) -> Pretrained:
+  """Reads the params of an .npz, a checkpoint step directory or a workdir's newest checkpoint."""
+  if init.endswith('.npz'):
+    return Pretrained(npz_lib.load_npz(init), None, init)
+  path = epath.Path(init)
+  if not path.is_dir():
+    raise UserError(f'--config.init={init} is neither an .npz file nor a directory: pass a '
+                    f'training workdir, a checkpoint step directory or an .npz file')
+  if (path / 'checkpoints').is_dir() or not (path / 'state').is_dir():
+    step_dir = restore.resolve_checkpoint(str(path))
+  else:
+    step_dir = restore.resolve_checkpoint(None, str(path))
+  params, config = restore.load_checkpoint(step_dir)
+  return Pretrained(params, _trained_grid(config), str(step_dir))
+
+
+def _trained_grid(config) -> Optional[Grid]:
+  """The grid the checkpoint's run used (from its stored config), if that config decodes."""
+  try:
+    model = models.create_model(config.model_name, num_classes=1)
+    return models.token_grid(model, int(config.image_size))
+  except (UserError, AttributeError, KeyError, TypeError, ValueError):
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer's one call.
+
+
+def _put(value: np.ndarray, sharding) -> jax.Array:
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def initialise_state(init: str, state, *, model, image_size: int, method: str, tx, shardings):
+  """`state` with its params taken from `init` (see the module rules) and a fresh optimizer state.
+
+  `state` is the freshly initialised TrainState; `shardings` its shardings. The head (and any
+  other parameter the checkpoint does not provide) keeps its fresh value.
+  """
+  pretrained = load_pretrained(init)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
+  values = transfer_params(pretrained.params, abstract, has_cls=model.classifier != 'gap',
+                           old_grid=pretrained.grid, new_grid=models.token_grid(model, image_size),
+                           method=method)
+
+  def pick(path, fresh, sharding):
+    key = '/'.join(str(getattr(p, 'key', p)) for p in path)
+    return _put(values[key], sharding) if key in values else fresh
+
+  params = jax.tree_util.tree_map_with_path(pick, state.params, shardings.params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  return state.replace(params=params, opt_state=opt_state), pretrained.source
+
+
+__all__ = ['METHODS', 'Pretrained', 'initialise_state', 'interpolation_matrix', 'load_pretrained',
+           'resize_posemb', 'square_grid', 'transfer_params']

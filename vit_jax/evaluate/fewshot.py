@@ -1,0 +1,178 @@
+"""Few-shot linear evaluation, as the paper's ablations and scaling figures use it (P §4.1).
+
+The frozen pre-logit features (what the head sees: the pooled token after the encoder norm, and
+after the pre_logits layer if the model has one) of `shots` training images per class are mapped
+to {-1, 1}^K targets by regularised least squares, solved in closed form; test images are
+classified by the largest of the K outputs.
+
+  W, b = fit_ridge(x_train, y_train, K, l2_reg)   argmin |x W + b - T|^2 + l2_reg |W|^2, with
+                                                  T = 2 one_hot(y) - 1 and b not penalised
+  accuracy(x_test, y_test, W, b)
+
+Which training images: the first n of each class in the split's stored order (tfds writes shuffled
+shards), so an n-shot set contains every smaller one and the choice is the same on every run and
+any number of processes. `FewShotEvaluator` reads and caches them once, then each call computes the
+features of those and of the whole eval split with the given params (sharded over the mesh).
+`python -m vit_jax.fewshot` runs it on a checkpoint.
+"""
+
+from typing import Dict, Optional, Sequence
+
+import jax
+import numpy as np
+import tensorflow as tf
+from jax.experimental import multihost_utils
+
+from vit_jax import data as data_lib
+from vit_jax import parallel
+from vit_jax.data import info as info_lib
+from vit_jax.data import pipeline, preprocess
+from vit_jax.errors import UserError
+from vit_jax.parallel import sharding
+
+
+# ---------------------------------------------------------------------------------------------
+# The closed-form solver (pure numpy, float64).
+
+
+def fit_ridge(features: np.ndarray, labels: np.ndarray, num_classes: int, l2_reg: float):
+  """(W [d, K], b [K]) of the regularised least-squares map from features onto {-1, 1} targets."""
+  if l2_reg < 0:
+    raise UserError(f'fewshot.l2_reg={l2_reg} is negative: use a value >= 0, e.g. 1.0')
+  x = np.asarray(features, np.float64)
+  targets = 2.0 * np.eye(num_classes)[np.asarray(labels)] - 1.0
+  x_mean, t_mean = x.mean(axis=0), targets.mean(axis=0)
+  xc, tc = x - x_mean, targets - t_mean
+  n, d = xc.shape
+  if n < d:  # dual form: an n x n system instead of d x d (few shots, wide features)
+    weights = xc.T @ np.linalg.solve(xc @ xc.T + l2_reg * np.eye(n), tc)
+  else:
+    weights = np.linalg.solve(xc.T @ xc + l2_reg * np.eye(d), xc.T @ tc)
+  return weights, t_mean - x_mean @ weights
+
+
+def predict(features: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
+  return np.argmax(np.asarray(features, np.float64) @ weights + bias, axis=1)
+
+
+def first_per_class(labels: np.ndarray, shots: int) -> np.ndarray:
+  """Indices of the first `shots` examples of each class, in order."""
+  labels = np.asarray(labels)
+  return np.sort(np.concatenate(
+      [np.flatnonzero(labels == c)[:shots] for c in np.unique(labels)]).astype(np.int64))
+
+
+def fewshot_accuracies(train_x, train_y, test_x, test_y, *, shots: Sequence[int], num_classes: int,
+                       l2_reg: float) -> Dict[int, float]:
+  """{n: test accuracy of the map fit on the first n training examples of each class}."""
+  out = {}
+  for n in shots:
+    chosen = first_per_class(train_y, n)
+    weights, bias = fit_ridge(train_x[chosen], train_y[chosen], num_classes, l2_reg)
+    out[int(n)] = float(np.mean(predict(test_x, weights, bias) == np.asarray(test_y)))
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Features of a model.
+
+
+def feature_fn(model):
+  """f(params, images) -> the pre-logit features [B, D] (float32) of `model`."""
+  if model.classifier == 'unpooled':
+    raise UserError('few-shot evaluation needs pooled features: use a model with classifier '
+                    'token or gap')
+
+  def features(params, images):
+    _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+    return state['intermediates']['features'][0]
+
+  return features
+
+
+def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int):
+  """(encoded, label) of the first `max_shots` examples of each class of `split`, cached."""
+  records = pipeline.encoded_records(builder, split, ds_info.image_key,
+                                     lambda ex: ex[ds_info.label_key], cache=False)
+
+  def keep(counts, record):
+    label = tf.cast(record[1], tf.int32)
+    take = counts[label] < max_shots
+    counts = tf.tensor_scatter_nd_add(counts, [[label]], [tf.cast(take, tf.int32)])
+    return counts, (record, take)
+
+  def taken(record, take):
+    del record
+    return take
+
+  def record_only(record, take):
+    del take
+    return record
+
+  pool = records.scan(tf.zeros([num_classes], tf.int32), keep).filter(taken).map(record_only)
+  return pool.take(max_shots * num_classes).cache()
+
+
+class FewShotEvaluator:
+  """Few-shot accuracies of a model on one dataset: `evaluator(params) -> {'5shot': acc, ...}`."""
+
+  def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
+               train_split: str, eval_split: str, shots: Sequence[int], l2_reg: float,
+               batch_size: int, pp, cache: bool = True):
+    shots = tuple(int(n) for n in shots)
+    if not shots or min(shots) < 1:
+      raise UserError(f'fewshot.shots={shots} must be positive numbers of examples per class, '
+                      f'e.g. (1, 5, 10, 25)')
+    if l2_reg < 0:
+      raise UserError(f'fewshot.l2_reg={l2_reg} is negative: use a value >= 0, e.g. 1.0')
+    self.shots, self.l2_reg, self.mesh = shots, float(l2_reg), mesh
+    spec = preprocess.eval_spec(pp)
+    builder = info_lib.load_builder(dataset, data_dir)
+    ds_info = info_lib.info_from_builder(builder)
+    self.num_classes = ds_info.num_classes
+    pcount, pindex = jax.process_count(), jax.process_index()
+    local_batch = batch_size // pcount
+
+    pool = _pool_records(builder, ds_info, train_split, max(shots), self.num_classes)
+    labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
+    if not len(labels):
+      raise UserError(f"few-shot split '{train_split}' of '{dataset}' is empty: set "
+                      f'--config.fewshot.train_split')
+    # Contiguous shares, so the gathered features keep the pool's order on any process count.
+    counts = [len(share) for share in np.array_split(np.arange(len(labels)), pcount)]
+    mine = pool.skip(sum(counts[:pindex])).take(counts[pindex])
+    num = -(-max(counts) // local_batch)
+    self._train = pipeline.padded_eval_batches(
+        mine, count=counts[pindex], num_batches=num, batch_size=local_batch, spec=spec,
+        stored_shape=ds_info.image_shape)
+    self._eval, _ = data_lib.eval_iterator(
+        dataset=dataset, split=eval_split, data_dir=data_dir, batch_size=local_batch, pp=pp,
+        process_index=pindex, process_count=pcount, cache=cache)
+    self._features = jax.jit(feature_fn(model),
+                             in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
+                             out_shardings=sharding.batch_sharding(mesh))
+
+  def _features_of(self, params, batches):
+    feats, labels = [], []
+    for batch in batches:
+      batch = parallel.shard_batch(batch, self.mesh)
+      x, y, mask = multihost_utils.process_allgather(
+          (self._features(params, batch['image']), batch['label'], batch['mask']), tiled=True)
+      keep = np.asarray(mask) > 0
+      feats.append(np.asarray(x)[keep])
+      labels.append(np.asarray(y)[keep])
+    return np.concatenate(feats), np.concatenate(labels)
+
+  def features(self, params):
+    """((train features, labels), (eval features, labels)) as host numpy arrays."""
+    return self._features_of(params, self._train), self._features_of(params, self._eval)
+
+  def __call__(self, params) -> Dict[str, float]:
+    (train_x, train_y), (test_x, test_y) = self.features(params)
+    accuracies = fewshot_accuracies(train_x, train_y, test_x, test_y, shots=self.shots,
+                                    num_classes=self.num_classes, l2_reg=self.l2_reg)
+    return {f'{n}shot': acc for n, acc in accuracies.items()}
+
+
+__all__ = ['FewShotEvaluator', 'feature_fn', 'fewshot_accuracies', 'first_per_class', 'fit_ridge',
+           'predict']
