@@ -107,6 +107,7 @@ def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
   config = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01')
   config.warmup_steps, config.log_every, config.eval_every = 1, 1, STEPS
   config.checkpoint_every, config.progress, config.data_dir = 3, False, data_dir
+  config.data_sharding = 'global'  # as the reference run (the same config, or resuming refuses)
   loop.train_and_evaluate(config, str(resumed_one), devices=jax.devices()[:1])
   got = _losses(resumed_one)
   np.testing.assert_allclose([got[s] for s in (4, 5, 6)], [expected[s] for s in (4, 5, 6)],

@@ -5,6 +5,7 @@ fix>` on stderr and exits 2, without a traceback. Internal bugs keep their trace
 """
 
 import difflib
+import importlib.abc
 import importlib.util
 import os
 import re
@@ -126,6 +127,31 @@ def import_tensorflow_quietly() -> None:
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
 
 
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """Makes the first `import tensorflow` (wherever it happens) go through
+  `import_tensorflow_quietly`, so a command that never needs TensorFlow never pays its 2.5 s."""
+
+  def find_spec(self, name, path, target=None):
+    del path, target
+    if name != 'tensorflow':
+      return None
+    sys.meta_path.remove(self)
+    import_tensorflow_quietly()
+    return importlib.util.spec_from_loader(name, self)
+
+  def create_module(self, spec):
+    return sys.modules[spec.name]  # already imported, quietly
+
+  def exec_module(self, module):
+    del module
+
+
+def import_tensorflow_quietly_when_needed() -> None:
+  if 'tensorflow' not in sys.modules and not any(
+      isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _QuietTensorFlowImport())
+
+
 class _NotFromOrbax:
 
   def filter(self, record) -> bool:
@@ -143,7 +169,7 @@ def run_main(fn, *, required_flags=()) -> None:
       # orbax logs a failed background write at ERROR with its traceback, then raises it in the
       # caller, which turns it into one line; the log would only repeat it.
       logging.get_absl_handler().addFilter(_NotFromOrbax())
-    import_tensorflow_quietly()
+    import_tensorflow_quietly_when_needed()
     try:
       return fn(argv)
     except UserError as e:

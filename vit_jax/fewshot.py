@@ -32,7 +32,7 @@ def run(argv) -> int:
   from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import FewShotEvaluator  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   try:
     shots = [int(n) for n in _SHOTS.value]
   except ValueError:
@@ -52,7 +52,7 @@ def run(argv) -> int:
       data_dir=_DATA_DIR.value or config.data_dir, train_split=_TRAIN_SPLIT.value,
       eval_split=_EVAL_SPLIT.value, shots=shots, l2_reg=_L2_REG.value,
       batch_size=_BATCH_SIZE.value, cache=False,
-      pp=loop._eval_pp(config))  # pylint: disable=protected-access
+      pp=program.eval_pp(config))
   for name, accuracy in evaluator(params).items():
     print(f'{dataset} {name[:-len("shot")]}-shot top-1: {accuracy:.4f} '
           f'({evaluator.num_classes} classes, {_EVAL_SPLIT.value})')

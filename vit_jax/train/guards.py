@@ -13,6 +13,7 @@
 import math
 import os
 import signal
+import threading
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import jax
@@ -42,6 +43,8 @@ class Preemption:
     self._multiprocess = jax.process_count() > 1
 
   def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      return self  # Python delivers signals to the main thread only: nothing to listen for
     signals = [signal.SIGINT] if self._multiprocess else [signal.SIGTERM, signal.SIGINT]
     for sig in signals:  # with several processes, JAX's notifier owns SIGTERM
       self._previous[sig] = signal.signal(sig, self._handle)

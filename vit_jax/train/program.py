@@ -130,11 +130,19 @@ def init_fn_and_shapes(model, tx, image_shape, rng):
   return init, jax.eval_shape(init, rng)
 
 
-def _check(config, mesh) -> None:
+def _check_config(config) -> None:
+  """The mistakes a config alone shows, found before devices or data are touched."""
   validate.check_values(config)
+  models.decode_variant(config.model_name)  # an unknown variant: one line, listing the valid ones
   if config.data_sharding not in data_lib.SHARDINGS:
     raise UserError(f'unknown data_sharding {config.data_sharding!r}: use '
                     f'--config.data_sharding=process or global')
+  if config.model.classifier == 'unpooled':
+    raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
+                    'cannot score: train with --config.model.classifier=token or gap')
+
+
+def _check_mesh(config, mesh) -> None:
   steps_lib.check_parallelism(config.parallelism, mesh)
   sharding.check_batch(config.batch_size, mesh)
   sharding.check_batch(config.eval_batch_size, mesh, 'eval_batch_size', 'eval_batch_size')
@@ -143,9 +151,6 @@ def _check(config, mesh) -> None:
     raise UserError(f'the per-device batch {shard_rows} does not split into '
                     f'accum_steps={config.accum_steps} micro-batches: change '
                     '--config.accum_steps or --config.batch_size')
-  if config.model.classifier == 'unpooled':
-    raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
-                    'cannot score: train with --config.model.classifier=token or gap')
 
 
 def _check_tensor_parallel(model, mesh) -> None:
@@ -157,8 +162,9 @@ def _check_tensor_parallel(model, mesh) -> None:
 
 def build_program(config, devices: Optional[list] = None) -> Program:
   """Resolves and compiles (lazily, at first call) everything a config describes."""
+  _check_config(config)
   mesh = parallel.make_mesh(config.mesh, devices)
-  _check(config, mesh)
+  _check_mesh(config, mesh)
   num_classes, num_train, channels = dataset_facts(config)
   num_classes = tasks.num_outputs(config, num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes

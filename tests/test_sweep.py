@@ -1,0 +1,142 @@
+"""Sweeps: expansion, the paper's dev-split choice, tables and plot, and resuming a killed sweep."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vit_jax import sweeps
+from vit_jax.errors import UserError
+from vit_jax.sweeps import report, runner, spec as spec_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write_spec(tmp_path, data_dir, *, select=True, steps=8, grid=None):
+  grid = grid or {'lr': [0.001, 0.01], 'seed': [0, 1]}
+  selection = ("{'dev': {'train_split': 'train[:90%]', 'eval_split': 'train[90%:]'}, "
+               "'final': {}}") if select else 'None'
+  path = tmp_path / 'sweep.py'
+  path.write_text(f'''
+def get_sweep():
+  return {{
+      'config': 'configs/default.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
+      'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
+                    'eval_every': {steps}, 'eval_batch_size': 400}},
+      'grid': {grid!r},
+      'select': {selection},
+  }}
+''')
+  return str(path)
+
+
+def test_spec_expansion_and_errors(tmp_path, data_dir):
+  sweep = spec_lib.load(_write_spec(tmp_path, data_dir))
+  runs = sweep.grid_runs()
+  assert [r.name for r in runs] == ['grid/lr_0.001-seed_0', 'grid/lr_0.001-seed_1',
+                                    'grid/lr_0.01-seed_0', 'grid/lr_0.01-seed_1']
+  overrides = dict(runs[1].overrides)
+  assert overrides['lr'] == 0.001 and overrides['seed'] == 1
+  assert overrides['eval_split'] == 'train[90%:]' and overrides['warmup_steps'] == 1
+  assert runs[0].setting() == runs[1].setting() == (('lr', 0.001),)  # seeds are replicates
+  final = sweep.final_runs([(('lr', 0.01),)])
+  assert [r.name for r in final] == ['final/lr_0.01-seed_0', 'final/lr_0.01-seed_1']
+  assert 'eval_split' not in dict(final[0].overrides)  # the final runs report on the test split
+  assert runner.command(sweep, runs[1], '/w')[3:] == [
+      '--config=configs/default.py:model_name=ViT-Ze/4,steps=8,batch_size=32', '--workdir=/w',
+      '--config.warmup_steps=1', f'--config.data_dir={data_dir}', '--config.progress=False',
+      '--config.eval_every=8', '--config.eval_batch_size=400', '--config.train_split=train[:90%]',
+      '--config.eval_split=train[90%:]', '--config.lr=0.001', '--config.seed=1']
+  bad = tmp_path / 'bad.py'
+  for text, needle in [('x = 1', 'no get_sweep'),
+                       ('def get_sweep():\n  return {"config": "c.py", "grid": {}}',
+                        'non-empty "grid"'),
+                       ('def get_sweep():\n  return {"config": "c.py", "grid": {"lr": [1]}, '
+                        '"x": "wd"}', 'must be one of the grid keys'),
+                       ('def get_sweep():\n  return {"config": "c.py", "grd": {}}',
+                        r'unknown key\(s\) grd')]:
+    bad.write_text(text)
+    with pytest.raises(UserError, match=needle):
+      spec_lib.load(str(bad))
+  with pytest.raises(UserError, match='is not a file'):
+    spec_lib.load(str(tmp_path / 'missing.py'))
+
+
+def test_aggregate_and_best_per_group():
+  def outcome(values, metric):
+    return runner.Outcome(spec_lib.Run('grid', values, values), 'done', metric)
+  outcomes = [outcome((('pool', 'tok'), ('lr', 1), ('seed', s)), m) for s, m in ((0, .5), (1, .7))]
+  outcomes += [outcome((('pool', 'tok'), ('lr', 2), ('seed', 0)), .65)]
+  outcomes += [outcome((('pool', 'gap'), ('lr', 1), ('seed', 0)), .9)]
+  outcomes += [runner.Outcome(spec_lib.Run('grid', (('pool', 'gap'), ('lr', 2)), ()), 'failed')]
+  rows = report.aggregate(outcomes)
+  first = rows[0]
+  assert first.metrics == [.5, .7] and first.mean == pytest.approx(.6)
+  assert first.std == pytest.approx(0.1414213, rel=1e-5)  # sample std over the seeds
+  assert report.best_settings(rows, None) == [(('pool', 'gap'), ('lr', 1))]
+  # Per group: tok's best is lr 2 (0.65 > mean 0.6), gap's is lr 1 (lr 2 failed).
+  assert report.best_settings(rows, 'pool') == [(('pool', 'gap'), ('lr', 1)),
+                                                (('pool', 'tok'), ('lr', 2))]
+
+
+def test_sweep_runs_chooses_on_dev_and_writes_table_and_plot(tmp_path, data_dir):
+  spec = _write_spec(tmp_path, data_dir)
+  workdir = tmp_path / 'sweep'
+  summary = sweeps.run_sweep(spec, str(workdir), launcher='inline', say=lambda m: None)
+  with open(workdir / 'results.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['phase'] for r in rows] == ['grid'] * 4 + ['final'] * 2
+  assert all(r['status'] == 'done' and 0 <= float(r['accuracy']) <= 1 for r in rows)
+  # The best lr is the one with the higher mean dev accuracy over the two seeds ...
+  dev = {}
+  for r in rows[:4]:
+    with open(workdir / r['run'] / 'sweep_result.json') as f:
+      dev.setdefault(float(r['lr']), []).append(json.load(f)['metric'])
+  best_lr = max(dev, key=lambda lr: sum(dev[lr]))
+  assert summary['best'] == [{'lr': best_lr}]
+  # ... evaluated on the 10% dev split (400 images); the final runs on the test split (1,000).
+  counts = {r['run']: json.loads(open(workdir / r['run'] / 'metrics.jsonl').readlines()[-1])[
+      'count'] for r in rows}
+  assert {counts[r['run']] for r in rows[:4]} == {400.0}
+  assert {counts[r['run']] for r in rows[4:]} == {1000.0}
+  assert all(float(r['lr']) == best_lr for r in rows[4:])
+  table = (workdir / 'results.md').read_text()
+  marked = [line for line in table.splitlines() if line.startswith('|') and '**' in line]
+  assert len(marked) == 1 and marked[0].startswith(f'| {best_lr} | **') and 'Final runs' in table
+  with open(workdir / 'accuracy_vs_lr.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  # A rerun finds every run finished and trains nothing.
+  said = []
+  sweeps.run_sweep(spec, str(workdir), launcher='inline', say=said.append)
+  assert len(said) == 6 and all('finished before' in m for m in said)
+
+
+def test_killed_sweep_reruns_only_the_unfinished_runs(tmp_path, data_dir):
+  spec = _write_spec(tmp_path, data_dir, select=False, grid={'lr': [0.001, 0.003, 0.01, 0.03]})
+  workdir = tmp_path / 'sweep'
+  cmd = [sys.executable, '-m', 'vit_jax.sweep', f'--sweep={spec}', f'--workdir={workdir}',
+         '--launcher=inline']
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  results = lambda: sorted(str(p.parent.name) for p in workdir.glob('grid/*/sweep_result.json'))
+  deadline = time.monotonic() + 600
+  while len(results()) < 2:
+    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate()
+  finished = results()
+  assert 2 <= len(finished) < 4
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  for name in finished:
+    assert f'grid/{name}: finished before' in proc.stderr
+  ran = [l for l in proc.stderr.splitlines() if l.endswith(': running')]
+  assert len(ran) == 4 - len(finished)
+  assert len(results()) == 4
+  assert '| lr | accuracy |' in proc.stdout

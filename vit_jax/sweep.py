@@ -1,0 +1,46 @@
+"""Hyperparameter sweeps: `python -m vit_jax.sweep --sweep=experiments/<name>/sweep.py --workdir=DIR`.
+
+Expands the spec's grid of config overrides, runs each run in DIR/grid/<name> (runs finished
+before are skipped, so a killed sweep resumes), picks the best setting (on the dev split when the
+spec asks, as the paper chose its learning rates), reruns it for the final numbers, and writes
+results.csv, results.md, <metric>_vs_<x>.png and best.json to DIR. --dry_run prints the commands.
+"""
+
+import sys
+
+from absl import flags
+
+from vit_jax import cli
+
+_SWEEP = flags.DEFINE_string('sweep', None, 'Sweep spec file (a get_sweep() function).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep (one sub-workdir per run).')
+_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the commands of the runs left to do.')
+_LAUNCHER = flags.DEFINE_enum('launcher', 'process', ['process', 'inline'],
+                              'process: each run in its own python; inline: in this process.')
+_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once (launcher=process).')
+
+
+def run(argv) -> int:
+  del argv
+  from vit_jax import sweeps  # pylint: disable=g-import-not-at-top
+  if not _WORKDIR.value:
+    raise cli.UserError('missing --workdir: pass --workdir=DIR for the sweep')
+  say = lambda message: print(message, file=sys.stderr, flush=True)
+  summary = sweeps.run_sweep(_SWEEP.value, _WORKDIR.value, launcher=_LAUNCHER.value,
+                             parallel=_PARALLEL.value, dry_run=_DRY_RUN.value, say=say)
+  if _DRY_RUN.value:
+    return 0
+  print(summary['table'], end='')
+  print(f'plot: {summary["plot"]}')
+  if summary['failed']:
+    raise cli.UserError(f'{len(summary["failed"])} run(s) failed: {", ".join(summary["failed"])};'
+                        f' see their log.txt, fix, and rerun the same command to retry them')
+  return 0
+
+
+def main():
+  cli.run_main(run, required_flags=('sweep',))
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,139 @@
+"""A sweep spec: a Python file whose `get_sweep()` returns a dict, expanded into runs.
+
+  def get_sweep():
+    return {
+        'config': 'configs/default.py:model_name=ViT-Mu/4,steps=800',  # the --config value
+        'overrides': {'warmup_steps': 50},          # fixed --config.* values for every run
+        'grid': {'lr': [1e-3, 3e-3], 'seed': [0, 1, 2]},   # every combination is one run
+        'metric': 'accuracy',                        # of the last 'eval' record (higher = better)
+        'x': 'lr',                                   # plot axis (default: the first grid key)
+        'group': 'model.classifier',                 # optional: one curve and one best per value
+        'select': {                                  # optional: the paper's lr choice on dev
+            'dev': {'train_split': 'train[:90%]', 'eval_split': 'train[90%:]'},
+            'final': {},                             # the best setting, rerun with these values
+        },
+    }
+
+Keys are config keys (dotted for nested ones). 'seed' is special: runs that differ only in the
+seed are replicates, averaged (mean and std) in the tables and for the choice of the best.
+Without 'select', every grid run is a final run and the best setting is reported as well.
+"""
+
+import dataclasses
+import importlib.util
+import itertools
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from vit_jax.errors import UserError
+
+SEED = 'seed'
+KEYS = {'config', 'overrides', 'grid', 'metric', 'x', 'group', 'select'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run: its phase ('grid' or 'final'), its varying values and all overrides."""
+  phase: str
+  values: Tuple[Tuple[str, Any], ...]     # the swept keys of this run, in grid order
+  overrides: Tuple[Tuple[str, Any], ...]  # every --config.KEY=VALUE of this run
+
+  @property
+  def name(self) -> str:
+    parts = [f'{k.split(".")[-1]}_{_text(v)}' for k, v in self.values]
+    return f'{self.phase}/' + ('-'.join(parts) or 'base')
+
+  def value(self, key: str):
+    return dict(self.values).get(key)
+
+  def setting(self) -> Tuple[Tuple[str, Any], ...]:
+    """The values without the seed: runs with the same setting are replicates."""
+    return tuple((k, v) for k, v in self.values if k != SEED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  path: str
+  config: str
+  overrides: Dict[str, Any]
+  grid: Dict[str, List[Any]]
+  metric: str
+  x: str
+  group: Optional[str]
+  select: Optional[Dict[str, Dict[str, Any]]]
+
+  def grid_runs(self) -> List[Run]:
+    phase_values = (self.select or {}).get('dev', {})
+    keys = list(self.grid)
+    runs = []
+    for combo in itertools.product(*(self.grid[k] for k in keys)):
+      values = tuple(zip(keys, combo))
+      runs.append(Run('grid', values, _merge(self.overrides, phase_values, values)))
+    return runs
+
+  def final_runs(self, best_settings: List[Tuple[Tuple[str, Any], ...]]) -> List[Run]:
+    """The best setting(s) rerun with the 'final' values, once per seed of the grid."""
+    seeds = self.grid.get(SEED, [None])
+    final = (self.select or {}).get('final', {})
+    runs = []
+    for setting in best_settings:
+      for seed in seeds:
+        values = setting + (((SEED, seed),) if seed is not None else ())
+        runs.append(Run('final', values, _merge(self.overrides, final, values)))
+    return runs
+
+
+def _merge(*parts) -> Tuple[Tuple[str, Any], ...]:
+  out = {}
+  for part in parts:
+    out.update(dict(part))
+  return tuple(out.items())
+
+
+def _text(value) -> str:
+  text = str(value).replace('/', '_').replace(' ', '')
+  return text if len(text) < 40 else text[:40]
+
+
+def load(path: str) -> Sweep:
+  """Reads and checks a sweep spec file."""
+  if not path or not os.path.isfile(path):
+    raise UserError(f'--sweep={path} is not a file: pass a sweep spec such as '
+                    f'experiments/posemb/sweep.py')
+  module_spec = importlib.util.spec_from_file_location('_sweep_spec', path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except  # a user's file: report, don't crash
+    raise UserError(f'cannot load the sweep spec {path} ({type(e).__name__}: {e})') from None
+  if not hasattr(module, 'get_sweep'):
+    raise UserError(f'{path} has no get_sweep() function returning the sweep dict')
+  raw = module.get_sweep()
+  if not isinstance(raw, dict):
+    raise UserError(f'get_sweep() in {path} returned {type(raw).__name__}, not a dict')
+  unknown = sorted(set(raw) - KEYS)
+  if unknown:
+    raise UserError(f'unknown key(s) {", ".join(unknown)} in the sweep spec {path}: valid are '
+                    f'{", ".join(sorted(KEYS))}')
+  grid = raw.get('grid') or {}
+  if not raw.get('config') or not grid:
+    raise UserError(f'the sweep spec {path} needs a "config" (the --config value) and a '
+                    f'non-empty "grid" of config keys to lists of values')
+  for key, values in grid.items():
+    if not isinstance(values, (list, tuple)) or not values:
+      raise UserError(f'grid key {key!r} in {path} needs a non-empty list of values')
+  select = raw.get('select')
+  if select is not None and (not isinstance(select, dict) or set(select) - {'dev', 'final'}):
+    raise UserError(f'"select" in {path} takes {{"dev": {{...}}, "final": {{...}}}}: the config '
+                    f'values of the runs that choose and of the runs that report')
+  x = raw.get('x') or next((k for k in grid if k != SEED), next(iter(grid)))
+  group = raw.get('group')
+  for key in [x] + ([group] if group else []):
+    if key not in grid:
+      raise UserError(f'"{key}" in {path} must be one of the grid keys: {", ".join(grid)}')
+  return Sweep(path=path, config=raw['config'], overrides=dict(raw.get('overrides') or {}),
+               grid={k: list(v) for k, v in grid.items()}, metric=raw.get('metric', 'accuracy'),
+               x=x, group=group, select=select)
+
+
+__all__ = ['Run', 'Sweep', 'load', 'SEED']
