@@ -82,6 +82,10 @@ CASES = [
          ['cannot write a checkpoint', 'No space left on device',
           'resume from the checkpoint of step 2'],
          last_line_only=True, env=lambda r: {'FULL_DISK_FROM_STEP': '4'}),
+    Case('missing init checkpoint', _main('--config.init={tmp}/no_such_run'),
+         ['no_such_run']),
+    Case('init from a checkpoint of another model',
+         _main('--config.model_name=ViT-Mu/4', '--config.init={ze_npz}'), ['ze.npz']),
     # Image folders.
     Case('image folder empty', _main('--config.dataset=folder:{empty_folder}'), ['empty_folder']),
     Case('image folder with one class', _main('--config.dataset=folder:{one_class_folder}'),
@@ -109,6 +113,11 @@ CASES = [
     Case('analyze: workdir without checkpoints',
          _cli('vit_jax.analyze', '--workdir={workdir}', '--out={tmp}/figures'),
          ['no checkpoints in']),
+    Case('sweep: spec file missing', _cli('vit_jax.sweep', '--sweep={tmp}/none.py',
+                                          '--workdir={workdir}'), ['none.py is not a file']),
+    Case('sweep: spec with an unknown key', _cli('vit_jax.sweep', '--sweep={bad_sweep}',
+                                                 '--workdir={workdir}', '--dry_run'),
+         ['unknown key(s) grd']),
     Case('launch: no command', _cli('vit_jax.launch', '--tpu=t', '--zone=z', '--dry_run'),
          ['no command to run']),
 ]
@@ -152,7 +161,9 @@ def resources(tmp_path_factory, data_dir):
   npz.save_npz(str(ze), params)
   truncated = base / 'truncated.npz'
   truncated.write_bytes(ze.read_bytes()[:ze.stat().st_size // 2])
-  return dict(data_dir=data_dir, tmp=str(base), empty_folder=str(empty),
+  bad_sweep = base / 'bad_sweep.py'
+  bad_sweep.write_text('def get_sweep():\n  return {"config": "configs/default.py", "grd": {}}\n')
+  return dict(data_dir=data_dir, tmp=str(base), bad_sweep=str(bad_sweep), empty_folder=str(empty),
               one_class_folder=str(one.parent), corrupt_folder=str(corrupt), image=str(image),
               text_file=str(text), ze_npz=str(ze), truncated_npz=str(truncated))
 

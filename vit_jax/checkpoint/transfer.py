@@ -105,13 +105,14 @@ def _describe(keys) -> str:
 
 
 def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has_cls: bool,
-                    old_grid: Optional[Grid], new_grid: Grid,
-                    method: str = 'bilinear') -> Dict[str, np.ndarray]:
+                    old_grid: Optional[Grid], new_grid: Grid, method: str = 'bilinear',
+                    what: str = '--config.init checkpoint') -> Dict[str, np.ndarray]:
   """The checkpoint values of the new model's parameters, as a flat {'a/b/kernel': array} dict.
 
   `loaded` and `target` are nested trees (target leaves only need .shape and .dtype). The result
   has every target key except the head (and except pre_logits when the target has none); the
-  caller keeps its fresh values for those. `old_grid` None means: infer a square grid.
+  caller keeps its fresh values for those. `old_grid` None means: infer a square grid. `what`
+  names the checkpoint in errors.
   """
   got = npz_lib._flatten(loaded)  # pylint: disable=protected-access
   want = npz_lib._flatten(target)  # pylint: disable=protected-access
@@ -123,10 +124,10 @@ def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has
     hint = ('the new model has a pre_logits layer but the checkpoint has none: unset '
             '--config.model.representation_size' if any(k.startswith(PRE_LOGITS) for k in missing)
             else 'start from a checkpoint of the same model (variant, classifier, posemb)')
-    raise UserError(f'--config.init checkpoint lacks {_describe(missing)} of the new model: {hint}')
+    raise UserError(f'{what} lacks {_describe(missing)} of the new model: {hint}')
   unexpected = [k for k in got if k not in want and k not in dropped]
   if unexpected:
-    raise UserError(f'--config.init checkpoint has {_describe(unexpected)}, which the new model '
+    raise UserError(f'{what} has {_describe(unexpected)}, which the new model '
                     f'lacks: start from a checkpoint of the same model (variant, classifier, '
                     f'posemb)')
   out = {}
@@ -209,7 +210,7 @@ def initialise_state(init: str, state, *, model, image_size: int, method: str, t
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
   values = transfer_params(pretrained.params, abstract, has_cls=model.classifier != 'gap',
                            old_grid=pretrained.grid, new_grid=models.token_grid(model, image_size),
-                           method=method)
+                           method=method, what=f'--config.init={init}')
 
   def pick(path, fresh, sharding):
     key = '/'.join(str(getattr(p, 'key', p)) for p in path)
