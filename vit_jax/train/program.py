@@ -103,16 +103,16 @@ def eval_pp(config) -> dict:
               resize=config.pp.resize or config.image_size, channels=config.pp.channels)
 
 
-def dataset_facts(config):
+def dataset_facts(config, require_dataset: bool = True):
   """(num_classes, train examples, input channels) of the configured dataset.
 
-  In compile-only mode a dataset that is not prepared here is fine when `num_classes` is set
-  (channels from `pp.channels`, else 3; the train split counts as 0 examples).
+  Without `require_dataset` (compile-only, benchmarks) a dataset that is not prepared here is
+  fine when `num_classes` is set (channels from `pp.channels`, else 3; 0 train examples).
   """
   try:
     info = data_lib.get_info(config.dataset, config.data_dir)
   except UserError:
-    if not (config.compile_only and config.num_classes):
+    if require_dataset or not config.num_classes:
       raise
     return config.num_classes, 0, config.pp.channels or 3
   return (config.num_classes or info.num_classes, info.num_examples(config.train_split),
@@ -160,12 +160,18 @@ def _check_tensor_parallel(model, mesh) -> None:
                     f'MLP width {model.mlp_dim} of this model: use a mesh.model that divides both')
 
 
-def build_program(config, devices: Optional[list] = None) -> Program:
-  """Resolves and compiles (lazily, at first call) everything a config describes."""
+def build_program(config, devices: Optional[list] = None, *,
+                  require_dataset: Optional[bool] = None) -> Program:
+  """Resolves and compiles (lazily, at first call) everything a config describes.
+
+  `require_dataset` (default: not in compile-only mode) says whether the dataset must exist.
+  """
   _check_config(config)
   mesh = parallel.make_mesh(config.mesh, devices)
   _check_mesh(config, mesh)
-  num_classes, num_train, channels = dataset_facts(config)
+  if require_dataset is None:
+    require_dataset = not config.compile_only
+  num_classes, num_train, channels = dataset_facts(config, require_dataset)
   num_classes = tasks.num_outputs(config, num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes
   # the learning-rate schedule, which does not change the compiled program.

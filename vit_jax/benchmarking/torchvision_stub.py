@@ -25,7 +25,7 @@ _INTERPOLATION = enum.Enum('InterpolationMode', {
 
 def _unavailable(qualname: str) -> type:
   def fail(*args, **kwargs):
-    raise RuntimeError(f'{qualname} is a stand-in (tests/interop/torchvision_stub.py): this code '
+    raise RuntimeError(f'{qualname} is a stand-in (vit_jax/benchmarking/torchvision_stub.py): this code '
                        'path needs the real torchvision')
   return type(qualname.rsplit('.', 1)[-1], (), {'__init__': fail, '__call__': fail})
 

@@ -1,0 +1,45 @@
+"""The benchmark in a tiny smoke configuration: every field present and sane (no timed assertion)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import default
+from vit_jax.benchmarking import compare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_peak_flops',
+          'utilization', 'peak_bytes')
+
+
+@pytest.mark.parametrize('mode', ['train', 'infer'])
+def test_train_and_infer_report_every_field(mode):
+  result = compare.run_benchmark(default.get_config(), model='ViT-Ze/4', batch_size=8,
+                                 image_size=28, mode=mode, dtype='float32', steps=3)
+  for field in FIELDS:
+    assert result[field] > 0, field
+  assert len(result['step_s_all']) == 3
+  assert result['img_per_s'] == pytest.approx(8 / sorted(result['step_s_all'])[1])
+  assert result['utilization'] == pytest.approx(result['achieved_flops'] /
+                                                result['matmul_peak_flops'])
+  # Forward FLOPs of ViT-Ze/4 at 28 px: patch embedding and 2 blocks, about 2.7 MFLOP per image;
+  # a train step (forward + backward + Adam) costs about three times that.
+  per_image = result['flops_per_img']
+  assert (2e6 < per_image < 4e6) if mode == 'infer' else (6e6 < per_image < 12e6), per_image
+
+
+def test_input_pipeline_and_cli_json(tmp_path, data_dir):
+  result = compare.run_benchmark(default.get_config(), model='ViT-Ze/4', batch_size=16,
+                                 image_size=28, mode='input', dtype='float32', steps=5,
+                                 input_data='mnist5k', data_dir=data_dir)
+  assert result['img_per_s'] > 0 and result['input_data'] == 'mnist5k'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmark', '--model=ViT-Ze/4', '--image_size=28',
+       '--batch_size=8', '--steps=2', '--mode=infer', '--json'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads(proc.stdout)
+  assert all(result[f] > 0 for f in FIELDS)

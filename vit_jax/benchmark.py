@@ -1,0 +1,61 @@
+"""Benchmark: `python -m vit_jax.benchmark --model=ViT-B/16 --batch_size=8 --image_size=224 --mode=train`.
+
+Modes: train (the trainer's jitted train step: forward, backward, Adam), infer (the forward pass),
+input (the train input pipeline with the config's train preprocessing, on synthetic JPEGs of
+--input_size px or on mnist5k). Reported after warm-up: img/s (median of --steps device-synchronised
+steps), compile_s (start to first result), flops_per_img (XLA cost analysis), achieved_flops,
+matmul_peak_flops (a 2048^3 fp32 matmul timed in the same run), utilization (achieved / peak),
+peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_peak_bytes.
+--compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
+alternately with ours and prints the ratio (needs `make test-interop`). --json: one JSON object.
+The base config is --config (default configs/default.py), as for vit_jax.main.
+"""
+
+import json
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from vit_jax import cli
+
+_CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Base config file.')
+_MODEL = flags.DEFINE_string('model', 'ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.')
+_BATCH = flags.DEFINE_integer('batch_size', 8, 'Batch size.')
+_IMAGE = flags.DEFINE_integer('image_size', 224, 'Input resolution (pixels).')
+_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'infer', 'input'], 'What to time.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps (median reported).')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'With --compare: alternations of ours and theirs.')
+_COMPARE = flags.DEFINE_enum('compare', None, ['timm'], 'Also time the same model in timm.')
+_INPUT = flags.DEFINE_string('input_data', 'synthetic', "--mode=input: 'synthetic' (JPEGs made "
+                             "once in --data_dir) or a prepared dataset name (e.g. mnist5k).")
+_INPUT_SIZE = flags.DEFINE_integer('input_size', 400, 'Side of the synthetic JPEGs (pixels).')
+_DATA_DIR = flags.DEFINE_string('data_dir', '/tmp/vit_jax_benchmark_data',
+                                'Where --mode=input finds or makes its data.')
+_JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of text.')
+
+
+def run(argv) -> int:
+  del argv
+  from vit_jax.benchmarking import compare  # pylint: disable=g-import-not-at-top
+  if _STEPS.value < 1 or _BATCH.value < 1:
+    raise cli.UserError('--steps and --batch_size must be at least 1')
+  result = compare.run_benchmark(
+      _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
+      mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,
+      compare_with=_COMPARE.value, input_data=_INPUT.value, input_size=_INPUT_SIZE.value,
+      data_dir=_DATA_DIR.value)
+  if _JSON.value:
+    print(json.dumps(result, indent=1))
+  else:
+    print(compare.format_result(result))
+  return 0
+
+
+def main():
+  cli.run_main(run)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: this project against the machine's matmul rate and against timm (ours.py, timm_side.py)."""

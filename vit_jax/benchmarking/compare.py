@@ -1,0 +1,108 @@
+"""One benchmark run: our measurement, the matmul peak, and optionally timm timed alternately.
+
+Alternation: `rounds` times, our step is timed `steps` times and then timm's; each side's img/s is
+its median step time over all its timed steps, so slow phases of the machine hit both sides.
+"""
+
+import os
+import statistics
+import time
+from typing import Optional
+
+import numpy as np
+
+from vit_jax.benchmarking import ours
+
+GIB = 2 ** 30
+
+
+def synthetic_jpeg_folder(root: str, size: int, count: int = 256, classes: int = 8) -> str:
+  """A folder of `count` smooth random JPEGs of about size x 3/4 size (made once)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(root, f'synthetic_jpeg_{size}')
+  done = os.path.join(folder, '.complete')
+  if os.path.exists(done):
+    return folder
+  rng = np.random.default_rng(0)
+  height = size * 3 // 4
+  for i in range(count):
+    coarse = rng.uniform(0, 255, (height // 16 + 1, size // 16 + 1, 3)).astype(np.uint8)
+    image = Image.fromarray(coarse).resize((size, height), Image.BICUBIC)
+    noise = rng.normal(0, 12, (height, size, 3))
+    pixels = np.clip(np.asarray(image, np.float32) + noise, 0, 255).astype(np.uint8)
+    directory = os.path.join(folder, f'class{i % classes}')
+    os.makedirs(directory, exist_ok=True)
+    Image.fromarray(pixels).save(os.path.join(directory, f'{i:04d}.jpg'), quality=90)
+  open(done, 'w').close()
+  return folder
+
+
+def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode: str,
+                  dtype: str, steps: int, rounds: int = 3, compare_with: Optional[str] = None,
+                  input_data: str = 'synthetic', input_size: int = 400,
+                  data_dir: str = '/tmp/vit_jax_benchmark_data') -> dict:
+  ours.set_benchmark_values(config, model, batch_size, image_size, dtype)
+  result = {'model': model, 'mode': mode, 'batch_size': batch_size, 'image_size': image_size,
+            'dtype': dtype, 'steps': steps}
+  if mode == 'input':
+    dataset = input_data
+    if input_data == 'synthetic':
+      dataset = 'folder:' + synthetic_jpeg_folder(data_dir, input_size)
+    result['input_data'] = dataset
+    result.update(ours.input_pipeline(config, data_dir, dataset, batches=steps))
+    result.update({'matmul_peak_flops': 0.0, 'utilization': 0.0})
+    return result
+
+  peak = ours.matmul_peak_flops()
+  prepared = ours.prepare_train(config) if mode == 'train' else ours.prepare_infer(config)
+  if compare_with is None:
+    result.update(prepared.measure(steps))
+  else:
+    result.update(_alternate(config, prepared, mode, steps, rounds))
+  result['matmul_peak_flops'] = peak
+  result['utilization'] = result['achieved_flops'] / peak
+  return result
+
+
+def _alternate(config, prepared, mode: str, steps: int, rounds: int) -> dict:
+  from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top
+  train_step, infer_step = timm_side.steps(config.model_name, config.batch_size,
+                                           config.image_size, config.model.dtype)
+  theirs_step = train_step if mode == 'train' else infer_step
+  start = time.perf_counter()
+  theirs_step()
+  theirs_first = time.perf_counter() - start
+  out, ours_times, theirs_times = None, [], []
+  for _ in range(rounds):
+    measured = prepared.measure(steps)
+    out = out or measured
+    ours_times += measured['step_s_all']
+    theirs_times += ours.time_calls(theirs_step, steps, warmup=1).seconds
+  b = config.batch_size
+  step_s = statistics.median(ours_times)
+  out = dict(out, img_per_s=b / step_s, step_s=step_s, step_s_all=ours_times,
+             achieved_flops=prepared.flops_per_step / step_s,
+             timm_img_per_s=b / statistics.median(theirs_times), timm_first_step_s=theirs_first,
+             timm_step_s_all=theirs_times)
+  out['ratio_vs_timm'] = out['img_per_s'] / out['timm_img_per_s']
+  return out
+
+
+def format_result(r: dict) -> str:
+  lines = [f'{r["model"]} {r["mode"]} batch {r["batch_size"]} at {r["image_size"]} px, '
+           f'{r["dtype"]}:',
+           f'  {r["img_per_s"]:.1f} img/s (median of {len(r.get("step_s_all", [])) or r["steps"]}'
+           f' steps), first result after {r["compile_s"]:.1f} s']
+  if r['mode'] != 'input':
+    lines += [f'  {r["flops_per_img"] / 1e9:.2f} GFLOP/img, {r["achieved_flops"] / 1e9:.1f} '
+              f'GFLOP/s achieved = {100 * r["utilization"]:.0f}% of the measured matmul rate '
+              f'({r["matmul_peak_flops"] / 1e9:.1f} GFLOP/s)',
+              f'  compiled step peak {r["peak_bytes"] / GIB:.2f} GiB; process peak RSS '
+              f'{r["rss_peak_bytes"] / GIB:.2f} GiB']
+  if 'timm_img_per_s' in r:
+    lines.append(f'  timm: {r["timm_img_per_s"]:.1f} img/s; ours / timm = '
+                 f'{r["ratio_vs_timm"]:.2f}')
+  return '\n'.join(lines)
+
+
+__all__ = ['run_benchmark', 'format_result', 'synthetic_jpeg_folder']

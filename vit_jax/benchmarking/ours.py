@@ -1,0 +1,170 @@
+"""Measuring this project's train step, forward pass and input pipeline, and the machine's matmul rate.
+
+Every timing is device-synchronised (`block_until_ready`) and reported as the median of the timed
+repetitions, after warm-up. FLOPs come from XLA's cost analysis of the compiled program.
+"""
+
+import dataclasses
+import resource
+import statistics
+import time
+from typing import Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MATMUL_SIZE = 2048
+
+
+@dataclasses.dataclass
+class Timing:
+  seconds: List[float]           # per timed repetition
+
+  @property
+  def median(self) -> float:
+    return statistics.median(self.seconds)
+
+
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Timing:
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  out = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    out.append(time.perf_counter() - start)
+  return Timing(out)
+
+
+def matmul_peak_flops(repeats: int = 10, size: int = MATMUL_SIZE) -> float:
+  """FLOP/s of a large fp32 matrix multiply on the default device (the machine's matmul rate)."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  timing = time_calls(lambda: f(a, b), repeats, warmup=2)
+  return 2.0 * size ** 3 / timing.median
+
+
+def rss_bytes() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _flops(compiled) -> float:
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return float(cost.get('flops', 0.0))
+
+
+def _peak(compiled) -> int:
+  m = compiled.memory_analysis()
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
+             m.temp_size_in_bytes)
+
+
+def set_benchmark_values(config, model_name: str, batch_size: int, image_size: int, dtype: str,
+                         num_classes: int = 1000) -> None:
+  """Turns a trainer config into a synthetic-data benchmark of `model_name` (no dataset read)."""
+  with config.unlocked():
+    config.model_name, config.num_classes, config.image_size = model_name, num_classes, image_size
+    config.dataset, config.data_dir = 'synthetic', '/nonexistent'
+    config.pp.channels, config.batch_size, config.eval_batch_size = 3, batch_size, batch_size
+    config.total_steps, config.total_epochs, config.warmup_steps = 1000, None, 10
+    config.model.dtype = dtype
+    config.mesh.data, config.mesh.fsdp, config.mesh.model = 1, 1, 1
+    config.accum_steps = 1
+
+
+def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> Dict[str, np.ndarray]:
+  rng = np.random.default_rng(0)
+  return {'image': rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype(np.float32),
+          'label': rng.integers(0, num_classes, batch_size).astype(np.int32)}
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A compiled step ready to be timed."""
+  step: Callable[[], object]
+  batch_size: int
+  flops_per_step: float
+  peak_bytes: int
+  compile_s: float
+
+  def measure(self, steps: int) -> dict:
+    timing = time_calls(self.step, steps, warmup=1)
+    return {
+        'img_per_s': self.batch_size / timing.median,
+        'step_s': timing.median,
+        'step_s_all': timing.seconds,
+        'compile_s': self.compile_s,
+        'flops_per_img': self.flops_per_step / self.batch_size,
+        'achieved_flops': self.flops_per_step / timing.median,
+        'peak_bytes': self.peak_bytes,
+        'rss_peak_bytes': rss_bytes(),
+    }
+
+
+def prepare_train(config, devices: Optional[list] = None) -> Prepared:
+  """The trainer's own jitted train step (the Program) on one synthetic batch, compiled and run
+  once (compile_s: from the start to that first result)."""
+  from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  prog = program_lib.build_program(config, devices or jax.devices()[:1], require_dataset=False)
+  state = prog.init_state()
+  batch = sharding.shard_batch(_synthetic_batch(config.batch_size, config.image_size,
+                                                prog.num_classes), prog.mesh)
+  compiled = prog.train_fn.lower(state, batch, prog.dropout_rng).compile()
+  holder = {'state': state}
+
+  def step():
+    holder['state'], metrics = compiled(holder['state'], batch, prog.dropout_rng)
+    return metrics
+
+  jax.block_until_ready(step())
+  return Prepared(step, config.batch_size, _flops(compiled), _peak(compiled),
+                  time.perf_counter() - start)
+
+
+def prepare_infer(config) -> Prepared:
+  """The forward pass (train=False) of the same model on one synthetic batch."""
+  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  model = program_lib.build_model(config, config.num_classes)
+  images = jnp.asarray(_synthetic_batch(config.batch_size, config.image_size,
+                                        config.num_classes)['image'])
+  params = jax.jit(lambda r: model.init(r, images[:1], train=False)['params'])(
+      jax.random.PRNGKey(0))
+  forward = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+  compiled = forward.lower(params, images).compile()
+  step = lambda: compiled(params, images)
+  jax.block_until_ready(step())
+  return Prepared(step, config.batch_size, _flops(compiled), _peak(compiled),
+                  time.perf_counter() - start)
+
+
+def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
+  """img/s of the trainer's train input pipeline (the config's train preprocessing) on `dataset`."""
+  from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  it = data_lib.train_iterator(
+      dataset=dataset, split='train', data_dir=data_dir, batch_size=config.batch_size,
+      pp=program_lib.train_pp(config), seed=0, shuffle_buffer=config.shuffle_buffer,
+      cache=True, prefetch=config.prefetch)
+  next(it)
+  first_s = time.perf_counter() - start
+  for _ in range(3):  # fill caches and autotuned buffers
+    next(it)
+  t0 = time.perf_counter()
+  for _ in range(batches):
+    next(it)
+  seconds = time.perf_counter() - t0
+  return {'img_per_s': batches * config.batch_size / seconds, 'compile_s': first_s,
+          'step_s': seconds / batches, 'flops_per_img': 0.0, 'achieved_flops': 0.0,
+          'peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
+
+
+__all__ = ['matmul_peak_flops', 'set_benchmark_values', 'prepare_train', 'prepare_infer',
+           'input_pipeline', 'time_calls', 'Timing', 'Prepared']
