@@ -503,3 +503,25 @@ def test_pipelines_on_variable_size_rgb_dataset(data_dir):
   assert num_batches == len(got) == 3
   assert got[0]['image'].shape == (4, 16, 16, 1)
   assert sum(b['mask'].sum() for b in got) == 10
+
+
+def test_digits_is_sklearn_digits_with_the_documented_split(data_dir):
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
+  info = data.get_info('digits', data_dir)
+  assert (info.num_classes, info.image_shape) == (10, (8, 8, 1))
+  assert info.split_sizes == {'train': 1438, 'test': 359}
+  source = load_digits()
+  builder = digits.Digits(data_dir=data_dir)
+  for split, first_share in (('train', True), ('test', False)):
+    examples = list(tfds.as_numpy(builder.as_dataset(split=split)))
+    labels = np.array([e['label'] for e in examples])
+    # Every example equals a scikit-learn image of its label, scaled from 0..16 to 0..255.
+    scaled = np.round(source.images * 255 / 16).astype(np.uint8)
+    for e in examples[:50]:
+      same = np.all(scaled == e['image'][..., 0], axis=(1, 2)) & (source.target == e['label'])
+      assert same.any()
+    counts = np.bincount(labels, minlength=10)
+    expected = [int(round(0.8 * n)) if first_share else n - int(round(0.8 * n))
+                for n in np.bincount(source.target)]
+    assert counts.tolist() == expected

@@ -1,9 +1,10 @@
 """Finding a prepared tfds dataset: `get_info(dataset, data_dir)` and the builder behind it.
 
-Any dataset registered with tensorflow-datasets can be named (plus `mnist5k`, registered by
-`vit_jax.data`). Datasets must already be prepared in `data_dir` (a local or gs:// path): this
-module never downloads. Two datasets are built offline on first use instead: `mnist5k`, and
-'folder:PATH', a folder of class sub-folders of your own images (`vit_jax.data.folder`).
+Any dataset registered with tensorflow-datasets can be named. Datasets must already be prepared
+in `data_dir` (a local or gs:// path): this module never downloads. Built offline on first use
+instead: the embedded datasets `mnist5k` and `digits` (`EMBEDDED`, data carried by installed
+packages), and 'folder:PATH', a folder of class sub-folders of your own images
+(`vit_jax.data.folder`).
 """
 
 import dataclasses
@@ -13,11 +14,15 @@ from typing import Optional
 import tensorflow_datasets as tfds
 
 from vit_jax.data import folder
+from vit_jax.data import digits
+from vit_jax.data import embedded
 from vit_jax.data import mnist5k
 from vit_jax.errors import UserError
 
 # Dataset names listed as examples in the "unknown dataset" message.
-_EXAMPLE_NAMES = ('mnist5k', 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet')
+# Built offline from installed packages on first use (vit_jax/data/embedded.py).
+EMBEDDED = {mnist5k.NAME: mnist5k, digits.NAME: digits}
+_EXAMPLE_NAMES = ('mnist5k', 'digits', 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +49,8 @@ def get_info(dataset: str, data_dir: Optional[str]) -> DatasetInfo:
 
 
 def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
-  """Returns the tfds builder of a prepared dataset (preparing mnist5k if needed), never downloads.
+  """Returns the tfds builder of a prepared dataset (preparing an embedded one if needed); never
+  downloads.
 
   Raises `UserError` if the name is unknown to tfds or the dataset is not prepared in `data_dir`.
   'folder:PATH' is a folder of class sub-folders of images, prepared into `data_dir` on first use
@@ -62,11 +68,13 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     raise UserError(f"dataset {dataset!r} has a community namespace '{name.namespace}:', which "
                     f"needs the network; prepare it locally with `tfds build` and pass its plain "
                     f"name and --data_dir")
-  if name.name == mnist5k.NAME:
-    if name_kwargs and name_kwargs != {'version': str(mnist5k.Mnist5k.VERSION)}:
-      raise UserError(f"dataset {dataset!r}: mnist5k has no configs and only version "
-                      f"{mnist5k.Mnist5k.VERSION}; use dataset='mnist5k'")
-    return mnist5k.prepare(data_dir)
+  if name.name in EMBEDDED:
+    module = EMBEDDED[name.name]
+    version = str(embedded.EmbeddedBuilder.VERSION)
+    if name_kwargs and name_kwargs != {'version': version}:
+      raise UserError(f"dataset {dataset!r}: {name.name} has no configs and only version "
+                      f"{version}; use dataset='{name.name}'")
+    return module.prepare(data_dir)
   try:
     builder = tfds.builder(dataset, data_dir=data_dir, try_gcs=False)
   except tfds.core.registered.DatasetNotFoundError:
@@ -81,7 +89,7 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
 
 def _unknown_dataset_message(dataset: str) -> str:
   names = tfds.list_builders(with_community_datasets=False)
-  close = difflib.get_close_matches(dataset, names + [mnist5k.NAME], n=3)
+  close = difflib.get_close_matches(dataset, names + list(EMBEDDED), n=3)
   hint = f' (did you mean {", ".join(close)}?)' if close else ''
   examples = ', '.join(_EXAMPLE_NAMES)
   return (f"unknown dataset {dataset!r}{hint}: use one of the names registered with "

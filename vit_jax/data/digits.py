@@ -1,0 +1,54 @@
+"""`digits`: scikit-learn's 1,797 handwritten digits (8x8, grey), as a tfds dataset.
+
+Source: `sklearn.datasets.load_digits()` (UCI optical recognition of handwritten digits; pixel
+values 0..16, stored here as round(v * 255 / 16) in uint8). Nothing is downloaded: the data ships
+with scikit-learn.
+
+Split (fixed, independent of any seed): for each class, in file order, the first round(0.8 n)
+images -> 'train', the rest -> 'test' (1,438 train / 359 test).
+
+Used at higher resolution (`pp.eval_crop='resize'`, `image_size=32`: bilinear upsampling) as a
+second small dataset, e.g. to fine-tune a model pre-trained on mnist5k at another resolution.
+"""
+
+from typing import Optional
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from vit_jax.data import embedded
+
+NAME = 'digits'
+NUM_CLASSES = 10
+TRAIN_FRACTION = 0.8
+
+
+def load_arrays() -> tuple[np.ndarray, np.ndarray]:
+  """(images uint8 [1797, 8, 8, 1], labels int64 [1797]) in scikit-learn's order."""
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  data = load_digits()
+  images = np.round(data.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+  return images, data.target.astype(np.int64)
+
+
+class Digits(embedded.EmbeddedBuilder):
+  """scikit-learn's 8x8 digits; 80/20 per class in file order (see module docstring)."""
+
+  name = NAME
+  RELEASE_NOTES = {'1.0.0': 'First release: 1,438 train / 359 test.'}
+  IMAGE_SHAPE = (8, 8, 1)
+  NUM_CLASSES = NUM_CLASSES
+  HOMEPAGE = 'https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html'
+  DESCRIPTION = __doc__
+
+  def arrays(self):
+    return load_arrays()
+
+  def splits(self, labels):
+    return embedded.split_per_class(labels, NUM_CLASSES,
+                                    lambda n: int(round(TRAIN_FRACTION * n)))
+
+
+def prepare(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
+  """Builds digits in `data_dir` if needed (offline) and returns the prepared builder."""
+  return embedded.prepare(Digits, data_dir)
