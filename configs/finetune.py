@@ -8,6 +8,7 @@ checkpoint step directory or an official .npz):
   python -m vit_jax.main --config=configs/finetune.py:model=L/16,dataset=imagenet2012,headline=true
   python -m vit_jax.main --config=configs/finetune.py:model=B/16,dataset=vtab/dtd --config.init=...
   python -m vit_jax.main --config=configs/finetune.py:model=Mu/4,dataset=mnist5k --config.init=...
+  python -m vit_jax.main --config=configs/finetune.py:model=Mu/4,dataset=digits,image_size=32 ...
 
 The head is replaced by a zero-initialised one for the new classes, pre_logits are dropped and the
 position embeddings are resized to the new resolution (vit_jax/checkpoint/transfer.py).
@@ -15,14 +16,14 @@ position embeddings are resized to the new resolution (vit_jax/checkpoint/transf
 Arguments:
   model     any variant, short (B/16, R50+B/16) or registered (ViT-B/16) name
   dataset   imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 |
-            vtab/<task> (the 19 VTAB-1k tasks, see configs/recipes.py) | mnist5k
+            vtab/<task> (the 19 VTAB-1k tasks, see configs/recipes.py) | mnist5k | digits
   lr        default: see configs/recipes.py; the paper picks it from recipes.lr_grid(dataset)
             on the dev split
   dev       true: train on the train split minus the held-out dev part and evaluate on that part
             (ImageNet 1%, CIFAR 2%, Pets/Flowers 10%, VTAB the 200 val images); false: train on
             the whole train split (VTAB: all 1,000) and evaluate on the test split
   headline  ImageNet only: 512 px (L/16) or 518 px (H/14) with Polyak averaging 0.9999 (P Tab.2)
-  steps, image_size (mnist5k only)
+  steps, image_size (mnist5k and digits only)
 
 Expected: P Table 2 / Table 5 (facts sheet section 6); the mnist5k recipe is measured in README.md.
 """
@@ -81,11 +82,13 @@ def _vtab(c, task: str, args) -> None:
   c.log_every = 50
 
 
-def _mnist5k(c, args) -> None:
-  """A CPU-sized fine-tune at a higher resolution than the mnist5k pre-training (28 px)."""
+def _small(c, args) -> None:
+  """A CPU-sized fine-tune on an embedded dataset (mnist5k 28 px, digits 8 px), resized to
+  image_size (36 by default, not the 28 px of the mnist5k pre-training)."""
   c.batch_size, c.eval_batch_size = 64, 200
   c.image_size = args['image_size']
-  c.pp.train_crop, c.pp.pad, c.pp.flip, c.pp.eval_crop = 'pad_crop', 2, False, 'resize'
+  pad = 2 if c.dataset == 'mnist5k' else 1  # random shifts of at most 2 px (digits: 1 of 8 px)
+  c.pp.train_crop, c.pp.pad, c.pp.flip, c.pp.eval_crop = 'pad_crop', pad, False, 'resize'
   c.total_steps = args['steps']
   c.warmup_steps = max(1, args['steps'] // 10)
   c.lr = args['lr'] or 0.03
@@ -102,15 +105,15 @@ def get_config(arg: str | None = None):
   c.dataset = dataset
   _common(c)
   c.model.dropout_rate = recipes.FINETUNE_DROPOUT.get(model, 0.0)
-  if dataset == 'mnist5k':
-    _mnist5k(c, args)
+  if dataset in ('mnist5k', 'digits'):
+    _small(c, args)
   elif dataset.startswith('vtab/'):
     _vtab(c, dataset[len('vtab/'):], args)
   elif dataset in recipes.FINETUNE_ROWS:
     _table4(c, dataset, args)
   else:
     raise UserError(f'dataset={dataset!r} has no fine-tuning recipe: use one of '
-                    f'{", ".join(recipes.FINETUNE_ROWS)}, vtab/<task> or mnist5k')
+                    f'{", ".join(recipes.FINETUNE_ROWS)}, vtab/<task>, mnist5k or digits')
   if args['headline']:
     if dataset != 'imagenet2012' or model not in recipes.HEADLINE_RESOLUTION:
       raise UserError(f'headline=true is the paper\'s ImageNet setting for '

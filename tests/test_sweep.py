@@ -140,3 +140,25 @@ def test_killed_sweep_reruns_only_the_unfinished_runs(tmp_path, data_dir):
   assert len(ran) == 4 - len(finished)
   assert len(results()) == 4
   assert '| lr | accuracy |' in proc.stdout
+
+
+def test_variants_name_sets_of_overrides_and_templates_use_run_values(tmp_path):
+  path = tmp_path / 'two_stage.py'
+  path.write_text('''
+def get_sweep():
+  return {
+      'config': 'configs/finetune.py:model=Mu/4,dataset=digits',
+      'overrides': {'lr': 0.01},
+      'grid': {'start': ['scratch', 'pretrained'], 'seed': [0, 1]},
+      'variants': {'start': {'scratch': {}, 'pretrained': {'init': 'runs/pre/grid/seed_{seed}'}}},
+  }
+''')
+  runs = spec_lib.load(str(path)).grid_runs()
+  assert [(r.name, dict(r.overrides)) for r in runs] == [
+      ('grid/start_scratch-seed_0', {'lr': 0.01, 'seed': 0}),
+      ('grid/start_scratch-seed_1', {'lr': 0.01, 'seed': 1}),
+      ('grid/start_pretrained-seed_0', {'lr': 0.01, 'init': 'runs/pre/grid/seed_0', 'seed': 0}),
+      ('grid/start_pretrained-seed_1', {'lr': 0.01, 'init': 'runs/pre/grid/seed_1', 'seed': 1})]
+  path.write_text(path.read_text().replace("'scratch': {}, ", ''))
+  with pytest.raises(UserError, match=r"variants\['start'\] .* has no overrides for \['scratch'\]"):
+    spec_lib.load(str(path))

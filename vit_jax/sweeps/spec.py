@@ -5,6 +5,10 @@
         'config': 'configs/default.py:model_name=ViT-Mu/4,steps=800',  # the --config value
         'overrides': {'warmup_steps': 50},          # fixed --config.* values for every run
         'grid': {'lr': [1e-3, 3e-3], 'seed': [0, 1, 2]},   # every combination is one run
+        'variants': {'start': {                      # optional: a grid key whose values name
+            'scratch': {},                           # sets of overrides (here: grid 'start':
+            'pretrained': {'init': 'runs/pre/grid/seed_{seed}'},  # ['scratch', 'pretrained'])
+        }},
         'metric': 'accuracy',                        # of the last 'eval' record (higher = better)
         'x': 'lr',                                   # plot axis (default: the first grid key)
         'group': 'model.classifier',                 # optional: one curve and one best per value
@@ -14,8 +18,9 @@
         },
     }
 
-Keys are config keys (dotted for nested ones). 'seed' is special: runs that differ only in the
-seed are replicates, averaged (mean and std) in the tables and for the choice of the best.
+Keys are config keys (dotted for nested ones), or names listed in 'variants'. A string value may
+name the run's values in braces ('{seed}': its seed). 'seed' is special: runs that differ only in
+the seed are replicates, averaged (mean and std) in the tables and for the choice of the best.
 Without 'select', every grid run is a final run and the best setting is reported as well.
 """
 
@@ -28,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from vit_jax.errors import UserError
 
 SEED = 'seed'
-KEYS = {'config', 'overrides', 'grid', 'metric', 'x', 'group', 'select'}
+KEYS = {'config', 'overrides', 'grid', 'variants', 'metric', 'x', 'group', 'select'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,16 @@ class Sweep:
   x: str
   group: Optional[str]
   select: Optional[Dict[str, Dict[str, Any]]]
+  variants: Dict[str, Dict[str, Dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+  def _overrides(self, phase_values, values) -> Tuple[Tuple[str, Any], ...]:
+    swept = {}
+    for key, value in values:
+      swept.update(self.variants[key][value] if key in self.variants else {key: value})
+    names = {k.split('.')[-1]: v for k, v in values}
+    merged = _merge(self.overrides, phase_values, tuple(swept.items()))
+    return tuple((k, v.format(**names) if isinstance(v, str) and '{' in v else v)
+                 for k, v in merged)
 
   def grid_runs(self) -> List[Run]:
     phase_values = (self.select or {}).get('dev', {})
@@ -68,7 +83,7 @@ class Sweep:
     runs = []
     for combo in itertools.product(*(self.grid[k] for k in keys)):
       values = tuple(zip(keys, combo))
-      runs.append(Run('grid', values, _merge(self.overrides, phase_values, values)))
+      runs.append(Run('grid', values, self._overrides(phase_values, values)))
     return runs
 
   def final_runs(self, best_settings: List[Tuple[Tuple[str, Any], ...]]) -> List[Run]:
@@ -79,7 +94,7 @@ class Sweep:
     for setting in best_settings:
       for seed in seeds:
         values = setting + (((SEED, seed),) if seed is not None else ())
-        runs.append(Run('final', values, _merge(self.overrides, final, values)))
+        runs.append(Run('final', values, self._overrides(final, values)))
     return runs
 
 
@@ -126,6 +141,14 @@ def load(path: str) -> Sweep:
   if select is not None and (not isinstance(select, dict) or set(select) - {'dev', 'final'}):
     raise UserError(f'"select" in {path} takes {{"dev": {{...}}, "final": {{...}}}}: the config '
                     f'values of the runs that choose and of the runs that report')
+  variants = raw.get('variants') or {}
+  for key, table in variants.items():
+    if key not in grid or not isinstance(table, dict):
+      raise UserError(f'variants key {key!r} in {path} must be a grid key mapping each of its '
+                      f'values to a dict of config overrides')
+    missing = [v for v in grid[key] if v not in table]
+    if missing:
+      raise UserError(f'variants[{key!r}] in {path} has no overrides for {missing}')
   x = raw.get('x') or next((k for k in grid if k != SEED), next(iter(grid)))
   group = raw.get('group')
   for key in [x] + ([group] if group else []):
@@ -133,7 +156,7 @@ def load(path: str) -> Sweep:
       raise UserError(f'"{key}" in {path} must be one of the grid keys: {", ".join(grid)}')
   return Sweep(path=path, config=raw['config'], overrides=dict(raw.get('overrides') or {}),
                grid={k: list(v) for k, v in grid.items()}, metric=raw.get('metric', 'accuracy'),
-               x=x, group=group, select=select)
+               x=x, group=group, select=select, variants=variants)
 
 
 __all__ = ['Run', 'Sweep', 'load', 'SEED']
