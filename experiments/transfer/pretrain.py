@@ -1,0 +1,13 @@
+"""Stage 1 of the transfer experiment: ViT-Mu/4 pre-trained on mnist5k at 28 px, one per seed.
+
+python -m vit_jax.sweep --sweep=experiments/transfer/pretrain.py \
+    --workdir=runs/experiments/transfer/pretrain
+"""
+
+
+def get_sweep():
+  return {
+      'config': 'configs/default.py',  # the make-train recipe
+      'overrides': {'progress': False},
+      'grid': {'seed': [0, 1, 2]},
+  }
