@@ -9,7 +9,7 @@ def get_sweep():
   return {
       'config': 'configs/finetune.py:model=Mu/4,dataset=mnist5k',
       'overrides': {'train_split': 'train[:10%]', 'progress': False},
-      'grid': {'start': ['scratch', 'mpp'], 'seed': [0, 1, 2]},
+      'grid': {'start': ['scratch', 'mpp'], 'seed': [0, 1]},
       'variants': {'start': {
           'scratch': {},
           'mpp': {'init': 'runs/experiments/mpp/pretrain/grid/seed_{seed}'},

@@ -11,7 +11,7 @@ def get_sweep():
   return {
       'config': 'configs/finetune.py:model=Mu/4,dataset=digits,image_size=32,steps=500',
       'overrides': {'progress': False},
-      'grid': {'start': ['scratch', 'pretrained'], 'lr': [0.003, 0.01, 0.03], 'seed': [0, 1, 2]},
+      'grid': {'start': ['scratch', 'pretrained'], 'lr': [0.003, 0.01, 0.03], 'seed': [0, 1]},
       'variants': {'start': {
           'scratch': {},
           'pretrained': {'init': 'runs/experiments/transfer/pretrain/grid/seed_{seed}'},

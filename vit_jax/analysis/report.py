@@ -18,6 +18,7 @@ from vit_jax.analysis import embedding as embedding_lib
 from vit_jax.analysis import inputs as inputs_lib
 from vit_jax.analysis import plots
 from vit_jax.errors import UserError
+from vit_jax.models import VisionTransformer
 from vit_jax.models import resnet as resnet_lib
 
 FIGURES = ('embedding_filters', 'posemb_similarity', 'attention_distance', 'attention_rollout')
@@ -34,6 +35,9 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
   step_dir = inputs_lib.resolve_checkpoint(workdir, checkpoint)
   params, config = inputs_lib.load_checkpoint(step_dir)
   model = inputs_lib.build_model(config, params)
+  if not isinstance(model, VisionTransformer):
+    raise UserError(f'{config.model_name} is a {type(model).__name__}, without the attention and '
+                    'position embeddings these figures show: analyse a ViT or hybrid run')
   size = int(config.image_size)
   if images:
     x = inputs_lib.load_image_files(images, size, inputs_lib.input_channels(params))

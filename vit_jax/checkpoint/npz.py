@@ -47,7 +47,8 @@ _FROM_RELEASED = {'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttentio
 _TO_RELEASED = {'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
                 'LayerNorm_1': 'LayerNorm_2', 'MlpBlock_0': 'MlpBlock_3'}
 _BLOCK_CHILD = re.compile(r'^(Transformer/encoderblock_\d+/)([^/]+)(/.*)$')
-_GROUPNORM = re.compile(r'(^|/)(gn_root|gn_proj|gn\d+)/(scale|bias)$')
+# Hybrid and BiT GroupNorms (BiT: gn1..gn3 and norm-pre-head, stored [1,1,1,C] by bit_paper.py).
+_GROUPNORM = re.compile(r'(^|/)(gn_root|gn_proj|gn\d+|norm-pre-head)/(scale|bias)$')
 _FIX = files.FIX
 
 

@@ -38,21 +38,30 @@ class ResNetConfig:
     return 4 * 2 ** max(len(self.num_layers) - 1, 0)
 
 
-def weight_standardize(w: jax.Array, eps: float = WS_EPS) -> jax.Array:
-  """(w - mean) / (std + eps) per output channel, statistics over (kh, kw, in)."""
+def weight_standardize(w: jax.Array, eps: float = WS_EPS, *, eps_in_sqrt: bool = False
+                       ) -> jax.Array:
+  """Per output channel, statistics over (kh, kw, in): (w - mean) / (std + eps), as the ViT
+  hybrid; with `eps_in_sqrt`, (w - mean) / sqrt(var + eps), as BiT (eps 1e-10)."""
   axes = tuple(range(w.ndim - 1))
   w = w - jnp.mean(w, axis=axes, keepdims=True)
+  if eps_in_sqrt:
+    return w * jax.lax.rsqrt(jnp.mean(jnp.square(w), axis=axes, keepdims=True) + eps)
   return w / (jnp.std(w, axis=axes, keepdims=True) + eps)
 
 
 class StdConv(nn.Module):
-  """2-D convolution (no bias, padding 'SAME') whose kernel is weight-standardised on the fly.
+  """2-D convolution (no bias) whose kernel is weight-standardised on the fly.
 
   The stored `kernel` param is the raw (unstandardised) weight, [kh, kw, in, out] like nn.Conv.
+  `padding` is 'SAME' (TF-style, the hybrid) or explicit ((top, bottom), (left, right)) zero
+  padding (BiT); `ws_eps` and `ws_eps_in_sqrt` choose the standardisation (`weight_standardize`).
   """
   features: int
   kernel_size: Tuple[int, int]
   strides: Tuple[int, int] = (1, 1)
+  padding: Any = 'SAME'
+  ws_eps: float = WS_EPS
+  ws_eps_in_sqrt: bool = False
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
@@ -61,19 +70,24 @@ class StdConv(nn.Module):
     shape = (*self.kernel_size, x.shape[-1], self.features)
     kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, self.param_dtype)
     # Standardise in float32 (the statistics need it), then run the conv in the compute dtype.
-    kernel = weight_standardize(kernel.astype(jnp.float32))
+    kernel = weight_standardize(kernel.astype(jnp.float32), self.ws_eps,
+                                eps_in_sqrt=self.ws_eps_in_sqrt)
     dtype = self.dtype or jnp.result_type(x.dtype, self.param_dtype)
+    padding = self.padding if isinstance(self.padding, str) else tuple(map(tuple, self.padding))
     return jax.lax.conv_general_dilated(
         x.astype(dtype), kernel.astype(dtype),
-        window_strides=self.strides, padding='SAME',
+        window_strides=self.strides, padding=padding,
         dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
 
 
-def group_norm(name: str, dtype: Optional[Dtype], param_dtype: Dtype, zero_scale=False):
-  """flax GroupNorm with its defaults (32 groups, eps 1e-6); gn3 starts with scale 0."""
+def group_norm(name: str, dtype: Optional[Dtype], param_dtype: Dtype, zero_scale=False, *,
+               epsilon: float = 1e-6, use_fast_variance: bool = True):
+  """flax GroupNorm, 32 groups, with flax's defaults (eps 1e-6, variance as E[x^2] - E[x]^2) as
+  the hybrid; BiT passes eps 1e-5 and the two-pass variance E[(x - mean)^2]. zero_scale: the
+  hybrid's gn3 starts with scale 0."""
   scale_init = nn.initializers.zeros if zero_scale else nn.initializers.ones
-  return nn.GroupNorm(num_groups=32, epsilon=1e-6, scale_init=scale_init, dtype=dtype,
-                      param_dtype=param_dtype, name=name)
+  return nn.GroupNorm(num_groups=32, epsilon=epsilon, use_fast_variance=use_fast_variance,
+                      scale_init=scale_init, dtype=dtype, param_dtype=param_dtype, name=name)
 
 
 class ResidualUnit(nn.Module):

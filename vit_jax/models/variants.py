@@ -1,15 +1,18 @@
-"""The one variant table: model name -> `VisionTransformer` kwargs.
+"""The one variant table: model name -> module class and its kwargs.
 
 Plain ViTs decode from the name: 'ViT-<base>/<patch>' with any integer patch size, e.g. 'ViT-B/16',
 'ViT-Mu/4'. Hybrids are explicit entries, because the number after the name is the total
-downsampling (ResNet stride x patch), not the patch size (facts sheet section 1).
+downsampling (ResNet stride x patch), not the patch size (facts sheet section 1). BiT ResNets
+(models/bit.py) decode from 'BiT-R<depth>x<width>', e.g. 'BiT-R50x1', 'BiT-R26x0.5'.
 """
 
 import re
 from typing import Any, Dict, Tuple
 
 from vit_jax.errors import UserError
+from vit_jax.models.bit import BiT, root_width
 from vit_jax.models.resnet import ResNetConfig
+from vit_jax.models.vit import VisionTransformer
 
 # Transformer shape of each base (facts sheet section 1; Mu and Ze are small CPU bases for 28 px).
 BASES: Dict[str, Dict[str, int]] = {
@@ -35,30 +38,55 @@ HYBRIDS: Dict[str, Tuple[str, Tuple[int, ...], int]] = {
     'R+ViT-Ze/4': ('Ze', (), 1),
 }
 
+# BiT depth -> units per stage (depth = 3 x units + 2): BiT's 50/101/152, big_vision's 26 and R14
+# (one unit per stage) for CPU work. Any width factor that is a multiple of 0.5 decodes.
+BIT_DEPTHS: Dict[int, Tuple[int, ...]] = {
+    14: (1, 1, 1, 1), 26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+# Small BiTs for 28 px CPU work (half width: 32 channels after the root). R50x0.5 costs about what
+# ViT-Mu/4 and R+ViT-Mu/4 cost per image; R14x0.5 is the tiny one for tests (README).
+BIT_SMALL: Tuple[str, ...] = ('BiT-R50x0.5', 'BiT-R26x0.5', 'BiT-R14x0.5')
+
 # Registered names: the released / reference models plus the small CPU ones.
 VARIANTS: Tuple[str, ...] = (
     'ViT-Ti/16', 'ViT-S/16', 'ViT-S/32', 'ViT-B/8', 'ViT-B/16', 'ViT-B/32', 'ViT-L/16',
-    'ViT-L/32', 'ViT-H/14', 'ViT-Mu/4', 'ViT-Ze/4', *HYBRIDS)
+    'ViT-L/32', 'ViT-H/14', 'ViT-Mu/4', 'ViT-Ze/4', *HYBRIDS,
+    *(f'BiT-R{depth}x{width}' for depth in (50, 101, 152) for width in (1, 2, 3, 4)), *BIT_SMALL)
 
 _VIT_NAME = re.compile(r'ViT-(?P<base>[A-Za-z]+)/(?P<patch>\d+)')
+_BIT_NAME = re.compile(r'BiT-R(?P<depth>\d+)x(?P<width>\d+(?:\.\d+)?)')
 
 
 def _unknown(name: str) -> UserError:
   return UserError(
       f'unknown model {name!r}: use ViT-<base>/<patch> with base in {",".join(BASES)} '
-      f'(e.g. ViT-B/16, ViT-Mu/4), or one of: {", ".join(VARIANTS)}')
+      f'(e.g. ViT-B/16, ViT-Mu/4), BiT-R<depth>x<width> with depth in '
+      f'{",".join(map(str, BIT_DEPTHS))} (e.g. BiT-R50x1), or one of: {", ".join(VARIANTS)}')
 
 
-def decode_variant(name: str) -> Dict[str, Any]:
-  """'ViT-B/16' -> {patch_size, hidden_size, num_layers, num_heads, mlp_dim, resnet}."""
+def decode(name: str) -> Tuple[type, Dict[str, Any]]:
+  """Variant name -> (module class, its kwargs but num_classes and options)."""
   if not isinstance(name, str):
     raise _unknown(str(name))
   if name in HYBRIDS:
     base, stages, patch = HYBRIDS[name]
-    return dict(patch_size=(patch, patch), **BASES[base],
-                resnet=ResNetConfig(num_layers=stages, width_factor=1))
+    return VisionTransformer, dict(patch_size=(patch, patch), **BASES[base],
+                                   resnet=ResNetConfig(num_layers=stages, width_factor=1))
+  match = _BIT_NAME.fullmatch(name)
+  if match is not None:
+    if int(match['depth']) not in BIT_DEPTHS:
+      raise _unknown(name)
+    width = float(match['width'])
+    root_width(width)  # a UserError unless 64 x width splits into the GroupNorm groups
+    return BiT, dict(num_layers=BIT_DEPTHS[int(match['depth'])],
+                     width_factor=int(width) if width.is_integer() else width)
   match = _VIT_NAME.fullmatch(name)
   if match is None or match['base'] not in BASES or int(match['patch']) < 1:
     raise _unknown(name)
   patch = int(match['patch'])
-  return dict(patch_size=(patch, patch), **BASES[match['base']], resnet=None)
+  return VisionTransformer, dict(patch_size=(patch, patch), **BASES[match['base']], resnet=None)
+
+
+def decode_variant(name: str) -> Dict[str, Any]:
+  """'ViT-B/16' -> {patch_size, hidden_size, num_layers, num_heads, mlp_dim, resnet};
+  'BiT-R50x1' -> {num_layers: units per stage, width_factor}."""
+  return decode(name)[1]

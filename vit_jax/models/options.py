@@ -1,0 +1,91 @@
+"""Model options and how each model family treats them: the one policy.
+
+The trainer passes `config.model` (classifier, posemb, dropout_rate, dtype, ...) to `create_model`
+for every variant, so every family receives every option. An option is a field of some family's
+module (`VisionTransformer`, `BiT`); `OPTIONS` lists them all.
+
+- An option the family's module has is passed to it (type-normalised, bad values rejected).
+- An option it does not have is accepted, and has no effect, when it holds its default (the
+  default of the field that declares it, which is also the default in configs/common.py) or the
+  value that describes the family anyway (`IMPLIED`: a ResNet pools globally, classifier='gap').
+  Any other value is a one-line UserError naming the option: a setting that would silently do
+  nothing is refused, while every config still runs every model.
+- A name that is no family's option is a UserError listing the valid ones.
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping
+
+import jax.numpy as jnp
+
+from vit_jax.errors import UserError
+from vit_jax.models.bit import BiT
+from vit_jax.models.resnet import as_resnet_config
+from vit_jax.models.vit import CLASSIFIERS, POSEMBS, VisionTransformer
+
+FAMILIES = (VisionTransformer, BiT)
+
+# Values of options a family does not have that describe it as it is.
+IMPLIED: Dict[type, Dict[str, Any]] = {BiT: {'classifier': 'gap'}}
+
+_NOT_OPTIONS = ('num_classes', 'parent', 'name')
+
+
+def _fields(cls: type) -> Dict[str, Any]:
+  """Option name -> default (dataclasses.MISSING when the field is required)."""
+  return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in _NOT_OPTIONS}
+
+
+# Every option of every family, in declaration order, with the default of its first declaration.
+DEFAULTS: Dict[str, Any] = {}
+for _cls in FAMILIES:
+  for _name, _default in _fields(_cls).items():
+    DEFAULTS.setdefault(_name, _default)
+OPTIONS = tuple(DEFAULTS)
+
+
+def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
+  """Type-normalise the options a module takes and reject bad values with a one-line UserError."""
+  out = dict(options)
+  if isinstance(out.get('patch_size'), int):
+    out['patch_size'] = (out['patch_size'], out['patch_size'])
+  if 'patch_size' in out:
+    out['patch_size'] = tuple(int(p) for p in out['patch_size'])
+  if 'resnet' in out:
+    out['resnet'] = as_resnet_config(out['resnet'])
+  for key in ('dtype', 'param_dtype'):
+    if key in out:
+      try:
+        out[key] = jnp.dtype(out[key]).type
+      except TypeError:
+        raise UserError(f'{key}={out[key]!r} is not a dtype: use e.g. float32 or bfloat16') from None
+  if out.get('classifier', 'token') not in CLASSIFIERS:
+    raise UserError(f'unknown classifier {out["classifier"]!r}: use one of {", ".join(CLASSIFIERS)}')
+  if out.get('posemb', 'learned') not in POSEMBS:
+    raise UserError(f'unknown posemb {out["posemb"]!r}: use one of {", ".join(POSEMBS)}')
+  return out
+
+
+def _is_neutral(cls: type, key: str, value: Any) -> bool:
+  """True if `value` of an option `cls` does not have changes nothing."""
+  implied = IMPLIED.get(cls, {})
+  if key in implied and value == implied[key]:
+    return True
+  default = DEFAULTS[key]
+  return default is not dataclasses.MISSING and (value is default or value == default)
+
+
+def module_kwargs(cls: type, variant: str, options: Mapping[str, Any]) -> Dict[str, Any]:
+  """The kwargs of module `cls` from the caller's `options`, applying the policy above."""
+  unknown = sorted(set(options) - set(OPTIONS))
+  if unknown:
+    raise UserError(f'unknown model option(s) {", ".join(unknown)}: valid are {", ".join(OPTIONS)}')
+  own = _fields(cls)
+  for key, value in options.items():
+    if key not in own and not _is_neutral(cls, key, value):
+      also = f' or {IMPLIED[cls][key]!r}' if key in IMPLIED.get(cls, {}) else ''
+      keep = (f'leave it at its default {DEFAULTS[key]!r}{also}'
+              if DEFAULTS[key] is not dataclasses.MISSING else 'do not set it')
+      raise UserError(f'model option {key}={value!r} does not apply to {variant} (a '
+                      f'{cls.__name__}, options: {", ".join(own)}): {keep}')
+  return _normalise({k: v for k, v in options.items() if k in own})
