@@ -303,7 +303,7 @@ def test_neutral_values_are_accepted():
   # The defaults, and classifier='gap', which is what a ResNet does anyway.
   for classifier in ('token', 'gap'):
     assert isinstance(create_model('BiT-R14x0.5', num_classes=10, classifier=classifier), BiT)
-  create_model('BiT-R14x0.5', num_classes=10, dropout_rate=0.0, posemb='learned', remat=False,
+  create_model('BiT-R14x0.5', num_classes=10, dropout_rate=0.0, posemb='learned', remat='none',
                representation_size=None, gelu_approximate=True)
   # The same policy the other way round: a ViT does not take width_factor.
   assert create_model('ViT-Ze/4', num_classes=10, width_factor=1).hidden_size == 32

@@ -17,7 +17,7 @@ from vit_jax.sweeps import report, runner, spec as spec_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _write_spec(tmp_path, data_dir, *, select=True, steps=8, grid=None):
+def _write_spec(tmp_path, data_dir, *, select=True, steps=4, grid=None):
   grid = grid or {'lr': [0.001, 0.01], 'seed': [0, 1]}
   selection = ("{'dev': {'train_split': 'train[:90%]', 'eval_split': 'train[90%:]'}, "
                "'final': {}}") if select else 'None'

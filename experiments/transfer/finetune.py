@@ -9,7 +9,7 @@ python -m vit_jax.sweep --sweep=experiments/transfer/finetune.py \
 
 def get_sweep():
   return {
-      'config': 'configs/finetune.py:model=Mu/4,dataset=digits,image_size=32,steps=500',
+      'config': 'configs/finetune.py:model=Mu/4,dataset=digits,image_size=32,steps=300',
       'overrides': {'progress': False},
       'grid': {'start': ['scratch', 'pretrained'], 'lr': [0.003, 0.01, 0.03], 'seed': [0, 1]},
       'variants': {'start': {

@@ -7,7 +7,7 @@ python -m vit_jax.sweep --sweep=experiments/transfer/pretrain.py \
 
 def get_sweep():
   return {
-      'config': 'configs/default.py:steps=800',  # the make-train recipe, half the steps
+      'config': 'configs/default.py:steps=400',  # the make-train recipe, a quarter of the steps
       'overrides': {'progress': False},
       'grid': {'seed': [0, 1]},
   }

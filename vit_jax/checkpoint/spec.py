@@ -77,9 +77,16 @@ class ModelSpec:
 
 
 def input_channels(params) -> int:
-  """Image channels a model was trained on (from its first conv kernel)."""
-  first = params['conv_root'] if 'conv_root' in params else params['embedding']
-  return int(np.shape(first['kernel'])[2])
+  """Image channels a model was trained on (from its first conv kernel: a hybrid's `conv_root`,
+  a BiT's `root_block/conv_root`, or a ViT's patch `embedding`)."""
+  for path in (('conv_root',), ('root_block', 'conv_root'), ('embedding',)):
+    node = params
+    for key in path:
+      node = node.get(key) if hasattr(node, 'get') else None
+    if node is not None:
+      return int(np.shape(node['kernel'])[2])
+  raise UserError('the checkpoint has no conv_root, root_block/conv_root or embedding kernel: '
+                  'it is not the param tree of a model of this codebase')
 
 
 def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any]] = None) -> int:
