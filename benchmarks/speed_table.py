@@ -1,0 +1,57 @@
+"""Speed against timm: runs `python -m vit_jax.benchmark --compare=timm --json` for each row and
+prints a markdown table (needs torch and timm: `make test-interop`).
+
+  PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py \
+      --rows=ViT-Ti/16:32:224:train,ViT-B/16:8:224:train --steps=5 --rounds=2
+
+Each row is model:batch:image_size:mode. One row at a time, each in its own process (so one
+row's memory does not weigh on the next); both sides are timed alternately in that process.
+"""
+
+import json
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+_ROWS = flags.DEFINE_list('rows', ['ViT-Ti/16:32:224:train', 'ViT-Ti/16:32:224:infer'],
+                          'model:batch:image_size:mode, comma-separated.')
+_STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per round (median reported).')
+_ROUNDS = flags.DEFINE_integer('rounds', 2, 'Alternations of ours and timm.')
+
+COLUMNS = ('model', 'mode', 'batch', 'px', 'ours img/s', 'timm img/s', 'ours / timm',
+           'GFLOP / img (XLA)', 'achieved GFLOP/s', 'matmul peak GFLOP/s', 'utilisation',
+           'compile s')
+
+
+def measure(model: str, batch: int, size: int, mode: str) -> dict:
+  cmd = [sys.executable, '-m', 'vit_jax.benchmark', f'--model={model}', f'--batch_size={batch}',
+         f'--image_size={size}', f'--mode={mode}', f'--steps={_STEPS.value}',
+         f'--rounds={_ROUNDS.value}', '--compare=timm', '--json']
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise SystemExit(f'error: {" ".join(cmd)} failed: {proc.stderr.strip().splitlines()[-1]}')
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def row(model: str, batch: int, size: int, mode: str, r: dict) -> str:
+  cells = (model, mode, batch, size, f'{r["img_per_s"]:.1f}', f'{r["timm_img_per_s"]:.1f}',
+           f'{r["ratio_vs_timm"]:.2f}', f'{r["flops_per_img"] / 1e9:.2f}',
+           f'{r["achieved_flops"] / 1e9:.1f}', f'{r["matmul_peak_flops"] / 1e9:.1f}',
+           f'{r["utilization"]:.0%}', f'{r["compile_s"]:.1f}')
+  return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+
+def main(argv):
+  del argv
+  print('| ' + ' | '.join(COLUMNS) + ' |')
+  print('|' + '---|' * len(COLUMNS))
+  for spec in _ROWS.value:
+    model, batch, size, mode = spec.split(':')
+    result = measure(model, int(batch), int(size), mode)
+    print(row(model, int(batch), int(size), mode, result), flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
