@@ -48,9 +48,9 @@ def test_spec_expansion_and_errors(tmp_path, data_dir):
   assert [r.name for r in final] == ['final/lr_0.01-seed_0', 'final/lr_0.01-seed_1']
   assert 'eval_split' not in dict(final[0].overrides)  # the final runs report on the test split
   assert runner.command(sweep, runs[1], '/w')[3:] == [
-      '--config=configs/default.py:model_name=ViT-Ze/4,steps=8,batch_size=32', '--workdir=/w',
+      '--config=configs/default.py:model_name=ViT-Ze/4,steps=4,batch_size=32', '--workdir=/w',
       '--config.warmup_steps=1', f'--config.data_dir={data_dir}', '--config.progress=False',
-      '--config.eval_every=8', '--config.eval_batch_size=400', '--config.train_split=train[:90%]',
+      '--config.eval_every=4', '--config.eval_batch_size=400', '--config.train_split=train[:90%]',
       '--config.eval_split=train[90%:]', '--config.lr=0.001', '--config.seed=1']
   bad = tmp_path / 'bad.py'
   for text, needle in [('x = 1', 'no get_sweep'),
