@@ -32,7 +32,7 @@ def measure(model: str, batch: int, size: int, mode: str) -> dict:
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   if proc.returncode:
     raise SystemExit(f'error: {" ".join(cmd)} failed: {proc.stderr.strip().splitlines()[-1]}')
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout[proc.stdout.index('{'):])  # the one JSON object it prints
 
 
 def row(model: str, batch: int, size: int, mode: str, r: dict) -> str:

@@ -162,3 +162,15 @@ def get_sweep():
   path.write_text(path.read_text().replace("'scratch': {}, ", ''))
   with pytest.raises(UserError, match=r"variants\['start'\] .* has no overrides for \['scratch'\]"):
     spec_lib.load(str(path))
+
+
+def test_markdown_of_a_seeds_only_grid_is_a_valid_table(tmp_path):
+  path = tmp_path / 'seeds.py'
+  path.write_text('def get_sweep():\n  return {"config": "c.py", "grid": {"seed": [0, 1]}}\n')
+  sweep = spec_lib.load(str(path))
+  outcomes = [runner.Outcome(run, 'done', metric)
+              for run, metric in zip(sweep.grid_runs(), (0.7, 0.8))]
+  rows = report.aggregate(outcomes)
+  table = [l for l in report.markdown(sweep, rows, [], report.best_settings(rows, None))
+           .splitlines() if l.startswith('|')]
+  assert table == ['| setting | accuracy |', '|---|---|', '| base | **75.00 ± 7.07 (n=2)** |']

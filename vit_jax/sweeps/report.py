@@ -72,20 +72,21 @@ def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
   seeds = sweep.grid.get(SEED)
   unit = f'{sweep.metric} in % (mean ± std over seeds {seeds})' if seeds else f'{sweep.metric} in %'
   phase = 'dev split' if sweep.select else 'eval split'
-  lines = [f'Grid ({phase}); {unit}; best marked **:', '',
-           '| ' + ' | '.join(keys) + ' | ' + sweep.metric + ' |',
-           '|' + '---|' * (len(keys) + 1)]
+  # A grid of seeds only has one setting: the base config ('setting' column).
+  header = ['| ' + ' | '.join(keys or ['setting']) + ' | ' + sweep.metric + ' |',
+            '|' + '---|' * (len(keys or ['setting']) + 1)]
+  values = lambda row: ' | '.join(str(row.value(k)) for k in keys) if keys else 'base'
+  lines = [f'Grid ({phase}); {unit}; best marked **:', '', *header]
   for row in grid_rows:
     cell = _fmt(row)
     if row.setting in best:
       cell = f'**{cell}**'
-    lines.append('| ' + ' | '.join(str(row.value(k)) for k in keys) + f' | {cell} |')
+    lines.append(f'| {values(row)} | {cell} |')
   if final_rows:
     lines += ['', f'Final runs of the best setting(s) ({sweep.select.get("final") or "as grid"}):',
-              '', '| ' + ' | '.join(keys) + ' | ' + sweep.metric + ' |',
-              '|' + '---|' * (len(keys) + 1)]
+              '', *header]
     for row in final_rows:
-      lines.append('| ' + ' | '.join(str(row.value(k)) for k in keys) + f' | {_fmt(row)} |')
+      lines.append(f'| {values(row)} | {_fmt(row)} |')
   return '\n'.join(lines) + '\n'
 
 
