@@ -18,9 +18,11 @@ FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_p
 @pytest.mark.parametrize('mode', ['train', 'infer'])
 def test_train_and_infer_report_every_field(mode):
   result = compare.run_benchmark(default.get_config(), model='ViT-Ze/4', batch_size=8,
-                                 image_size=28, mode=mode, dtype='float32', steps=3)
+                                 image_size=28, mode=mode, dtype='float32', steps=3,
+                                 profile=True)
   for field in FIELDS:
     assert result[field] > 0, field
+  assert result['minor_faults_per_step'] >= 0
   assert len(result['step_s_all']) == 3
   assert result['img_per_s'] == pytest.approx(8 / sorted(result['step_s_all'])[1])
   assert result['utilization'] == pytest.approx(result['achieved_flops'] /
@@ -29,6 +31,18 @@ def test_train_and_infer_report_every_field(mode):
   # a train step (forward + backward + Adam) costs about three times that.
   per_image = result['flops_per_img']
   assert (2e6 < per_image < 4e6) if mode == 'infer' else (6e6 < per_image < 12e6), per_image
+  # The profile: every transformer component has kernels and time; the matmul and convolution
+  # FLOPs it finds are most of XLA's total for the step and never more.
+  prof = result['profile']
+  rows = {(r['phase'], r['component']): r for r in prof['rows']}
+  phases = ('forward', 'backward') if mode == 'train' else ('forward',)
+  for phase in phases:
+    for component in ('q/k/v projections', 'attention core (QK, softmax, AV)', 'MLP Dense_0',
+                      'MLP Dense_1', 'LayerNorm'):
+      assert rows[(phase, component)]['ms_per_step'] > 0, (phase, component)
+  assert prof['kernel_ms_per_step'] == pytest.approx(sum(r['ms_per_step'] for r in prof['rows']))
+  matmul_flops = 1e9 * sum(r['gflop_per_step'] for r in prof['rows'])
+  assert 0.8 * per_image * 8 < matmul_flops <= per_image * 8  # 0.91 train, 0.93 infer
 
 
 def test_input_pipeline_and_cli_json(tmp_path, data_dir):

@@ -7,7 +7,8 @@ steps), compile_s (start to first result), flops_per_img (XLA cost analysis), ac
 matmul_peak_flops (a 2048^3 fp32 matmul timed in the same run), utilization (achieved / peak),
 peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_peak_bytes.
 --compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
-alternately with ours and prints the ratio (needs `make test-interop`). --json: one JSON object.
+alternately with ours and prints the ratio (needs `make test-interop`). --profile adds where the
+time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
 The base config is --config (default configs/default.py), as for vit_jax.main.
 """
 
@@ -33,6 +34,8 @@ _INPUT = flags.DEFINE_string('input_data', 'synthetic', "--mode=input: 'syntheti
 _INPUT_SIZE = flags.DEFINE_integer('input_size', 400, 'Side of the synthetic JPEGs (pixels).')
 _DATA_DIR = flags.DEFINE_string('data_dir', '/tmp/vit_jax_benchmark_data',
                                 'Where --mode=input finds or makes its data.')
+_PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends its time: '
+                             'our kernels per model component (and timm\'s ops with --compare).')
 _JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of text.')
 
 
@@ -41,11 +44,13 @@ def run(argv) -> int:
   from vit_jax.benchmarking import compare  # pylint: disable=g-import-not-at-top
   if _STEPS.value < 1 or _BATCH.value < 1:
     raise cli.UserError('--steps and --batch_size must be at least 1')
+  if _PROFILE.value and _MODE.value == 'input':
+    raise cli.UserError('--profile profiles a compiled step: use it with --mode=train or infer')
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
       mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,
       compare_with=_COMPARE.value, input_data=_INPUT.value, input_size=_INPUT_SIZE.value,
-      data_dir=_DATA_DIR.value)
+      data_dir=_DATA_DIR.value, profile=_PROFILE.value)
   if _JSON.value:
     print(json.dumps(result, indent=1))
   else:

@@ -17,6 +17,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
+from vit_jax import hostmem  # pylint: disable=g-import-not-at-top
 from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
@@ -159,7 +160,11 @@ class _NotFromOrbax:
 
 
 def run_main(fn, *, required_flags=()) -> None:
-  """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2."""
+  """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2.
+
+  First, once per process, restarts it with huge-page malloc where that helps (vit_jax/hostmem.py).
+  """
+  hostmem.restart_with_hugepages()
   for name in required_flags:
     flags.mark_flag_as_required(name)
 

@@ -40,7 +40,9 @@ def synthetic_jpeg_folder(root: str, size: int, count: int = 256, classes: int =
 def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode: str,
                   dtype: str, steps: int, rounds: int = 3, compare_with: Optional[str] = None,
                   input_data: str = 'synthetic', input_size: int = 400,
-                  data_dir: str = '/tmp/vit_jax_benchmark_data') -> dict:
+                  data_dir: str = '/tmp/vit_jax_benchmark_data', profile: bool = False) -> dict:
+  """One benchmark; `profile` adds a per-component kernel profile of our step (and, with
+  `compare_with`, torch.profiler's per-op profile of timm's) under 'profile' / 'timm_profile'."""
   ours.set_benchmark_values(config, model, batch_size, image_size, dtype)
   result = {'model': model, 'mode': mode, 'batch_size': batch_size, 'image_size': image_size,
             'dtype': dtype, 'steps': steps}
@@ -55,20 +57,26 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
 
   peak = ours.matmul_peak_flops()
   prepared = ours.prepare_train(config) if mode == 'train' else ours.prepare_infer(config)
+  theirs_step = None
   if compare_with is None:
     result.update(prepared.measure(steps))
   else:
-    result.update(_alternate(config, prepared, mode, steps, rounds))
+    from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top
+    train_step, infer_step = timm_side.steps(config.model_name, config.batch_size,
+                                             config.image_size, config.model.dtype)
+    theirs_step = train_step if mode == 'train' else infer_step
+    result.update(_alternate(config, prepared, theirs_step, steps, rounds))
+  if profile:
+    from vit_jax.benchmarking import profile as profile_lib  # pylint: disable=g-import-not-at-top
+    result['profile'] = profile_lib.profile_step(prepared.step, prepared.hlo_text)
+    if theirs_step is not None:
+      result['timm_profile'] = timm_side.torch_profile(theirs_step)
   result['matmul_peak_flops'] = peak
   result['utilization'] = result['achieved_flops'] / peak
   return result
 
 
-def _alternate(config, prepared, mode: str, steps: int, rounds: int) -> dict:
-  from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top
-  train_step, infer_step = timm_side.steps(config.model_name, config.batch_size,
-                                           config.image_size, config.model.dtype)
-  theirs_step = train_step if mode == 'train' else infer_step
+def _alternate(config, prepared, theirs_step, steps: int, rounds: int) -> dict:
   start = time.perf_counter()
   theirs_step()
   theirs_first = time.perf_counter() - start
@@ -98,10 +106,19 @@ def format_result(r: dict) -> str:
               f'GFLOP/s achieved = {100 * r["utilization"]:.0f}% of the measured matmul rate '
               f'({r["matmul_peak_flops"] / 1e9:.1f} GFLOP/s)',
               f'  compiled step peak {r["peak_bytes"] / GIB:.2f} GiB; process peak RSS '
-              f'{r["rss_peak_bytes"] / GIB:.2f} GiB']
+              f'{r["rss_peak_bytes"] / GIB:.2f} GiB; {r["minor_faults_per_step"]:,.0f} minor page '
+              f'faults per step']
   if 'timm_img_per_s' in r:
     lines.append(f'  timm: {r["timm_img_per_s"]:.1f} img/s; ours / timm = '
                  f'{r["ratio_vs_timm"]:.2f}')
+  if 'profile' in r:
+    from vit_jax.benchmarking import profile as profile_lib  # pylint: disable=g-import-not-at-top
+    lines += ['ours, per component (jax.profiler):',
+              profile_lib.format_profile(r['profile'], 1e3 * r['step_s'])]
+  if 'timm_profile' in r:
+    lines.append('timm, per op (torch.profiler, self CPU time):')
+    lines += [f'  {row["ms_per_step"]:8.1f} ms  {100 * row["share"]:5.1f}%  {row["op"]}'
+              for row in r['timm_profile']]
   return '\n'.join(lines)
 
 

@@ -46,6 +46,11 @@ def matmul_peak_flops(repeats: int = 10, size: int = MATMUL_SIZE) -> float:
   return 2.0 * size ** 3 / timing.median
 
 
+def minor_faults() -> int:
+  """Minor page faults of this process so far (each step's fresh pages show up here)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -90,10 +95,14 @@ class Prepared:
   flops_per_step: float
   peak_bytes: int
   compile_s: float
+  hlo_text: str = ''             # the compiled program (for vit_jax.benchmarking.profile)
 
   def measure(self, steps: int) -> dict:
-    timing = time_calls(self.step, steps, warmup=1)
+    jax.block_until_ready(self.step())  # warm-up
+    faults = minor_faults()
+    timing = time_calls(self.step, steps, warmup=0)
     return {
+        'minor_faults_per_step': (minor_faults() - faults) / steps,
         'img_per_s': self.batch_size / timing.median,
         'step_s': timing.median,
         'step_s_all': timing.seconds,
@@ -124,7 +133,7 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
 
   jax.block_until_ready(step())
   return Prepared(step, config.batch_size, _flops(compiled), _peak(compiled),
-                  time.perf_counter() - start)
+                  time.perf_counter() - start, compiled.as_text())
 
 
 def prepare_infer(config) -> Prepared:
@@ -141,7 +150,7 @@ def prepare_infer(config) -> Prepared:
   step = lambda: compiled(params, images)
   jax.block_until_ready(step())
   return Prepared(step, config.batch_size, _flops(compiled), _peak(compiled),
-                  time.perf_counter() - start)
+                  time.perf_counter() - start, compiled.as_text())
 
 
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
@@ -166,5 +175,5 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
           'peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
 
 
-__all__ = ['matmul_peak_flops', 'set_benchmark_values', 'prepare_train', 'prepare_infer',
+__all__ = ['matmul_peak_flops', 'minor_faults', 'set_benchmark_values', 'prepare_train', 'prepare_infer',
            'input_pipeline', 'time_calls', 'Timing', 'Prepared']

@@ -7,7 +7,7 @@ Needs torch and timm: `make test-interop` installs them into .venv.
 """
 
 import os
-from typing import Callable, Tuple
+from typing import Callable, List, Tuple
 
 from vit_jax.errors import UserError
 
@@ -71,4 +71,18 @@ def steps(model_name: str, batch_size: int, image_size: int, dtype: str,
   return train_step, infer_step
 
 
-__all__ = ['build', 'steps']
+def torch_profile(step: Callable[[], None], steps: int = 2, top: int = 15) -> List[dict]:
+  """torch.profiler's top ops of `step` by self CPU time: [{op, ms_per_step, share}]."""
+  torch, _ = _import_torch_and_timm()
+  step()
+  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    for _ in range(steps):
+      step()
+  events = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
+  total = sum(t for _, t in events) or 1.
+  events.sort(key=lambda kv: -kv[1])
+  return [{'op': key, 'ms_per_step': t / 1e3 / steps, 'share': t / total}
+          for key, t in events[:top]]
+
+
+__all__ = ['build', 'steps', 'torch_profile']
