@@ -9,6 +9,8 @@ WORKDIR ?= runs/default
 PYTEST_ARGS ?=
 INTEROP_STAMP := $(VENV)/.interop-installed
 TORCH_WHEELS ?= /opt/wheels
+# Huge-page malloc for the test process (vit_jax/hostmem.py; the CLIs restart with it themselves).
+HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
 .PHONY: install train test test-interop clean
 
@@ -25,7 +27,7 @@ train: install
 	$(BIN)/python -m vit_jax.main --config=configs/default.py --workdir=$(WORKDIR)
 
 test: install
-	$(BIN)/python -m pytest -q -n 2 --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
+	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
 
 $(INTEROP_STAMP): $(STAMP) requirements-interop.lock
 	$(BIN)/pip install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock

@@ -115,16 +115,18 @@ class Prepared:
 
 
 def prepare_train(config, devices: Optional[list] = None) -> Prepared:
-  """The trainer's own jitted train step (the Program) on one synthetic batch, compiled and run
-  once (compile_s: from the start to that first result)."""
+  """The trainer's own jitted train step (the Program) on one synthetic batch, compiled (while
+  the initial state is made, as in the trainer) and run once (compile_s: from the start to that
+  first result)."""
   from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   prog = program_lib.build_program(config, devices or jax.devices()[:1], require_dataset=False)
+  future = prog.compile_train_step_in_background()  # as the trainer does: overlaps the init
   state = prog.init_state()
   batch = sharding.shard_batch(_synthetic_batch(config.batch_size, config.image_size,
                                                 prog.num_classes), prog.mesh)
-  compiled = prog.train_fn.lower(state, batch, prog.dropout_rng).compile()
+  compiled = future.result()
   holder = {'state': state}
 
   def step():

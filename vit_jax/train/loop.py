@@ -11,6 +11,7 @@ Step N+1 is dispatched before step N's metrics are read. Every step's `nonfinite
 SIGTERM/SIGINT finish the current step, save it and return (see `guards.Preemption`).
 """
 
+import concurrent.futures
 import math
 import sys
 import time
@@ -70,9 +71,9 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
     ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
     logger = None
     try:
-      start_step, state = _start(prog, ckpt, workdir, allow_config_change)
+      start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change)
       logger = logs.MetricLogger(workdir)
-      return _run(prog, state, start_step, ckpt, logger, preemption, workdir)
+      return _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir)
     finally:
       if logger is not None:
         logger.close()
@@ -80,26 +81,31 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
 
 
 def _start(prog, ckpt, workdir, allow_config_change):
-  """(start step, state): the newest readable checkpoint, or a fresh state."""
+  """(start step, state, train step): the newest readable checkpoint, or a fresh state. For a
+  fresh state the train step compiles while the initial state's program compiles and runs
+  (the train step is a future then); after a restore it compiles at the first step."""
   abstract = train_ckpt.abstract_with_shardings(prog.abstract_state, prog.state_shardings)
   start_step, state, stored = ckpt.restore_latest(abstract)
   if start_step is None:
+    train_fn = prog.compile_train_step_in_background()
     state = prog.init_state()
     if prog.config.init:  # a new run from a pre-trained checkpoint (never over the run's own)
       state, source = transfer.initialise_state(
           prog.config.init, state, model=prog.model, image_size=prog.config.image_size,
           method=prog.config.init_posemb_resize, tx=prog.tx, shardings=prog.state_shardings)
       _say(f'initialised from {source}')
-    return 0, state
+    return 0, state, train_fn
   if not allow_config_change:
     guards.refuse_config_drift(workdir, start_step, stored, prog.config.to_dict())
   if jax.process_index() == 0:
     logs.truncate_after(logs.metrics_path(workdir), start_step)
   _say(f'resumed from {ckpt.directory} at step {start_step}')
-  return start_step, state
+  return start_step, state, prog.train_fn
 
 
-def _run(prog, state, start_step, ckpt, logger, preemption, workdir) -> dict:
+def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -> dict:
+  """The loop; `train_fn` is the train step or the future of its compiled form (awaited once the
+  data pipeline has started)."""
   config, mesh, total_steps = prog.config, prog.mesh, prog.total_steps
   eval_data = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
@@ -123,11 +129,13 @@ def _run(prog, state, start_step, ckpt, logger, preemption, workdir) -> dict:
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
          f'{mesh.devices.size} device(s): {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
+    if isinstance(train_fn, concurrent.futures.Future):
+      train_fn = train_fn.result()
     t_start = time.perf_counter()
     history, to_log = [], None
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
-      state, metrics = prog.train_fn(state, batch, prog.dropout_rng)
+      state, metrics = train_fn(state, batch, prog.dropout_rng)
       guard.check_previous_then_hold(step, metrics)
       history.append(metrics)
       if to_log is not None:  # read step N-1's metrics only after step N is dispatched
