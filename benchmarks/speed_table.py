@@ -22,7 +22,7 @@ _ROUNDS = flags.DEFINE_integer('rounds', 2, 'Alternations of ours and timm.')
 
 COLUMNS = ('model', 'mode', 'batch', 'px', 'ours img/s', 'timm img/s', 'ours / timm',
            'GFLOP / img (XLA)', 'achieved GFLOP/s', 'matmul peak GFLOP/s', 'utilisation',
-           'compile s')
+           'compile s', 'page faults / step')
 
 
 def measure(model: str, batch: int, size: int, mode: str) -> dict:
@@ -39,7 +39,8 @@ def row(model: str, batch: int, size: int, mode: str, r: dict) -> str:
   cells = (model, mode, batch, size, f'{r["img_per_s"]:.1f}', f'{r["timm_img_per_s"]:.1f}',
            f'{r["ratio_vs_timm"]:.2f}', f'{r["flops_per_img"] / 1e9:.2f}',
            f'{r["achieved_flops"] / 1e9:.1f}', f'{r["matmul_peak_flops"] / 1e9:.1f}',
-           f'{r["utilization"]:.0%}', f'{r["compile_s"]:.1f}')
+           f'{r["utilization"]:.0%}', f'{r["compile_s"]:.1f}',
+           f'{r["minor_faults_per_step"]:,.0f}')
   return '| ' + ' | '.join(str(c) for c in cells) + ' |'
 
 
