@@ -129,9 +129,9 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
          f'{mesh.devices.size} device(s): {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
+    t_start = time.perf_counter()
     if isinstance(train_fn, concurrent.futures.Future):
       train_fn = train_fn.result()
-    t_start = time.perf_counter()
     history, to_log = [], None
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
