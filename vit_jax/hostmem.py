@@ -2,9 +2,10 @@
 
 Why: on XLA:CPU every step allocates its temporaries afresh (about 2 GiB for a ViT-Ti/16 train
 step at batch 32) and glibc serves allocations that large with a new mmap, so each step faults in
-every page again: 578k minor page faults and about 1 s of kernel time per 1.65 s step (the
-benchmark's `minor_faults_per_step`, benchmarks/README.md). With glibc's `glibc.malloc.hugetlb=1`
-tunable malloc asks for transparent huge pages (madvise): about 2.4k faults, 1.2 s per step.
+every page again: 573,104 minor page faults per step (the benchmark's `minor_faults_per_step`,
+benchmarks/README.md). With glibc's `glibc.malloc.hugetlb=1` tunable malloc asks for transparent
+huge pages (madvise): 1,920 faults per step, 17.46 -> 27.15 img/s. The restart costs about 0.1 s
+(0.67-0.71 s against 0.60-0.62 s for a CLI run that exits at once).
 
 glibc reads tunables only when a process starts, so the command-line entry points (`cli.run_main`)
 restart themselves once, same PID, same arguments, with the tunable added to GLIBC_TUNABLES. This

@@ -178,5 +178,5 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
           'peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
 
 
-__all__ = ['matmul_peak_flops', 'minor_faults', 'set_benchmark_values', 'prepare_train', 'prepare_infer',
-           'input_pipeline', 'time_calls', 'Timing', 'Prepared']
+__all__ = ['matmul_peak_flops', 'minor_faults', 'set_benchmark_values', 'prepare_train',
+           'prepare_infer', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']
