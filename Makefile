@@ -1,6 +1,8 @@
 # The two quickstart commands: `make train` and `make test`. Both build .venv from nothing with the
 # pinned versions in requirements.lock (tested on Python 3.11, CPU). `make test-interop` adds torch
 # (CPU) and timm (requirements-interop.lock) and runs the parity tests in tests/interop.
+# `make tpu-compiler` adds the TPU compiler (libtpu, requirements-tpu.lock) in .venv/tpu-compiler
+# for `--config.compile_for=v3-8`; `make test` needs it (the suite compiles for TPU slices).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,11 +10,14 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= runs/default
 PYTEST_ARGS ?=
 INTEROP_STAMP := $(VENV)/.interop-installed
+TPU_STAMP := $(VENV)/.tpu-compiler-installed
 TORCH_WHEELS ?= /opt/wheels
+# --dist loadgroup: the tests of one `xdist_group` (the bad-input catalogue, which runs its cases
+# as a pool of subprocesses) stay on one worker.
 # Huge-page malloc for the test process (vit_jax/hostmem.py; the CLIs restart with it themselves).
 HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
-.PHONY: install train test test-interop clean
+.PHONY: install tpu-compiler train test test-interop clean
 
 install: $(STAMP)
 
@@ -23,11 +28,18 @@ $(STAMP): requirements.lock setup.py
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+$(TPU_STAMP): $(STAMP) requirements-tpu.lock
+	rm -rf $(VENV)/tpu-compiler
+	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(VENV)/tpu-compiler -r requirements-tpu.lock
+	touch $(TPU_STAMP)
+
+tpu-compiler: $(TPU_STAMP)
+
 train: install
 	$(BIN)/python -m vit_jax.main --config=configs/default.py --workdir=$(WORKDIR)
 
-test: install
-	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
+test: install $(TPU_STAMP)
+	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
 
 $(INTEROP_STAMP): $(STAMP) requirements-interop.lock
 	$(BIN)/pip install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock

@@ -33,6 +33,12 @@ def base_config() -> config_dict.ConfigDict:
   c.model.gelu_approximate = True         # tanh GELU as the original; False = exact erf
   c.model.remat = 'none'                  # none | full | dots: rematerialise each encoder block
                                           # (dots keeps the Dense outputs, recomputes the rest)
+  c.model.scan = False                    # encoder blocks as one scanned layer: compiled once, not
+                                          # per block; params stacked [L, ...] in training state
+                                          # only (files keep encoderblock_{i}); same math
+  c.model.attention = 'auto'              # auto | einsum | dot_product | flash: attention kernel;
+                                          # auto = flash on TPU, dot_product on GPU, einsum on CPU
+                                          # (einsum wherever attention_dropout_rate > 0)
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
   c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)
@@ -107,7 +113,10 @@ def base_config() -> config_dict.ConfigDict:
   c.data_sharding = 'process'             # process: each process reads its share of the split;
                                           # global: every process reads the global order and keeps
                                           # its rows (same batches on any process count)
-  c.compile_only = False                  # compile the train step, print its per-device memory, exit
+  c.compile_only = False                  # compile the train and eval steps, print their
+                                          # per-device memory, exit (nothing trained or read)
+  c.compile_for = ''                      # compile-only for a TPU slice with the TPU compiler
+                                          # (libtpu): v3-8, v3-256, v4-32, v5litepod-16, v3:4x4
 
   # Loop.
   c.seed = 0
@@ -145,3 +154,24 @@ def parse_arg(arg: str | None, **defaults):
       except ValueError:
         raise UserError(f'config argument {key}={value!r} is not a valid {kind.__name__}') from None
   return out
+
+
+def get_value(c, key: str):
+  """c['a.b'] for a dotted key."""
+  for part in key.split('.'):
+    c = c[part]
+  return c
+
+
+def set_value(c, key: str, value) -> None:
+  """c['a.b'] = value for a dotted key (the key must exist: configs are locked)."""
+  *parents, leaf = key.split('.')
+  for part in parents:
+    c = c[part]
+  c[leaf] = value
+
+
+def apply(c, settings: dict) -> None:
+  """Sets every dotted key of `settings` ({'model.remat': 'full', ...}) in `c`."""
+  for key, value in settings.items():
+    set_value(c, key, value)

@@ -121,4 +121,5 @@ def get_config(arg: str | None = None):
                       f'with one of those models')
     c.image_size = recipes.HEADLINE_RESOLUTION[model]
     c.polyak_decay = recipes.HEADLINE_POLYAK
+    common.apply(c, recipes.plan_settings('headline', model))  # the TPU memory plan, if any
   return c

@@ -126,4 +126,5 @@ def get_config(arg: str | None = None):
         raise UserError(f'{key}= is an AugReg setting: add augreg=true, or override the paper '
                         f'recipe with --config.<key>')
     _paper(c, model, dataset, args['epochs'])
+  common.apply(c, recipes.plan_settings('pretrain', model))  # the TPU memory plan, if any
   return c

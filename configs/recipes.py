@@ -92,6 +92,30 @@ HEADLINE_POLYAK = 0.9999
 # VJ fine-tuning dropout per model (0.0 for every other model).
 FINETUNE_DROPOUT = {'L/16': 0.1, 'H/14': 0.1, 'R50+B/16': 0.1}
 
+# ---------------------------------------------------------------------------------------------
+# Paper-scale plans (configs/plans.py; README "Planning memory for a TPU slice"): the Cloud TPU
+# slice each planned recipe runs on, and the memory setting under which its train and eval steps
+# fit a TPU v3 core's 16 GiB there, as the TPU compiler found it (benchmarks/tpu_plans.py
+# --search). The settings are part of the recipe: configs/pretrain.py and finetune.py apply them.
+# Slices: the paper's Table 2 budgets in TPUv3-core-days (H/14 2.5k, L/16 0.68k on JFT) over a
+# v3-512 (4.9 days) and a v3-256 (2.7 days); B/16 (no budget in Table 2) and the fine-tunes
+# (batch 512: 2 images per core at 518 px) on a v3-256.
+
+NUM_CLASSES = {'jft300m': 18_291, 'imagenet21k': 21_843, 'imagenet2012': 1_000}
+TPU_PLANS = {
+    ('pretrain', 'B/16'): dict(slice='v3-256', dataset='jft300m', settings={}),
+    ('pretrain', 'L/16'): dict(slice='v3-256', dataset='jft300m', settings={}),
+    ('pretrain', 'H/14'): dict(slice='v3-512', dataset='jft300m', settings={}),
+    ('headline', 'L/16'): dict(slice='v3-256', dataset='imagenet2012', settings={}),
+    ('headline', 'H/14'): dict(slice='v3-256', dataset='imagenet2012', settings={}),
+}
+
+
+def plan_settings(recipe: str, model: str) -> dict:
+  """The planned memory setting ({config key: value}) of `recipe` for `model`, or {}."""
+  return dict(TPU_PLANS.get((recipe, short(model)), {}).get('settings', {}))
+
+
 # VTAB-1k: 19 tasks, 800 train + 200 val images each, 2,500 steps at lr 0.01 (P App. B.1.1).
 # VTAB's own split definitions (task_adaptation) are not in the facts sheet: here the 1,000 images
 # are the first 1,000 of the tfds train split (first 800 = train, next 200 = dev).

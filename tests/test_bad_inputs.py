@@ -1,11 +1,15 @@
 """The bad-input catalogue: each mistake, through the real command line, gives a non-zero exit, one
 `error:` line on stderr that says what is wrong and how to fix it, no traceback, and leaves what
-was already in the workdir untouched. The cases run as concurrent subprocesses."""
+was already in the workdir untouched. Each case is its own test; the selected cases run as
+concurrent subprocesses (4 at a time, started when the first of them runs: the module is one
+xdist group, so they run on one worker). Cases that need no command line are in
+test_bad_inputs_library.py."""
 
 import concurrent.futures
 import dataclasses
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+pytestmark = pytest.mark.xdist_group('bad_input_catalogue')  # one worker runs the process pool
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = [sys.executable, '-m', 'vit_jax.main']
 TINY = '--config=configs/default.py:model_name=ViT-Ze/4,steps=6,batch_size=16'
@@ -22,7 +28,7 @@ TINY = '--config=configs/default.py:model_name=ViT-Ze/4,steps=6,batch_size=16'
 
 @dataclasses.dataclass
 class Case:
-  name: str
+  name: str                           # also the test id (spaces and ':' become '_')
   argv: Callable[[dict], List[str]]   # resources -> command line
   needles: List[str]                  # all must appear in the error line
   last_line_only: bool = False        # the run had started: earlier progress lines are fine
@@ -36,6 +42,10 @@ def _main(*args):
 
 def _cli(module, *args):
   return lambda r: [sys.executable, '-m', module, *(a.format(**r) for a in args)]
+
+
+def _config_file(path):
+  return lambda r: [*MAIN, f'--config={path.format(**r)}', f'--workdir={r["workdir"]}']
 
 
 CASES = [
@@ -120,6 +130,21 @@ CASES = [
          ['unknown key(s) grd']),
     Case('launch: no command', _cli('vit_jax.launch', '--tpu=t', '--zone=z', '--dry_run'),
          ['no command to run']),
+    # Config files that cannot be loaded (issue 19).
+    Case('config file missing', _config_file('{tmp}/no_such_config.py'),
+         ['the --config file', 'no_such_config.py does not exist', 'configs/default.py']),
+    Case('config file with a syntax error', _config_file('{syntax_config}'),
+         ['syntax_error.py is not valid Python (', 'line 2): fix it there']),
+    Case('config path is a directory', _config_file('{tmp}'),
+         ['is not a file', 'pass --config=<file.py>']),
+    Case('config file without get_config', _config_file('{no_get_config}'),
+         ['no_get_config.py defines no get_config()', 'configs/default.py']),
+    Case('sweep: --parallel=0', _cli('vit_jax.sweep', '--sweep={bad_sweep}', '--workdir={workdir}',
+                                     '--parallel=0'),
+         ['--parallel=0: the number of runs at once must be at least 1']),
+    Case('sweep: negative --parallel', _cli('vit_jax.sweep', '--sweep={bad_sweep}',
+                                            '--workdir={workdir}', '--parallel=-2'),
+         ['--parallel=-2: the number of runs at once must be at least 1']),
 ]
 
 
@@ -163,7 +188,12 @@ def resources(tmp_path_factory, data_dir):
   truncated.write_bytes(ze.read_bytes()[:ze.stat().st_size // 2])
   bad_sweep = base / 'bad_sweep.py'
   bad_sweep.write_text('def get_sweep():\n  return {"config": "configs/default.py", "grd": {}}\n')
+  syntax = base / 'syntax_error.py'
+  syntax.write_text('def get_config(arg=None):\n  return {1: }\n')
+  no_get = base / 'no_get_config.py'
+  no_get.write_text('def get_conf():\n  return None\n')
   return dict(data_dir=data_dir, tmp=str(base), bad_sweep=str(bad_sweep), empty_folder=str(empty),
+              syntax_config=str(syntax), no_get_config=str(no_get),
               one_class_folder=str(one.parent), corrupt_folder=str(corrupt), image=str(image),
               text_file=str(text), ze_npz=str(ze), truncated_npz=str(truncated))
 
@@ -191,29 +221,44 @@ def _run(case: Case, resources: dict, workdir) -> tuple:
   return proc, before, _snapshot(workdir)
 
 
-def test_bad_input_catalogue(tmp_path, resources):
+def _id(case: Case) -> str:
+  return re.sub(r'[^A-Za-z0-9=.-]+', '_', case.name).strip('_')
+
+
+@pytest.fixture(scope='module')
+def outcomes(request, tmp_path_factory, resources):
+  """{case name: future of (process, workdir before, workdir after)} for the selected cases."""
+  selected = {item.callspec.params['case'].name for item in request.session.items
+              if item.module is sys.modules[__name__] and hasattr(item, 'callspec')
+              and 'case' in item.callspec.params}
+  base = tmp_path_factory.mktemp('cases')
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+  futures = {case.name: pool.submit(_run, case, resources, base / f'work{i}')
+             for i, case in enumerate(CASES) if case.name in selected}
+  yield futures
+  pool.shutdown(wait=True)
+
+
+def test_catalogue_size():
   assert len(CASES) >= 20
-  with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-    futures = {case.name: pool.submit(_run, case, resources, tmp_path / f'work{i}')
-               for i, case in enumerate(CASES)}
-    results = {name: future.result() for name, future in futures.items()}
-  failures = []
-  for case in CASES:
-    proc, before, after = results[case.name]
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    problems = []
-    if proc.returncode == 0:
-      problems.append('exit status 0')
-    if 'Traceback' in proc.stderr:
-      problems.append('a traceback')
-    if not lines or not lines[-1].startswith('error: '):
-      problems.append('no error: line last')
-    elif not case.last_line_only and len(lines) != 1:
-      problems.append(f'{len(lines)} lines')
-    elif not all(n in lines[-1] for n in case.needles):
-      problems.append(f'missing {[n for n in case.needles if n not in lines[-1]]}')
-    if any(after.get(path) != digest for path, digest in before.items()):
-      problems.append('workdir contents changed')
-    if problems:
-      failures.append(f'{case.name}: {", ".join(problems)}\n{proc.stderr[-800:]}')
-  assert not failures, '\n\n'.join(failures)
+  assert len({_id(case) for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize('case', CASES, ids=[_id(case) for case in CASES])
+def test_bad_input(case, outcomes):
+  proc, before, after = outcomes[case.name].result()
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  problems = []
+  if proc.returncode == 0:
+    problems.append('exit status 0')
+  if 'Traceback' in proc.stderr:
+    problems.append('a traceback')
+  if not lines or not lines[-1].startswith('error: '):
+    problems.append('no error: line last')
+  elif not case.last_line_only and len(lines) != 1:
+    problems.append(f'{len(lines)} lines')
+  elif not all(n in lines[-1] for n in case.needles):
+    problems.append(f'missing {[n for n in case.needles if n not in lines[-1]]}')
+  if any(after.get(path) != digest for path, digest in before.items()):
+    problems.append('workdir contents changed')
+  assert not problems, f'{case.name}: {", ".join(problems)}\n{proc.stderr[-800:]}'

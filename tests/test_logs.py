@@ -1,6 +1,13 @@
 """Metric logs go through tf.io.gfile: a bucket workdir (here TF's in-memory ram:// filesystem,
-standing in for gs://) gets the same JSONL log, TensorBoard events and learning-curve PNG."""
+standing in for gs://) gets the same JSONL log, TensorBoard events and learning-curve PNG. The
+log is repaired when a run starts: emptied on a fresh start, cut back to the restored step on
+resume, torn lines (a kill -9 mid-write) dropped, complete lines kept."""
 
+import json
+import os
+import shutil
+
+import pytest
 import tensorflow as tf
 
 from vit_jax.train import logs
@@ -22,3 +29,66 @@ def test_metrics_and_curve_on_a_non_local_filesystem():
   with tf.io.gfile.GFile(png, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert logs.read_metrics('ram://nothing_here/metrics.jsonl') == []
+
+
+def _line(step, split='train', **metrics):
+  return json.dumps({'step': step, 'split': split, 'loss': 1.0 / step, 'accuracy': 0.1,
+                     **metrics}) + '\n'
+
+
+TORN = '{"step": 7, "split": "tr'  # what a kill -9 in the middle of a write leaves
+
+
+@pytest.mark.parametrize('text, step, kept', [
+    (_line(1) + _line(2) + _line(3) + TORN, 2, _line(1) + _line(2)),
+    (_line(1) + _line(2) + TORN, 5, _line(1) + _line(2)),
+    (_line(1) + TORN + '\n' + _line(2) + '\xff junk\n' + _line(3), 3,
+     _line(1) + _line(2) + _line(3)),
+    (_line(1) + _line(2, 'eval'), 0, ''),
+    (_line(1) + _line(2), 2, None),
+], ids=['resume_cuts_later_steps_and_the_torn_line', 'torn_last_line_only',
+        'torn_lines_in_the_middle', 'fresh_start_empties', 'nothing_to_repair'])
+def test_repair_log(tmp_path, text, step, kept):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_bytes(text.encode('utf-8', 'surrogateescape'))
+  mtime = os.stat(path).st_mtime_ns
+  logs.repair_log(str(path), step)
+  if kept is None:
+    assert path.read_text() == text and os.stat(path).st_mtime_ns == mtime  # not rewritten
+  else:
+    assert path.read_text() == kept
+  assert not os.path.exists(f'{path}.tmp')
+
+
+def test_torn_lines_do_not_break_reading_or_the_learning_curve(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text(_line(1) + TORN + '\n' + _line(2) + _line(2, 'eval', count=9.0)
+                  + TORN)
+  assert [(r['step'], r['split']) for r in logs.read_metrics(str(path))] == [
+      (1, 'train'), (2, 'train'), (2, 'eval')]
+  logs.plot_learning_curve(str(path), str(tmp_path / 'curve.png'))
+  assert (tmp_path / 'curve.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_runs_repair_the_log_on_a_fresh_start_and_on_resume(tmp_path, data_dir):
+  """A kill -9 before the first checkpoint left records and a torn line: the fresh start empties
+  the log; after a kill between checkpoints, the resume cuts it back to the checkpoint."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  c = default.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
+  c.data_dir, c.warmup_steps, c.progress, c.log_every, c.checkpoint_every = data_dir, 1, False, 1, 2
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text(_line(1) + _line(2) + _line(3) + TORN)
+  loop.train_and_evaluate(c, str(tmp_path))
+  records = logs.read_metrics(str(path))
+  assert [(r['step'], r['split']) for r in records] == [(1, 'train'), (2, 'train'), (3, 'train'),
+                                                        (4, 'train'), (4, 'eval')]
+  assert 'skipped' in records[0] and path.read_text().endswith('\n')  # this run's records
+  # As if killed after step 3 (checkpoint 2 is the newest): steps 3 and 4 are logged once.
+  shutil.rmtree(tmp_path / 'checkpoints' / '4')
+  with open(path, 'a') as f:
+    f.write(TORN)
+  loop.train_and_evaluate(c, str(tmp_path))
+  assert [(r['step'], r['split']) for r in logs.read_metrics(str(path))] == [
+      (1, 'train'), (2, 'train'), (3, 'train'), (4, 'train'), (4, 'eval')]
+  assert TORN not in path.read_text()

@@ -11,6 +11,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from configs import common
 from configs import default
 from vit_jax import models
 from vit_jax.benchmarking import ours
@@ -42,9 +43,9 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_sizes():
   assert mesh_lib.make_mesh(_mesh_config(), jax.devices()[:1]).devices.size == 1
 
 
-def _abstract_state(name, num_classes=1000, size=224):
+def _abstract_state(name, num_classes=1000, size=224, **options):
   """The trainer's own TrainState shapes for `name` with Adam."""
-  model = models.create_model(name, num_classes=num_classes)
+  model = models.create_model(name, num_classes=num_classes, **options)
   _, abstract = program.init_fn_and_shapes(model, optax.adam(1e-3), (size, size, 3),
                                            jax.random.PRNGKey(0))
   return abstract
@@ -111,6 +112,35 @@ def test_fsdp_splits_big_leaves_on_their_largest_divisible_axis():
   assert _spec(both, *block, 'MlpBlock_0', 'Dense_1', 'kernel') == P('model', 'fsdp')
 
 
+def test_stacked_blocks_take_one_blocks_rules_and_keep_the_layer_axis_whole():
+  """A scanned encoder's [L, ...] params and Adam moments on data x fsdp x model: every stacked
+  leaf is sharded as one unrolled block's leaf, with the layer axis unsharded."""
+  mesh = mesh_lib.make_mesh(_mesh_config(data=2, fsdp=2, model=2))
+  stacked = sharding.param_shardings(_abstract_state('ViT-B/16', scan=True), mesh)
+  unrolled = sharding.param_shardings(_abstract_state('ViT-B/16'), mesh)
+  attn = ('params', 'Transformer', 'encoderblock', 'MultiHeadDotProductAttention_0')
+  assert _spec(stacked, *attn, 'query', 'kernel') == P(None, 'fsdp', 'model', None)
+  assert _spec(stacked, *attn[:-1], 'MlpBlock_0', 'Dense_1', 'kernel') == P(None, 'model',
+                                                                            'fsdp')
+  pad = lambda spec, n: tuple(spec) + (None,) * (n - len(spec))
+  block0 = {jax.tree_util.keystr(k).replace("['encoderblock_0']", "['encoderblock']"): v
+            for k, v in jax.tree_util.tree_leaves_with_path(unrolled)
+            if "['encoderblock_0']" in jax.tree_util.keystr(k)}
+  checked = 0
+  for path, spec in jax.tree_util.tree_leaves_with_path(stacked):
+    name = jax.tree_util.keystr(path)
+    if "['encoderblock']" in name:  # params, mu and nu
+      ndim = len(block0[name].spec) + 1
+      assert pad(spec.spec, ndim) == (None,) + pad(block0[name].spec, ndim - 1), name
+      checked += 1
+  assert checked == 3 * 16
+  # The layer axis stays whole even where it is the only axis 'fsdp' divides.
+  assert sharding.param_spec('params/Transformer/encoderblock/MlpBlock_0/Dense_0/kernel',
+                             (8, 4097, 3), mesh) == P(None, None, None)
+  assert sharding.param_spec('opt_state/0/mu/Transformer/encoderblock/MlpBlock_0/Dense_0/kernel',
+                             (8, 4096, 6), mesh) == P(None, 'fsdp', 'model')
+
+
 def test_activation_rules():
   mesh = mesh_lib.make_mesh(_mesh_config(data=2, fsdp=2, model=2))
   assert sharding.activation_spec(('batch', 'tokens', 'embed'), (8, 50, 32), mesh) == P(
@@ -132,12 +162,7 @@ def _config(**overrides):
   c = default.get_config('model_name=ViT-Ze/4,steps=10,batch_size=32,lr=0.01')
   c.warmup_steps, c.log_every, c.eval_every, c.checkpoint_every = 2, 1, 10, 10
   c.progress = False
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
+  common.apply(c, overrides)
   return c
 
 
@@ -155,10 +180,15 @@ STRATEGIES = {
 
 
 def test_every_strategy_trains_like_one_device(tmp_path, data_dir):
-  """10 steps from the same init and data: every strategy gives the 1-device losses (fp32)."""
+  """10 steps from the same init and data: every strategy, with the scanned encoder
+  (model.scan), gives the 1-device losses of the unrolled encoder (fp32); the unrolled encoder
+  under pmap too (the other strategies run it unrolled in the tests around this one)."""
   reference = _train_losses_of(tmp_path / 'one', data_dir, {}, jax.devices()[:1])
   assert len(reference) == 10 and max(reference) - min(reference) > 0.05, reference
-  for name, overrides in STRATEGIES.items():
+  runs = {f'{name} scanned': {**overrides, 'model.scan': True}
+          for name, overrides in STRATEGIES.items()}
+  runs['pmap unrolled'] = STRATEGIES['pmap']
+  for name, overrides in runs.items():
     got = _train_losses_of(tmp_path / name.replace(' ', '_'), data_dir, overrides, None)
     np.testing.assert_allclose(got, reference, rtol=1e-5, err_msg=name)
 

@@ -165,6 +165,33 @@ def test_user_errors(run, tmp_path):
                           'fix these files')
 
 
+@pytest.mark.parametrize('kind', ['non_utf8_name', 'dangling_symlink', 'symlink_loop'])
+def test_predict_odd_file_names(run, tmp_path, kind):
+  """A file name that is not valid UTF-8 is read and shown with backslash escapes; a dangling
+  link or a link loop is one line naming it."""
+  trained = bundle_lib.from_workdir(run['workdir'])
+  good = list(run['images'])[0]
+  if kind == 'non_utf8_name':
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b'/caf\xe9.png')
+    with open(good, 'rb') as src, open(odd, 'wb') as dst:
+      dst.write(src.read())
+    results = inference.predict(trained, [odd, good])
+    assert results[0]['file'] == f'{tmp_path}/caf\\xe9.png'
+    json.dumps(results)  # printable as text
+    assert results[0]['top'] == results[1]['top']  # the same bytes, the same prediction
+    return
+  odd = str(tmp_path / 'link.png')
+  if kind == 'dangling_symlink':
+    os.symlink(str(tmp_path / 'gone.png'), odd)
+    reason = 'no such file'
+  else:
+    os.symlink(odd, odd)
+    reason = 'Too many levels of symbolic links'
+  with pytest.raises(UserError, match=f'^cannot read image {odd}: {reason}; pass PNG or JPEG '
+                                      'files; nothing was printed'):
+    inference.predict(trained, [odd, good])
+
+
 def test_image_size_is_inferred_from_the_position_embedding():
   import jax  # pylint: disable=g-import-not-at-top
   for name, size in (('ViT-B/16', 384), ('R+ViT-Ti/16', 224), ('R50+ViT-B/16', 224)):

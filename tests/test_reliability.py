@@ -1,10 +1,14 @@
-"""Faults: preemption, kill -9 (also mid-checkpoint), corrupt checkpoints, NaNs, config drift.
+"""Faults: preemption, kill -9 (also mid-checkpoint), corrupt checkpoints, NaNs, config drift,
+checkpoints that do not fit the run (refused before restoring, never set aside), Ctrl-C.
 
 Every interrupted run must end with parameters bitwise equal to the uninterrupted reference run.
 """
 
+import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 from configs import default
+from image_folder_util import write_colour_folder
 from vit_jax.analysis import inputs
 from vit_jax.errors import UserError
 from vit_jax.train import guards
@@ -205,6 +210,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, d
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
   _wait_for_step(procs[0], workdir, 4)
+  assert json.loads((workdir / 'run.lock').read_text())['pid'] == procs[0].pid  # one lock
   procs[1].send_signal(signal.SIGTERM)  # only the second process is told
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (_, err) in zip(procs, outs):
@@ -212,3 +218,168 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, d
   saved = sorted(os.listdir(workdir / 'checkpoints'))
   assert len(saved) == 1 and 4 <= int(saved[0]) < 400, saved
   assert f'preempted: saved the checkpoint of step {saved[0]}' in outs[0][1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Only an unreadable checkpoint is set aside: a run whose arrays would not fit is refused first.
+
+
+def _tree(directory) -> dict:
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, directory)] = f.read()
+  return out
+
+
+@pytest.fixture(scope='module')
+def two_step_run(tmp_path_factory, data_dir):
+  workdir = tmp_path_factory.mktemp('two_steps') / 'work'
+  loop.train_and_evaluate(_config(data_dir, total_steps=2, checkpoint_every=1, eval_every=2,
+                                  warmup_steps=1), str(workdir))
+  return workdir
+
+
+@pytest.mark.parametrize('overrides, allow, message', [
+    (dict(model_name='ViT-Mu/4'), False,
+     r"with another config: model_name 'ViT-Ze/4' -> 'ViT-Mu/4'; its arrays have other shapes "
+     r"\(params/Transformer/encoder_norm/bias \(32,\) -> \(64,\), .*\), so it cannot go on with "
+     r"this config: rerun with the same config, or use a new --workdir \(--config.init=.* starts a "
+     r"new run from its weights where they fit\)$"),
+    (dict(num_classes=12), False,
+     r'with another config: num_classes None -> 12; its arrays have other shapes \(params/head/'
+     r'bias \(10,\) -> \(12,\), params/head/kernel \(32, 10\) -> \(32, 12\), '),
+    (dict(model_name='ViT-Mu/4'), True,
+     r"^--allow_config_change cannot continue .* \(step 2\) with model_name 'ViT-Ze/4' -> "
+     r"'ViT-Mu/4': its arrays have other shapes .*; rerun with the stored values of the keys that "
+     r'change them, or use a new --workdir'),
+    (dict(image_size=32), True, r'params/Transformer/posembed_input/pos_embedding '
+                                r'\(1, 50, 32\) -> \(1, 65, 32\)'),
+], ids=['another_model', 'another_class_count', 'allow_config_change_another_model',
+        'allow_config_change_another_image_size'])
+def test_resume_with_other_shapes_is_refused_and_nothing_moved(
+    tmp_path, data_dir, two_step_run, overrides, allow, message):
+  workdir = tmp_path / 'work'
+  shutil.copytree(two_step_run, workdir)
+  before = _tree(workdir)
+  config = _config(data_dir, total_steps=2, checkpoint_every=1, eval_every=2, warmup_steps=1,
+                   **overrides)
+  with pytest.raises(UserError, match=message):
+    loop.train_and_evaluate(config, str(workdir), allow_config_change=allow)
+  assert _tree(workdir) == before  # every checkpoint where it was, nothing set aside
+
+
+def test_resume_after_a_class_folder_was_added_is_refused_and_nothing_moved(tmp_path):
+  root = tmp_path / 'colours'
+  write_colour_folder(str(root), per_class=4)
+  c = default.get_config('model_name=ViT-Ze/4,steps=2,batch_size=8')
+  c.dataset, c.data_dir, c.image_size = f'folder:{root}', str(tmp_path / 'tfds'), 16
+  c.pp.train_crop = c.pp.eval_crop = 'resize'
+  c.eval_batch_size, c.warmup_steps, c.progress = 8, 1, False
+  workdir = tmp_path / 'work'
+  loop.train_and_evaluate(c, str(workdir))
+  before = _tree(workdir)
+  shutil.copytree(root / 'blue', root / 'cyan')  # a fourth class: the folder is prepared again
+  with pytest.raises(UserError, match=r'holds a run \(step 2\) of this config on other data '
+                                      r"\(folder:.*colours: num_classes 3 -> 4\), so its arrays "
+                                      r'have other shapes \(params/head/bias \(3,\) -> \(4,\), '
+                                      r'.*: restore the dataset as it was to resume, or use a new '
+                                      r'--workdir'):
+    loop.train_and_evaluate(c, str(workdir))
+  assert _tree(workdir) == before
+  shutil.rmtree(root / 'cyan')  # as it was: the run resumes (and finds nothing left to train)
+  assert loop.train_and_evaluate(c, str(workdir))['count'] == 3
+
+
+def test_a_changed_config_that_keeps_shapes_resumes_with_allow_config_change(
+    tmp_path, data_dir, two_step_run):
+  workdir = tmp_path / 'work'
+  shutil.copytree(two_step_run, workdir)
+  config = _config(data_dir, total_steps=3, checkpoint_every=1, eval_every=3, lr=0.02,
+                   warmup_steps=1)
+  loop.train_and_evaluate(config, str(workdir), allow_config_change=True)
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['1', '2', '3']  # resumed at 2
+  assert not os.path.exists(workdir / 'corrupt_checkpoints')
+  steps = [r['step'] for r in logs.read_metrics(str(workdir / 'metrics.jsonl'))
+           if r['split'] == 'train']
+  assert steps == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C: a second one while a checkpoint is written waits for it; one during start-up is a line.
+
+
+def test_second_ctrl_c_while_a_checkpoint_is_written_waits_for_it(capfd):
+  preemption = guards.Preemption()
+  preemption._handle(signal.SIGINT, None)  # the first: stop at the next step boundary
+  assert preemption.requested
+  with preemption.saving():
+    preemption._handle(signal.SIGINT, None)  # the second, while saving: not an interrupt
+  assert 'still writing a checkpoint: the run stops once it is complete' in capfd.readouterr().err
+  with pytest.raises(KeyboardInterrupt):  # outside a save it stops at once
+    preemption._handle(signal.SIGINT, None)
+
+
+def test_second_ctrl_c_soon_after_the_first_keeps_a_complete_checkpoint(tmp_path, data_dir):
+  """The second Ctrl-C comes 0.3 s after the first: the run either finishes the checkpoint it is
+  writing (exit 0) or stops with one line naming the complete checkpoint that stands (exit 2);
+  never a traceback, and the checkpoint it names restores."""
+  workdir = tmp_path / 'work'
+  proc = _launch(workdir, data_dir, '--config.checkpoint_every=5', '--config.total_steps=2000',
+                 '--config.eval_every=2000')
+  _wait_for_step(proc, workdir, 7)
+  proc.send_signal(signal.SIGINT)
+  time.sleep(0.3)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=300)
+  assert 'Traceback' not in err, err
+  lines = err.strip().splitlines()
+  last = lines[-1]
+  if last == 'error: interrupted (Ctrl-C): rerun the same command':  # it came as the run ended
+    last = lines[-2]
+  if last.startswith('preempted: saved the checkpoint of step '):
+    assert proc.returncode in (0, 2), err
+    step = int(last.split('step ')[1].split(' ')[0])
+  else:
+    assert proc.returncode == 2, err
+    match = re.fullmatch(r'error: interrupted \(Ctrl-C\); the checkpoint of step (\d+) in (.*) '
+                         r'stands: rerun the same command to resume from it', last)
+    assert match and match.group(2) == str(workdir / 'checkpoints'), err
+    step = int(match.group(1))
+  assert step >= 5 and str(step) in os.listdir(workdir / 'checkpoints')
+  assert _final_state(workdir, step)  # complete: it restores
+  assert not os.path.exists(workdir / 'run.lock')
+
+
+def _wait_for_start_up(pid: int, timeout: float = 120.0) -> None:
+  """Until the process is in the command's start-up: it has loaded jaxlib. (A SIGINT while the
+  interpreter itself starts, before `site` is imported, is Python's own fatal error, as for any
+  program; the heuristic of a fixed sleep hit that window on a loaded machine.)"""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    with open(f'/proc/{pid}/maps') as f:
+      if 'jaxlib' in f.read():
+        return
+    time.sleep(0.01)
+  raise AssertionError(f'process {pid} never loaded jaxlib')
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('keep me')
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *ARGS, f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env=dict(os.environ, VIT_JAX_HUGEPAGES='0'))  # no restart: one interpreter
+  _wait_for_start_up(proc.pid)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 2 and 'Traceback' not in err, err
+  assert err.strip().splitlines() in (  # in the imports, or in the trainer's start-up
+      ['error: interrupted (Ctrl-C): rerun the same command'],
+      ['error: interrupted (Ctrl-C) while starting: nothing was written; rerun the same command'],
+  ), err
+  assert sorted(os.listdir(workdir)) == ['notes.txt']

@@ -1,4 +1,5 @@
-"""Sweeps: expansion, the paper's dev-split choice, tables and plot, and resuming a killed sweep."""
+"""Sweeps: expansion, the paper's dev-split choice, tables and plot, resuming a killed sweep, and
+stopping one (signals forwarded to its trainers, none left running, one sweep per directory)."""
 
 import csv
 import json
@@ -174,3 +175,112 @@ def test_markdown_of_a_seeds_only_grid_is_a_valid_table(tmp_path):
   table = [l for l in report.markdown(sweep, rows, [], report.best_settings(rows, None))
            .splitlines() if l.startswith('|')]
   assert table == ['| setting | accuracy |', '|---|---|', '| base | **75.00 ± 7.07 (n=2)** |']
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopping a sweep: signals reach its trainers, which save; none is left running.
+
+
+def _long_spec(tmp_path, data_dir, runs=2):
+  return _write_spec(tmp_path, data_dir, select=False, steps=100000,
+                     grid={'lr': [0.001, 0.01, 0.03][:runs]})
+
+
+def _start_sweep(spec, workdir, *extra):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.sweep', f'--sweep={spec}', f'--workdir={workdir}', *extra],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _trainer_pid(run_workdir, sweep, deadline_s=300) -> int:
+  """The PID of the trainer in `run_workdir` (from its lock), once it has trained a step."""
+  deadline = time.monotonic() + deadline_s
+  while True:
+    assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+    if (run_workdir / 'checkpoints').exists() and (run_workdir / 'metrics.jsonl').exists():
+      try:
+        return json.loads((run_workdir / 'run.lock').read_text())['pid']
+      except (OSError, ValueError):
+        pass
+    time.sleep(0.05)
+
+
+def _gone(pid, timeout_s=120) -> bool:
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return True
+    with open(f'/proc/{pid}/stat') as f:  # a zombie (not reaped yet) is gone too
+      if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+        return True
+    time.sleep(0.1)
+  return False
+
+
+def test_sigterm_to_the_sweep_is_forwarded_and_its_runs_save(tmp_path, data_dir):
+  spec = _long_spec(tmp_path, data_dir)
+  workdir = tmp_path / 'sweep'
+  sweep = _start_sweep(spec, workdir, '--parallel=2')
+  runs = [workdir / 'grid' / 'lr_0.001', workdir / 'grid' / 'lr_0.01']
+  pids = [_trainer_pid(run, sweep) for run in runs]
+  sweep.send_signal(signal.SIGTERM)
+  out, err = sweep.communicate(timeout=300)
+  assert sweep.returncode == 0 and 'Traceback' not in err, err
+  assert err.strip().splitlines()[-1].startswith('stopped: 2 run(s) stopped or not started '), err
+  for run, pid in zip(runs, pids):
+    assert _gone(pid)
+    log = (run / 'log.txt').read_text().strip().splitlines()
+    assert log[-1].startswith('preempted: saved the checkpoint of step '), log[-3:]
+    step = log[-1].split('step ')[1].split(' ')[0]
+    assert step in os.listdir(run / 'checkpoints')
+    assert not (run / 'run.lock').exists() and not (run / runner.RESULT).exists()
+  assert 'Traceback' not in out and not (workdir / 'results.csv').exists()
+
+
+def test_kill_9_of_the_sweep_stops_its_trainer_with_a_checkpoint(tmp_path, data_dir):
+  spec = _long_spec(tmp_path, data_dir, runs=1)
+  workdir = tmp_path / 'sweep'
+  sweep = _start_sweep(spec, workdir)
+  run = workdir / 'grid' / 'lr_0.001'
+  pid = _trainer_pid(run, sweep)
+  sweep.kill()
+  sweep.communicate()
+  assert _gone(pid), 'the trainer outlived its sweep'
+  log = (run / 'log.txt').read_text().strip().splitlines()
+  assert log[-1].startswith('preempted: saved the checkpoint of step '), log[-3:]
+  assert log[-1].split('step ')[1].split(' ')[0] in os.listdir(run / 'checkpoints')
+  assert not (run / 'run.lock').exists()
+
+
+def test_rerun_finds_a_trainer_still_holding_a_run_and_says_so(tmp_path, data_dir):
+  """A trainer of an earlier sweep still runs in a run's workdir (here: this process holds its
+  lock): the run is not started a second time, and the line names the holder."""
+  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  sweep = spec_lib.load(_long_spec(tmp_path, data_dir, runs=1))
+  root = tmp_path / 'sweep'
+  (root / 'grid' / 'lr_0.001').mkdir(parents=True)
+  held = lock.WorkdirLock(str(root / 'grid' / 'lr_0.001')).acquire()
+  try:
+    [outcome] = runner.execute(sweep, sweep.grid_runs(), str(root), say=lambda m: None)
+  finally:
+    held.release()
+  assert outcome.status == 'failed'
+  assert outcome.error == (f'its workdir is in use by {held._me.describe()} (a trainer left '
+                           'running by an earlier sweep?): wait for it or stop it, then rerun the '
+                           'same command')
+  assert not (root / 'grid' / 'lr_0.001' / 'log.txt').exists()  # no trainer was started
+
+
+def test_second_sweep_on_the_same_directory_is_refused(tmp_path, data_dir):
+  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  spec = _long_spec(tmp_path, data_dir, runs=1)
+  (tmp_path / 'sweep').mkdir()
+  held = lock.WorkdirLock(str(tmp_path / 'sweep')).acquire()
+  try:
+    with pytest.raises(lock.WorkdirInUse, match=f'in use by another run \\(pid {os.getpid()} '):
+      sweeps.run_sweep(spec, str(tmp_path / 'sweep'), say=lambda m: None)
+  finally:
+    held.release()
+  assert not (tmp_path / 'sweep' / 'grid').exists()

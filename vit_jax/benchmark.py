@@ -59,7 +59,7 @@ def run(argv) -> int:
 
 
 def main():
-  cli.run_main(run)
+  cli.run_main(run, compilation_cache=False)  # it times cold compiles
 
 
 if __name__ == '__main__':

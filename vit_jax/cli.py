@@ -4,6 +4,7 @@ A user mistake (bad flag, bad config value, unknown variant, ...) prints `error:
 fix>` on stderr and exits 2, without a traceback. Internal bugs keep their traceback.
 """
 
+import ast
 import difflib
 import importlib.abc
 import importlib.util
@@ -17,7 +18,9 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
+from vit_jax import compile_cache  # pylint: disable=g-import-not-at-top
 from vit_jax import hostmem  # pylint: disable=g-import-not-at-top
+from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
 from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
@@ -30,12 +33,63 @@ def fail(message: str) -> None:
 
 
 def _parse_flags(argv):
+  _check_config_file(argv)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(_user_message(e) or _one_line(str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no config key
     fail(_unknown_key_message(_key_of(e), argv))
+
+
+def _config_value(argv) -> str | None:
+  """The value of --config (`--config=V` or `--config V`), if given."""
+  for i, arg in enumerate(argv):
+    if arg.startswith('--config='):
+      return arg.split('=', 1)[1]
+    if arg == '--config' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _check_config_file(argv) -> None:
+  """One line for a --config file that cannot be loaded (ml_collections would raise later, with a
+  traceback): missing, a directory, not valid Python, or without a get_config function."""
+  value = _config_value(argv)
+  if value is None or 'config' not in flags.FLAGS:
+    return
+  path = value.partition(':')[0]
+  fix = 'pass --config=<file.py>, e.g. --config=configs/default.py (see configs/README.md)'
+  if not os.path.exists(path):
+    fail(f'the --config file {path} does not exist: {fix}')
+  if not os.path.isfile(path):
+    fail(f'the --config file {path} is not a file: {fix}')
+  try:
+    with open(path, 'rb') as f:
+      tree = ast.parse(f.read(), path)
+  except SyntaxError as e:
+    fail(f'the --config file {path} is not valid Python ({e.msg}, line {e.lineno}): fix it there')
+  except (OSError, ValueError) as e:
+    fail(f'cannot read the --config file {path} ({getattr(e, "strerror", None) or e}): {fix}')
+  if not _defines(tree, 'get_config'):
+    fail(f'the --config file {path} defines no get_config(): a config file returns its '
+         f'ConfigDict from get_config(arg=None), as configs/default.py does')
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+  """Whether a module's top level defines or imports `name` (or star-imports: cannot tell)."""
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+        node.name == name):
+      return True
+    if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+        (a.asname or a.name.split('.')[0]) in (name, '*') for a in node.names):
+      return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and name in [
+        t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name)]:
+      return True
+  return False
 
 
 def _key_of(error: BaseException) -> str:
@@ -159,12 +213,15 @@ class _NotFromOrbax:
     return f'{os.sep}orbax{os.sep}' not in record.pathname
 
 
-def run_main(fn, *, required_flags=()) -> None:
+def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2.
 
   First, once per process, restarts it with huge-page malloc where that helps (vit_jax/hostmem.py).
+  The persistent XLA compilation cache is on (vit_jax/compile_cache.py) unless
+  `compilation_cache=False` (the benchmark, which times cold compiles).
   """
   hostmem.restart_with_hugepages()
+  interrupt.install()
   for name in required_flags:
     flags.mark_flag_as_required(name)
 
@@ -175,12 +232,17 @@ def run_main(fn, *, required_flags=()) -> None:
       # caller, which turns it into one line; the log would only repeat it.
       logging.get_absl_handler().addFilter(_NotFromOrbax())
     import_tensorflow_quietly_when_needed()
+    if compilation_cache:
+      compile_cache.enable()
     try:
       return fn(argv)
     except UserError as e:
       fail(str(e))
 
-  app.run(guarded, flags_parser=_parse_flags)
+  try:
+    app.run(guarded, flags_parser=_parse_flags)
+  except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (start-up, imports)
+    fail('interrupted (Ctrl-C): rerun the same command')
 
 
 __all__ = ['UserError', 'fail', 'run_main', 'EXIT_USER_ERROR']

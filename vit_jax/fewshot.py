@@ -39,9 +39,8 @@ def run(argv) -> int:
     raise cli.UserError(f'--shots={",".join(_SHOTS.value)} must be integers, e.g. '
                         f'--shots=1,5,10,25') from None
   # The Polyak average when the run kept one: the params its own evaluations scored.
-  params, config = inputs.load_checkpoint(
+  model, params, config = inputs.load_model(
       inputs.resolve_checkpoint(_WORKDIR.value, _CHECKPOINT.value), averaged=True)
-  model = inputs.build_model(config, params)
   mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
   if _BATCH_SIZE.value < 1 or _BATCH_SIZE.value % mesh.devices.size:
     raise cli.UserError(f'--batch_size={_BATCH_SIZE.value} does not split over '

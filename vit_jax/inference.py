@@ -19,7 +19,8 @@ from vit_jax.errors import UserError
 def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
             top_k: int = 5) -> List[Dict[str, Any]]:
   """[{'file': path, 'top': [{'class': name, 'index': i, 'probability': p}, ...]}] per path,
-  most probable first (k = min(top_k, number of classes))."""
+  most probable first (k = min(top_k, number of classes)); a path that is not valid UTF-8 is
+  given with backslash escapes."""
   from vit_jax.data import image_files  # pylint: disable=g-import-not-at-top
   if not paths:
     raise UserError('no images given: pass image files (PNG or JPEG) as arguments')
@@ -45,7 +46,7 @@ def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
         images.append(image_files.load_one(path, spec, bundle.decode_channels))
         chunk.append(path)
       except UserError as e:  # go on: the error at the end lists every unusable file
-        bad.append((path, str(e)))
+        bad.append((image_files.shown(path), str(e)))
     if not chunk:
       continue
     padded = np.zeros((batch_size,) + images[0].shape, np.float32)
@@ -53,7 +54,7 @@ def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
     probs = np.asarray(forward(params, jnp.asarray(padded)))[:len(chunk)]
     for path, p in zip(chunk, probs):
       order = np.argsort(-p, kind='stable')[:k]
-      results.append({'file': path, 'top': [
+      results.append({'file': image_files.shown(path), 'top': [
           {'class': bundle.class_names[i], 'index': int(i), 'probability': float(p[i])}
           for i in order]})
   if bad:

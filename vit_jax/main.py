@@ -7,6 +7,7 @@ Multi-host: run the same command on every host with --coordinator_address (proce
 processes do not all arrive within --distributed_timeout seconds, every one fails with one line.
 """
 
+import signal
 import sys
 
 from absl import app
@@ -31,14 +32,17 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 def run(argv) -> int:
   del argv
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import tasks, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import guards, tasks, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
   result = train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                               allow_config_change=_ALLOW_CHANGE.value)
-  if _CONFIG.value.compile_only or result.get('preempted'):
+  if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+  if _CONFIG.value.compile_only or _CONFIG.value.compile_for or result.get('preempted'):
     return 0
   print(f'final {_CONFIG.value.eval_split} {tasks.metric_name(_CONFIG.value)}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')

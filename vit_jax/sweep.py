@@ -30,6 +30,11 @@ def run(argv) -> int:
                              parallel=_PARALLEL.value, dry_run=_DRY_RUN.value, say=say)
   if _DRY_RUN.value:
     return 0
+  if 'stopped' in summary:
+    say(f'stopped: {len(summary["stopped"])} run(s) stopped or not started '
+        f'({", ".join(summary["stopped"][:4])}{", ..." if len(summary["stopped"]) > 4 else ""}); '
+        'the started ones saved a checkpoint: rerun the same command to resume the sweep')
+    return 0
   print(summary['table'], end='')
   print(f'plot: {summary["plot"]}')
   if summary['failed']:

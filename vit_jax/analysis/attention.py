@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import layout
 from vit_jax.models.vit import token_grid  # re-exported: analyses describe grids with it
 
 Grid = Tuple[int, int]
@@ -21,12 +22,20 @@ def has_cls_token(model) -> bool:
 
 
 def forward_with_attention(model, params, images, batch_size: int = 32):
-  """Runs `model` (train=False) on `images`; returns (logits [B, K], attention [L, B, H, N, N])."""
+  """Runs `model` (train=False) on `images`; returns (logits [B, K], attention [L, B, H, N, N]).
+
+  `params` may be in either encoder layout; a scanned model sows its layers' weights stacked,
+  which come out per layer like the unrolled model's. Always with the einsum attention kernel, the
+  one that sows the weights, whatever `model.attention` the run trained with (same parameters,
+  same logits up to float rounding).
+  """
+  model = model.clone(attention='einsum')
+  params = layout.for_model(params, model)
 
   @jax.jit
   def run(p, x):
     logits, state = model.apply({'params': p}, x, train=False, mutable=['intermediates'])
-    blocks = state['intermediates']['Transformer']
+    blocks = layout.unstack_blocks(state['intermediates'])['Transformer']
     attn = [blocks[f'encoderblock_{i}']['MultiHeadDotProductAttention_0']['attention_weights'][0]
             for i in range(model.num_layers)]
     return logits, jnp.stack(attn).astype(jnp.float32)

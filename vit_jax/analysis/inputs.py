@@ -11,11 +11,21 @@ import numpy as np
 
 from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.checkpoint.spec import ModelSpec, input_channels  # pylint: disable=unused-import
+from vit_jax.models import layout
 
 
 def build_model(config, params):
   """The run's model: variant and options from its config, class count from the head."""
   return ModelSpec.from_config(config, params).build()
+
+
+def load_model(step_dir, *, averaged: bool = False):
+  """(model, params in the model's layout, config) of a checkpoint step directory: a run with
+  `model.scan` gets its scanned model and its blocks stacked (`load_checkpoint` reads them
+  unrolled)."""
+  params, config = load_checkpoint(step_dir, averaged=averaged)
+  model = build_model(config, params)
+  return model, layout.for_model(params, model), config
 
 
 def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np.ndarray:
@@ -37,5 +47,5 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None):
   return batch['image'][real], batch['label'][real]
 
 
-__all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint', 'build_model',
+__all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint', 'build_model', 'load_model',
            'input_channels', 'load_image_files', 'eval_images']

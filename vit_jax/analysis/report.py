@@ -32,9 +32,11 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
     raise UserError('missing --out: pass --out=DIR for the figures')
   if num_images < 1:
     raise UserError(f'--num_images={num_images}: pass a positive number of eval images')
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise UserError(f'--out={out} is a file, and the figures go into a directory: pass a new or '
+                    'existing directory')
   step_dir = inputs_lib.resolve_checkpoint(workdir, checkpoint)
-  params, config = inputs_lib.load_checkpoint(step_dir)
-  model = inputs_lib.build_model(config, params)
+  model, params, config = inputs_lib.load_model(step_dir)
   if not isinstance(model, VisionTransformer):
     raise UserError(f'{config.model_name} is a {type(model).__name__}, without the attention and '
                     'position embeddings these figures show: analyse a ViT or hybrid run')
@@ -45,7 +47,11 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
   else:
     x, labels = inputs_lib.eval_images(config, num_images, data_dir)
     names = None
-  os.makedirs(out, exist_ok=True)
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:  # a file on the way (--out=notes.txt/figures), no permission, ...
+    raise UserError(f'cannot create --out={out} ({e.strerror or e}): pass a directory that can be '
+                    'created') from None
 
   grid = attention_lib.token_grid(model, size)
   stride = (size / grid[0], size / grid[1])  # pixels per patch (hybrids: effective stride)

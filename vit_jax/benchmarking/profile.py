@@ -37,7 +37,7 @@ COMPONENTS = (
     ('MLP Dense_1', r'MlpBlock_0/Dense_1/'),
     ('GELU', r'MlpBlock_0/'),
     ('LayerNorm', r'LayerNorm|encoder_norm'),
-    ('residual adds', r'encoderblock_\d+/add'),
+    ('residual adds', r'encoderblock(_\d+)?/add'),  # unrolled or scanned
     ('ResNet stem', r'conv_root|gn_root|root_block|block\d+/unit\d+'),
     ('patch embedding', r'/embedding/'),
     ('position embedding, cls', r'posembed_input|/concatenate|/broadcast_in_dim'),

@@ -34,6 +34,7 @@ import numpy as np
 
 from vit_jax.checkpoint import files
 from vit_jax.errors import UserError
+from vit_jax.models.layout import for_model, unstack_blocks
 
 Params = Dict[str, Any]
 
@@ -113,9 +114,8 @@ def from_npz_layout(flat: Mapping[str, np.ndarray]) -> Tuple[Dict[str, np.ndarra
     if len(depths) != 1 or 0 in depths:
       raise UserError(f'scanned encoder {_SCAN}... has arrays with different numbers of layers '
                       f'{sorted(depths)} on axis 0: {_FIX}')
-    for key, value in scanned.items():
-      for i in range(value.shape[0]):
-        _put(out, f'Transformer/encoderblock_{i}/{key[len(_SCAN):]}', np.array(value[i]), key)
+    for key, value in _flatten(unstack_blocks(_unflatten(scanned))).items():
+      _put(out, key, value, _SCAN + '...')
 
   pre_linen = False
   for key, value in flat.items():
@@ -237,13 +237,14 @@ def _as_numpy(key: str, value: Any) -> np.ndarray:
 
 
 def save_npz(path: str, params: Any, *, groupnorm_4d: bool = True) -> None:
-  """Writes `params` (our tree, or {'params': tree}) in the released layout, atomically.
+  """Writes `params` (our tree, or {'params': tree}) in the released layout, atomically. A
+  scanned model's stacked blocks are written unrolled (encoderblock_{i}), as every released file.
 
   bfloat16 arrays are stored as float32. With groupnorm_4d, hybrid GroupNorm params are stored as
   [1,1,1,C] like the released files (every reader squeezes them).
   """
   path = os.fspath(path)
-  flat = {k: _as_numpy(k, v) for k, v in _flatten(_params_only(params)).items()}
+  flat = {k: _as_numpy(k, v) for k, v in _flatten(unstack_blocks(_params_only(params))).items()}
   if not flat:
     raise UserError('save_npz got an empty param tree: pass the model params')
   flat = to_released_layout(flat, groupnorm_4d)
@@ -332,7 +333,8 @@ def load_for_model(path: str, model: Any, image_shape: Sequence[int], *,
 def fit_to_model(params: Any, model: Any, image_shape: Sequence[int], *,
                  name: Optional[str] = None) -> Params:
   """check_params of `params` against `model` on images of `image_shape`, then a copy cast to the
-  model's param dtypes (numpy arrays)."""
+  model's param dtypes (numpy arrays) in the model's encoder layout (stacked if it scans)."""
+  params = for_model(_params_only(params), model)
   shape = tuple(int(d) for d in image_shape)
   images = jax.ShapeDtypeStruct((1,) * (len(shape) == 3) + shape, jnp.float32)
   init = lambda x: model.init(jax.random.key(0), x, train=False)['params']

@@ -1,6 +1,7 @@
 """Reading this project's orbax checkpoints back as host numpy arrays, whatever device topology
 wrote them: which step directory a --workdir/--checkpoint names, and its params plus the config
-stored with them (only the `params` of the train state are read, not the optimizer state).
+stored with them (only the `params` of the train state are read, not the optimizer state), always
+in the unrolled layout (vit_jax/models/layout.py).
 
 Used by the analyses, the few-shot CLI and `config.init` (vit_jax.checkpoint.transfer).
 """
@@ -14,6 +15,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax.errors import UserError
+from vit_jax.models import layout
 
 
 def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None) -> epath.Path:
@@ -60,7 +62,8 @@ def available_steps(workdir) -> list[int]:
 
 
 def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_collections.ConfigDict]:
-  """(params as numpy arrays, the run's config) of one checkpoint step directory.
+  """(params as numpy arrays, the run's config) of one checkpoint step directory. The params
+  have the official unrolled names (encoderblock_{i}) whether or not the run scanned its encoder.
 
   averaged=True returns the Polyak average of the params instead (vit_jax/train/polyak.py: what
   the run's evaluations scored) when the run kept one.
@@ -81,9 +84,9 @@ def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_colle
     restored = ckptr.restore(step_dir / 'state', args=ocp.args.PyTreeRestore(
         item=item, restore_args=restore_args, partial_restore=True))
   if key == 'params':
-    return restored['params'], config
+    return layout.unstack_blocks(restored['params']), config
   opt_state = restored['opt_state']
-  return opt_state[_average_index(opt_state)]['average'], config
+  return layout.unstack_blocks(opt_state[_average_index(opt_state)]['average']), config
 
 
 def _absolute(path) -> epath.Path:

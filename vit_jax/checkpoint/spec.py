@@ -17,6 +17,7 @@ from vit_jax.models import resnet as resnet_lib
 from vit_jax.errors import UserError
 
 _FIELDS = ('model_name', 'num_classes', 'options', 'image_size', 'channels')
+LAYOUT_OPTIONS = ('scan',)  # options that choose how params are laid out, not what they are
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +47,11 @@ class ModelSpec:
             if f.name not in ('parent', 'name')}
 
   def to_dict(self) -> Dict[str, Any]:
+    """What files store (bundles, .safetensors metadata). Their params are always unrolled, so the
+    stored options leave out `scan`, the encoder layout a run chose (vit_jax/models/layout.py)."""
+    options = {k: v for k, v in self.options.items() if k not in LAYOUT_OPTIONS}
     return {'model_name': self.model_name, 'num_classes': int(self.num_classes),
-            'options': dict(self.options), 'image_size': int(self.image_size),
+            'options': options, 'image_size': int(self.image_size),
             'channels': int(self.channels)}
 
   @classmethod
@@ -70,6 +74,9 @@ class ModelSpec:
       raise UserError(f'config.num_classes={config.num_classes} but the checkpoint head has '
                       f'{num_classes} outputs: the checkpoint and its config do not match')
     options = config.model.to_dict()
+    # The attention kernel is picked where the model runs, not stored: a TPU run's 'flash'
+    # could not run on a CPU host (the spec builds 'auto').
+    options.pop('attention', None)
     if 'mask_token' in params:  # a masked-patch-prediction pre-training run
       options['with_mask_token'] = True
     return cls(model_name=config.model_name, num_classes=num_classes, options=options,

@@ -44,6 +44,7 @@ from vit_jax.checkpoint.npz import (  # pylint: disable=protected-access
 from vit_jax.checkpoint.spec import ModelSpec
 from vit_jax.errors import UserError
 from vit_jax.models import resnet as resnet_lib
+from vit_jax.models.layout import unstack_blocks
 from vit_jax.models import vit as vit_lib
 
 Params = Dict[str, Any]
@@ -167,9 +168,9 @@ def _hybrid_rules(keys) -> tuple:
 
 
 def to_timm(params: Any, *, drop_pre_logits: bool = False) -> Dict[str, np.ndarray]:
-  """Our param tree (or {'params': tree}) -> a timm state dict of numpy arrays (float32 for
-  bfloat16 params)."""
-  flat = {k: _as_numpy(k, v) for k, v in _flatten(_params_only(params)).items()}
+  """Our param tree (or {'params': tree}; either encoder layout) -> a timm state dict of numpy
+  arrays (float32 for bfloat16 params)."""
+  flat = {k: _as_numpy(k, v) for k, v in _flatten(unstack_blocks(_params_only(params))).items()}
   if any(k.startswith('pre_logits/') for k in flat):
     if not drop_pre_logits:
       raise UserError('the params have a pre_logits layer (i21k checkpoint), which timm\'s '

@@ -29,6 +29,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import models
+from vit_jax.models import layout
 from vit_jax.checkpoint import npz as npz_lib
 from vit_jax.checkpoint import restore
 from vit_jax.errors import UserError
@@ -204,13 +205,18 @@ def initialise_state(init: str, state, *, model, image_size: int, method: str, t
   """`state` with its params taken from `init` (see the module rules) and a fresh optimizer state.
 
   `state` is the freshly initialised TrainState; `shardings` its shardings. The head (and any
-  other parameter the checkpoint does not provide) keeps its fresh value.
+  other parameter the checkpoint does not provide) keeps its fresh value. The checkpoint's
+  params (always read unrolled) take the state's encoder layout (stacked for `model.scan`).
   """
   pretrained = load_pretrained(init)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
-  values = transfer_params(pretrained.params, abstract, has_cls=model.classifier != 'gap',
-                           old_grid=pretrained.grid, new_grid=models.token_grid(model, image_size),
-                           method=method, what=f'--config.init={init}')
+  values = transfer_params(pretrained.params, layout.unstack_blocks(abstract),
+                           has_cls=model.classifier != 'gap', old_grid=pretrained.grid,
+                           new_grid=models.token_grid(model, image_size), method=method,
+                           what=f'--config.init={init}')
+  if layout.is_stacked(abstract):  # a scanned model: its blocks stacked as its params are
+    tree = layout.stack_blocks(npz_lib._unflatten(values))  # pylint: disable=protected-access
+    values = npz_lib._flatten(tree)  # pylint: disable=protected-access
 
   def pick(path, fresh, sharding):
     key = '/'.join(str(getattr(p, 'key', p)) for p in path)

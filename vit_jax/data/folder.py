@@ -5,9 +5,13 @@ folders belong to the class folder above them). Label i is the i-th class folder
 order. Names starting with '.' (hidden files and folders) are ignored.
 
 Preparation, once per folder content: every file is listed; files without a JPEG/PNG extension
-("non-image") and files that `preprocess.decode` (the op the input pipelines use) cannot decode
-("corrupt") are skipped, and the counts and first names are printed as one line on stderr and
-kept in the dataset's metadata (`info.metadata`: `skipped_non_image`, `skipped_corrupt`). The
+("non-image"), files that `preprocess.decode` (the op the input pipelines use) cannot decode
+("corrupt") and entries that cannot be read ("unreadable": dangling symbolic links, symbolic-link
+loops, no read permission) are skipped, and the counts and first names are printed as one line
+on stderr and kept in the dataset's metadata (`info.metadata`: `skipped_non_image`,
+`skipped_corrupt`, `skipped_unreadable`). Names that are not valid UTF-8 are used, shown with
+backslash escapes (`shown`: class names too). Running out of disk space while writing the
+prepared copy is one UserError line. The
 other files are written, bytes unchanged, as a tfds dataset in
 `<data_dir>/image_folders/<folder name>-<fingerprint>` (data_dir: the config's `data_dir`, else
 tfds' default `~/tensorflow_datasets`). The fingerprint hashes every file's relative path, size
@@ -36,9 +40,11 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from etils import epath
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import quiet
+from vit_jax.data.image_files import shown
 from vit_jax.errors import UserError
 
 PREFIX = 'folder:'
@@ -57,50 +63,91 @@ class Listing:
   images: Tuple[Tuple[str, int], ...]
   non_images: Tuple[str, ...]
   fingerprint: str
+  unreadable: Tuple[str, ...] = ()  # entries that cannot be read (see `list_folder`)
 
 
 def list_folder(root: str) -> Listing:
-  """Lists PATH/<class>/** without reading any file; UserError if there is no usable layout."""
+  """Lists PATH/<class>/** without reading any file; UserError if there is no usable layout.
+
+  Entries that cannot be read are skipped and listed in `unreadable`: dangling symbolic links,
+  symbolic-link loops (a folder reached a second time, e.g. through a link to a parent), folders
+  or files without read permission, anything that is neither a file nor a folder.
+  """
   where = f'{PREFIX}{root}'
   if not os.path.isdir(root):
     what = 'is not a directory' if os.path.exists(root) else 'does not exist'
     raise UserError(f'{where}: {root} {what}; give a folder with one sub-folder of JPEG/PNG '
                     'images per class')
-  classes, non_images, stats = [], [], []
-  for entry in sorted(os.scandir(root), key=lambda e: e.name):
-    if entry.name.startswith('.'):
-      continue
-    if entry.is_dir():
-      classes.append(entry.name)
+  classes, non_images, stats, unreadable = [], [], [], []
+  seen = {_identity(root)}
+  for entry, kind in _entries(root, '', seen, unreadable):
+    if kind == 'dir':
+      classes.append(entry)
     else:
-      non_images.append(entry.name)  # not inside a class folder
-      stats.append(_stat(root, entry.name))
+      non_images.append(entry)  # not inside a class folder
+      stats.append(_stat(root, entry))
   if not classes:
     raise UserError(f'{where} has no class sub-folders: put the images in {root}/<class name>/ '
                     '(one sub-folder per class, JPEG or PNG files)')
   if len(classes) == 1:
-    raise UserError(f'{where} has one class sub-folder ({classes[0]}): a classifier needs at least '
-                    'two; add a sub-folder of images per class')
+    raise UserError(f'{where} has one class sub-folder ({shown(classes[0])}): a classifier needs '
+                    'at least two; add a sub-folder of images per class')
   images = []
   for label, name in enumerate(classes):
-    for rel in _files_under(root, name):
+    for rel in _files_under(root, name, seen, unreadable):
       stats.append(_stat(root, rel))
       if rel.lower().endswith(EXTENSIONS):
         images.append((rel, label))
       else:
         non_images.append(rel)
-  digest = hashlib.sha256(json.dumps([NAME, 1, classes, sorted(stats)]).encode()).hexdigest()
+  listed = [NAME, 1, classes, sorted(stats)] + ([sorted(unreadable)] if unreadable else [])
+  digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()
   return Listing(root=root, classes=tuple(classes), images=tuple(images),
-                 non_images=tuple(sorted(non_images)), fingerprint=digest[:16])
+                 non_images=tuple(sorted(non_images)), fingerprint=digest[:16],
+                 unreadable=tuple(sorted(unreadable)))
 
 
-def _files_under(root: str, name: str) -> List[str]:
-  """Relative '/'-joined paths of the non-hidden files under root/name, sorted."""
-  out = []
-  for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith('.'))
-    rel_dir = os.path.relpath(dirpath, root).replace(os.sep, '/')
-    out += [f'{rel_dir}/{f}' for f in filenames if not f.startswith('.')]
+def _identity(path: str) -> Tuple[int, int]:
+  st = os.stat(path)
+  return st.st_dev, st.st_ino
+
+
+def _entries(root: str, rel_dir: str, seen: set, unreadable: list):
+  """(relative path, 'dir' | 'file') of the non-hidden entries of root/rel_dir, sorted; folders
+  seen before (loops) and entries that cannot be read are appended to `unreadable` instead."""
+  prefix = f'{rel_dir}/' if rel_dir else ''
+  try:
+    entries = sorted(os.scandir(os.path.join(root, rel_dir) if rel_dir else root),
+                     key=lambda e: e.name)
+  except OSError:
+    unreadable.append(rel_dir)
+    return
+  for entry in entries:
+    if entry.name.startswith('.'):
+      continue
+    rel = prefix + entry.name
+    try:
+      if entry.is_dir():  # follows symbolic links
+        identity = _identity(entry.path)
+        if identity in seen:
+          unreadable.append(rel)  # a loop, or a second way into a folder listed already
+          continue
+        seen.add(identity)
+        yield rel, 'dir'
+      elif entry.is_file():
+        yield rel, 'file'
+      else:
+        unreadable.append(rel)  # a dangling or looping link, a socket, a device, ...
+    except OSError:
+      unreadable.append(rel)
+
+
+def _files_under(root: str, name: str, seen: set, unreadable: list) -> List[str]:
+  """Relative '/'-joined paths of the readable non-hidden files under root/name, sorted."""
+  out, pending = [], [name]
+  while pending:
+    for rel, kind in _entries(root, pending.pop(), seen, unreadable):
+      (pending if kind == 'dir' else out).append(rel)
   return sorted(out)
 
 
@@ -143,7 +190,7 @@ def assign_splits(images: Sequence[Tuple[str, int]]) -> Dict[str, List[Tuple[str
     by_class.setdefault(label, []).append(rel)
   splits = {'train': [], 'test': []}
   for label, rels in sorted(by_class.items()):
-    ordered = sorted(rels, key=lambda r: hashlib.sha256(r.encode()).hexdigest())
+    ordered = sorted(rels, key=lambda r: hashlib.sha256(shown(r).encode()).hexdigest())
     k = num_test(len(ordered))
     splits['test'] += [(r, label) for r in ordered[:k]]
     splits['train'] += [(r, label) for r in ordered[k:]]
@@ -157,9 +204,9 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Image bytes as stored; 10% per-class test split by path hash.'}
 
-  def __init__(self, *, listing: Listing, skipped: Optional[dict] = None, **kwargs):
+  def __init__(self, *, listing: Listing, corrupt: Sequence[str] = (), **kwargs):
     self._listing = listing
-    self._skipped = skipped or {}
+    self._corrupt = frozenset(corrupt)
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -168,13 +215,21 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder):
         description=f'Images of {self._listing.root} (vit_jax.data.folder).',
         features=tfds.features.FeaturesDict({
             'image': tfds.features.Image(shape=(None, None, 3)),
-            'label': tfds.features.ClassLabel(names=list(self._listing.classes)),
+            'label': tfds.features.ClassLabel(names=[shown(c) for c in self._listing.classes]),
             'path': tfds.features.Text(),
         }),
         supervised_keys=('image', 'label'),
         metadata=tfds.core.MetadataDict(source=self._listing.root,
-                                        fingerprint=self._listing.fingerprint, **self._skipped),
+                                        fingerprint=self._listing.fingerprint, **self._skipped()),
     )
+
+  def _skipped(self) -> dict:
+    """What preparation skipped (shown names), kept in the dataset's metadata."""
+    skipped = {'skipped_corrupt': sorted(self._corrupt),
+               'skipped_non_image': list(self._listing.non_images)}
+    if self._listing.unreadable:
+      skipped['skipped_unreadable'] = list(self._listing.unreadable)
+    return {key: [shown(name) for name in names] for key, names in skipped.items()}
 
   # As mnist5k: name the source file directly (tfds 4.9.10 would need importlib_resources).
   @tfds.core.utils.classproperty
@@ -184,15 +239,14 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # nothing to download
-    corrupt = set(self._skipped.get('skipped_corrupt', ()))
-    valid = [(rel, label) for rel, label in self._listing.images if rel not in corrupt]
+    valid = [(rel, label) for rel, label in self._listing.images if rel not in self._corrupt]
     return {name: self._generate_examples(items)
             for name, items in assign_splits(valid).items() if items}
 
   def _generate_examples(self, items):
     for rel, label in items:
       with open(os.path.join(self._listing.root, rel), 'rb') as f:
-        yield rel, {'image': f.read(), 'label': label, 'path': rel}
+        yield shown(rel), {'image': f.read(), 'label': label, 'path': shown(rel)}
 
 
 def cache_dir(listing: Listing, data_dir: Optional[str]) -> str:
@@ -201,9 +255,10 @@ def cache_dir(listing: Listing, data_dir: Optional[str]) -> str:
   return os.path.join(base, _CACHE, f'{slug or "root"}-{listing.fingerprint}')
 
 
-def _summary(names: Sequence[str], what: str) -> str:
-  shown = ', '.join(names[:_SHOWN]) + (', ...' if len(names) > _SHOWN else '')
-  return f'{len(names)} {what} file{"s" if len(names) != 1 else ""} ({shown})'
+def _summary(names: Sequence[str], what: str, noun: str) -> str:
+  listed = ', '.join(names[:_SHOWN]) + (', ...' if len(names) > _SHOWN else '')
+  nouns = {'file': 'files', 'entry': 'entries'}[noun] if len(names) != 1 else noun
+  return f'{len(names)} {what} {nouns} ({listed})'
 
 
 def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
@@ -221,29 +276,33 @@ def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
   for rel, label in listing.images:
     counts[label] += rel not in bad
   empty = [name for name, n in zip(listing.classes, counts) if not n]
+  unreadable = f' and {len(listing.unreadable)} unreadable entries' if listing.unreadable else ''
   if empty:
-    raise UserError(f'{PREFIX}{root}: class folder {empty[0]} has no readable JPEG/PNG image'
-                    f'{f" ({len(empty)} such folders)" if len(empty) > 1 else ""} '
-                    f'({len(corrupt)} corrupt and {len(listing.non_images)} non-image files '
-                    'skipped in the folder): add images or remove the folder')
-  skipped = {'skipped_corrupt': corrupt, 'skipped_non_image': list(listing.non_images)}
-  builder = ImageFolder(listing=listing, skipped=skipped, data_dir=directory)
+    raise UserError(f'{PREFIX}{root}: class folder {shown(empty[0])} has no readable JPEG/PNG '
+                    f'image{f" ({len(empty)} such folders)" if len(empty) > 1 else ""} '
+                    f'({len(corrupt)} corrupt and {len(listing.non_images)} non-image files'
+                    f'{unreadable} skipped in the folder): add images or remove the folder')
+  builder = ImageFolder(listing=listing, corrupt=corrupt, data_dir=directory)
   config = tfds.download.DownloadConfig(
       try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP)
   tfds.disable_progress_bar()
   try:
     with contextlib.redirect_stdout(io.StringIO()):  # tfds' "Downloading and preparing" banner
       builder.download_and_prepare(download_config=config)
-  except OSError:
+  except (OSError, tf.errors.OpError) as e:
     # Another process may have prepared the same directory first (our final rename then fails).
     if not ImageFolder(listing=listing, data_dir=directory).is_prepared():
-      raise
+      reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
+      raise UserError(f'cannot prepare {PREFIX}{root} in {directory} '
+                      f'({reason.strip().splitlines()[0].rsplit("; ", 1)[-1]}): free space '
+                      f'there or set --config.data_dir to a disk with room, then rerun') from None
   builder = ImageFolder(listing=listing, data_dir=directory)
   splits = {name: split.num_examples for name, split in builder.info.splits.items()}
   line = (f'prepared {PREFIX}{root}: {len(listing.classes)} classes, '
           f'{sum(splits.values())} images ({", ".join(f"{n} {s}" for s, n in splits.items())})')
-  skips = [_summary(names, what) for names, what in
-           ((corrupt, 'corrupt'), (list(listing.non_images), 'non-image')) if names]
+  skips = [_summary([shown(n) for n in names], what, noun) for names, what, noun in (
+      (corrupt, 'corrupt', 'file'), (listing.non_images, 'non-image', 'file'),
+      (listing.unreadable, 'unreadable', 'entry')) if names]
   line += f'; skipped {" and ".join(skips)}' if skips else '; no file skipped'
   print(f'{line}; cached in {directory}', file=sys.stderr, flush=True)
   return builder

@@ -2,9 +2,12 @@
 
 `load_one(path, spec, decode_channels)` reads a file, decodes it to `decode_channels` (1 or 3) and
 applies `preprocess.eval_preprocess(image, spec)`, the op the eval pipeline runs on dataset
-records. A missing, unreadable or undecodable file raises `UserError` naming it.
+records. A missing, unreadable or undecodable file raises `UserError` naming it. A CMYK JPEG
+(which libjpeg decodes to RGB only) is converted to gray like RGB images for a 1-channel model.
+Local file names need not be valid UTF-8 (`shown` gives them as text, with backslash escapes).
 """
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -13,8 +16,24 @@ from vit_jax import quiet
 from vit_jax.errors import UserError
 
 
+def shown(path: str) -> str:
+  """A file name as text: bytes that are not valid UTF-8 (kept by Python as surrogates) are
+  shown as backslash escapes."""
+  return os.fsencode(path).decode('utf-8', 'backslashreplace')
+
+
 def read_bytes(path: str) -> bytes:
   """The bytes of an image file; UserError if it is missing or unreadable."""
+  if '://' not in path:  # local: read under its real name, whatever its encoding
+    try:
+      with open(path, 'rb') as f:
+        return f.read()
+    except FileNotFoundError:
+      raise UserError(f'cannot read image {shown(path)}: no such file; pass PNG or JPEG '
+                      'files') from None
+    except OSError as e:  # a directory, a symbolic-link loop, no permission, ...
+      raise UserError(f'cannot read image {shown(path)}: {e.strerror or first_line(e)}; pass PNG '
+                      'or JPEG files') from None
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not tf.io.gfile.exists(path):
     raise UserError(f'cannot read image {path}: no such file; pass PNG or JPEG files')
@@ -26,6 +45,20 @@ def read_bytes(path: str) -> bytes:
         from None
 
 
+def decode(encoded: bytes, channels: int):
+  """uint8 [H, W, channels] (`preprocess.decode`); a CMYK JPEG for 1 channel is decoded to RGB
+  and converted to gray (libjpeg converts CMYK to RGB only)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  data = tf.constant(encoded)
+  try:
+    return preprocess.decode(data, channels)
+  except tf.errors.InvalidArgumentError:
+    if channels != 1 or not bool(tf.io.is_jpeg(data)):
+      raise
+    return preprocess.to_channels(preprocess.decode(data, 3), 1)
+
+
 def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
   """[S, S, C] float32 in [-1, 1] (`spec`: a `preprocess.EvalSpec`); UserError naming the file."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -34,10 +67,11 @@ def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
   encoded = read_bytes(path)
   try:
     with quiet.silenced_stderr():  # libjpeg's own complaint; the UserError says it in one line
-      image = preprocess.decode(tf.constant(encoded), decode_channels)
+      image = decode(encoded, decode_channels)
     return preprocess.eval_preprocess(image, spec).numpy().astype(np.float32)
   except (tf.errors.InvalidArgumentError, ValueError):
-    raise UserError(f'cannot decode image {path}: not a readable PNG or JPEG file') from None
+    raise UserError(f'cannot decode image {shown(path)}: not a readable PNG or JPEG file') \
+        from None
 
 
 def load(paths: Sequence[str], spec, decode_channels: int) -> np.ndarray:

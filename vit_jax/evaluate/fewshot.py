@@ -113,6 +113,19 @@ def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int
   return pool.take(max_shots * num_classes).cache()
 
 
+def _check_shots(shots, labels: np.ndarray, ds_info, dataset: str, split: str) -> None:
+  """An n-shot result needs n images of every class: a larger n is refused (never reported
+  under a count it did not have)."""
+  counts = np.bincount(labels)
+  present = np.flatnonzero(counts)
+  smallest = present[np.argmin(counts[present])]
+  if max(shots) > counts[smallest]:
+    name = ds_info.tfds_info.features[ds_info.label_key].int2str(int(smallest))
+    raise UserError(f"{max(shots)}-shot needs {max(shots)} images of every class, but class "
+                    f"{name!r} of '{dataset}' split '{split}' has {counts[smallest]}: use shots of "
+                    f'at most {counts[smallest]} (--shots, or --config.fewshot.shots in training)')
+
+
 class FewShotEvaluator:
   """Few-shot accuracies of a model on one dataset: `evaluator(params) -> {'5shot': acc, ...}`."""
 
@@ -138,6 +151,7 @@ class FewShotEvaluator:
     if not len(labels):
       raise UserError(f"few-shot split '{train_split}' of '{dataset}' is empty: set "
                       f'--config.fewshot.train_split')
+    _check_shots(shots, labels, ds_info, dataset, train_split)
     # Contiguous shares, so the gathered features keep the pool's order on any process count.
     counts = [len(share) for share in np.array_split(np.arange(len(labels)), pcount)]
     mine = pool.skip(sum(counts[:pindex])).take(counts[pindex])

@@ -19,6 +19,7 @@ from typing import Any, Dict, Mapping
 import jax.numpy as jnp
 
 from vit_jax.errors import UserError
+from vit_jax.models import attention as attention_lib
 from vit_jax.models.bit import BiT
 from vit_jax.models.resnet import as_resnet_config
 from vit_jax.models.vit import CLASSIFIERS, POSEMBS, VisionTransformer
@@ -63,6 +64,8 @@ def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
     raise UserError(f'unknown classifier {out["classifier"]!r}: use one of {", ".join(CLASSIFIERS)}')
   if out.get('posemb', 'learned') not in POSEMBS:
     raise UserError(f'unknown posemb {out["posemb"]!r}: use one of {", ".join(POSEMBS)}')
+  if 'attention' in out:
+    attention_lib.check(out['attention'], out.get('attention_dropout_rate', 0.))
   return out
 
 

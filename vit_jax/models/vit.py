@@ -17,13 +17,26 @@ map 1:1:
 
 Activations carry logical axis names (`batch`, `tokens`, `embed`, `heads`, `kv`, `mlp`) through
 `vit_jax.parallel.sharding.constrain`, which maps them to mesh axes inside the jitted train step
-and does nothing elsewhere. `remat` ('none' | 'full' | 'dots') rematerialises each encoder block.
+and does nothing elsewhere. `remat` ('none' | 'full' | 'dots') rematerialises each encoder block
+(scanned, 'none' still recomputes the elementwise ops: `SCAN_NO_REMAT_POLICY`).
 
-Every block sows its attention weights [B, heads, N, N] into the 'intermediates' collection;
-`model.apply(..., mutable=['intermediates'])` returns them without changing the logits, and
-'features': what the head sees (the few-shot evaluator's frozen pre-logit features).
+`attention` selects the attention kernel (vit_jax/models/attention.py: einsum | dot_product |
+flash | auto).
+
+`scan=True` runs the blocks as one `nn.scan`ned layer (`scanned_blocks`): XLA compiles one block
+instead of L. Its params are stacked, `Transformer/encoderblock/...` with a leading layer axis
+[L, ...], and start equal to the unrolled model's (`init` stacks them); `vit_jax.models.layout`
+converts any tree between the two layouts, and every file outside a training run holds the
+unrolled names above.
+
+With the einsum kernel every block sows its attention weights [B, heads, N, N] into the
+'intermediates' collection (scanned: one [L, B, heads, N, N] under encoderblock;
+`layout.unstack_blocks` splits it); `model.apply(..., mutable=['intermediates'])` returns them
+without changing the logits, and 'features': what the head sees (the few-shot evaluator's frozen
+pre-logit features).
 """
 
+import functools
 from typing import Any, Optional, Tuple, Union
 
 import flax.linen as nn
@@ -32,6 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.errors import UserError
+from vit_jax.models import attention as attention_lib
+from vit_jax.models import layout
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.parallel.sharding import constrain
 
@@ -46,6 +61,11 @@ REMAT_POLICIES = {
     'full': jax.checkpoint_policies.nothing_saveable,
     'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+# remat 'none' of a scanned encoder: XLA fuses the unrolled loop's elementwise ops into their
+# consumers and so stores little besides matmul outputs for the backward pass, but it cannot see
+# across a scan's iterations, where JAX would store every intermediate [L, ...]. Saving the matmul
+# outputs only (no matmul recomputed) keeps the scanned step's memory near the unrolled one's.
+SCAN_NO_REMAT_POLICY = jax.checkpoint_policies.dots_saveable
 LN_EPS = 1e-6
 POSEMB_STDDEV = 0.02  # "from BERT", as the original.
 MLP_BIAS_STDDEV = 1e-6
@@ -67,13 +87,14 @@ def sincos2d_posemb(h: int, w: int, width: int, temperature: float = 10_000.) ->
   return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
 
 
-def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
-  """Stochastic depth: zero whole examples with probability `rate`, scale the rest by 1/(1-rate)."""
-  if rate >= 1.:
-    return jnp.zeros_like(x)
+def drop_path(x: jax.Array, rate: Union[float, jax.Array], rng: jax.Array) -> jax.Array:
+  """Stochastic depth: zero whole examples with probability `rate`, scale the rest by 1/(1-rate).
+
+  `rate` may be traced (a scanned layer's rate); rate 1 keeps nothing and gives zeros.
+  """
   keep = 1. - rate
   mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
-  return x * (mask / keep).astype(x.dtype)
+  return x * (mask / jnp.maximum(keep, np.finfo(np.float32).tiny)).astype(x.dtype)
 
 
 TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence between blocks
@@ -110,9 +131,11 @@ class AddPositionEmbs(nn.Module):
 class MultiHeadDotProductAttention(nn.Module):
   """Self-attention with the flax param layout: query/key/value kernels [D, heads, head_dim],
   biases [heads, head_dim], out kernel [heads, head_dim, D]. Kernels are xavier_uniform on the
-  flattened [D, D] matrix (DenseGeneral flattens the shape before calling the initializer)."""
+  flattened [D, D] matrix (DenseGeneral flattens the shape before calling the initializer).
+  `implementation`: the attention kernel (`attention_lib.ATTENTIONS`), resolved when traced."""
   num_heads: int
   dropout_rate: float = 0.
+  implementation: str = 'auto'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -123,18 +146,23 @@ class MultiHeadDotProductAttention(nn.Module):
     dense = lambda name: nn.DenseGeneral(
         features=(self.num_heads, head_dim), axis=-1, kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    # Heads-major [B, H, N, hd] for the two attention matmuls: each is then a plain batched
-    # matmul over (B, H); XLA:CPU runs the forward attention layer 2.7-3.4x faster than with the
-    # einsums on [B, N, H, hd] (benchmarks/README.md, "What changed"). Same math, same params.
-    names = ('batch', 'heads', 'tokens', 'kv')
-    q, k, v = (constrain(jnp.swapaxes(dense(n)(x), 1, 2), names)
-               for n in ('query', 'key', 'value'))
-    q = q / jnp.sqrt(head_dim).astype(q.dtype)
-    logits = jnp.einsum('bhqd,bhkd->bhqk', q, k)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-    self.sow('intermediates', 'attention_weights', weights)
-    weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
-    y = jnp.swapaxes(constrain(jnp.einsum('bhqk,bhkd->bhqd', weights, v), names), 1, 2)
+    kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
+    if kernel in attention_lib.FUSED:
+      q, k, v = (dense(n)(x) for n in ('query', 'key', 'value'))
+      y = attention_lib.FUSED[kernel](q / jnp.sqrt(head_dim).astype(q.dtype), k, v)
+    else:
+      # Heads-major [B, H, N, hd] for the two attention matmuls: each is then a plain batched
+      # matmul over (B, H); XLA:CPU runs the forward attention layer 2.7-3.4x faster than with
+      # the einsums on [B, N, H, hd] (benchmarks/README.md, "What changed"). Same math and params.
+      names = ('batch', 'heads', 'tokens', 'kv')
+      q, k, v = (constrain(jnp.swapaxes(dense(n)(x), 1, 2), names)
+                 for n in ('query', 'key', 'value'))
+      q = q / jnp.sqrt(head_dim).astype(q.dtype)
+      logits = jnp.einsum('bhqd,bhkd->bhqk', q, k)
+      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+      self.sow('intermediates', 'attention_weights', weights)
+      weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
+      y = jnp.swapaxes(constrain(jnp.einsum('bhqk,bhkd->bhqd', weights, v), names), 1, 2)
     return nn.DenseGeneral(
         features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
@@ -164,39 +192,57 @@ class MlpBlock(nn.Module):
 
 
 class Encoder1DBlock(nn.Module):
-  """Pre-LN transformer block; each residual branch may be dropped per example (drop path)."""
+  """Pre-LN transformer block; each residual branch may be dropped per example (drop path) with
+  probability `drop_path_rate` (None: never; a float, or traced when the blocks are scanned)."""
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.
   attention_dropout_rate: float = 0.
-  drop_path_rate: float = 0.
   gelu_approximate: bool = True
+  attention: str = 'auto'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  def _drop_path(self, y: jax.Array, deterministic: bool) -> jax.Array:
-    if deterministic or self.drop_path_rate == 0.:
+  def _drop_path(self, y: jax.Array, rate, deterministic: bool) -> jax.Array:
+    if deterministic or rate is None or (isinstance(rate, (int, float)) and rate == 0.):
       return y
-    return drop_path(y, self.drop_path_rate, self.make_rng('dropout'))
+    return drop_path(y, rate, self.make_rng('dropout'))
 
   @nn.compact
-  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, drop_path_rate, train: bool) -> jax.Array:
     deterministic = not train
     norm = lambda: nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype)
     y = norm()(x)
     y = MultiHeadDotProductAttention(
-        self.num_heads, self.attention_dropout_rate, dtype=self.dtype,
+        self.num_heads, self.attention_dropout_rate, self.attention, dtype=self.dtype,
         param_dtype=self.param_dtype)(y, deterministic=deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
-    x = x + self._drop_path(y, deterministic)
+    x = x + self._drop_path(y, drop_path_rate, deterministic)
     y = norm()(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=self.dtype,
                  param_dtype=self.param_dtype)(y, deterministic=deterministic)
-    return constrain(x + self._drop_path(y, deterministic), TOKENS)
+    return constrain(x + self._drop_path(y, drop_path_rate, deterministic), TOKENS)
+
+
+def scanned_blocks(block, x: jax.Array, rates: Optional[jax.Array], *,
+                   num_layers: int, train: bool) -> jax.Array:
+  """The encoder blocks as ONE `nn.scan`ned layer (`model.scan=True`): the block's params (and
+  its sown intermediates) are stacked on a leading layer axis [L, ...], so XLA compiles the block
+  once instead of L times. `block` is the Encoder1DBlock class (or its nn.remat) bound by partial
+  to its options; `rates` are the per-layer drop-path rates [L] (None: no stochastic depth).
+
+  The same function as the unrolled loop, but the dropout rng is split per layer, so dropout and
+  drop-path draws differ from the unrolled encoder's (which folds each block's name into the rng).
+  """
+  body = lambda mdl, carry, rate: (mdl(carry, rate, train), None)
+  scan = nn.scan(body, variable_axes={'params': 0, 'intermediates': 0},
+                 split_rngs={'params': True, 'dropout': True}, length=num_layers)
+  return scan(block(name=layout.BLOCK), x, rates)[0]
 
 
 class Encoder(nn.Module):
-  """posemb -> dropout -> `num_layers` blocks (encoderblock_i) -> encoder_norm."""
+  """posemb -> dropout -> `num_layers` blocks (encoderblock_i, or one scanned encoderblock) ->
+  encoder_norm."""
   num_layers: int
   mlp_dim: int
   num_heads: int
@@ -207,6 +253,8 @@ class Encoder(nn.Module):
   stochastic_depth: float = 0.
   gelu_approximate: bool = True
   remat: Union[bool, str] = 'none'
+  attention: str = 'auto'
+  scan: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -217,15 +265,27 @@ class Encoder(nn.Module):
                           name='posembed_input')(x)
     x = constrain(nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train), TOKENS)
     policy = remat_policy(self.remat)
+    if self.scan and policy is None:
+      policy = SCAN_NO_REMAT_POLICY
+    # Call args (x, drop_path_rate, train): the rate is a static float in the loop and a scanned
+    # input when scanned, where remat needs no CSE barrier (the scan already prevents it).
+    static = () if self.scan else (2,)
     block_cls = (Encoder1DBlock if policy is None else
-                 nn.remat(Encoder1DBlock, static_argnums=(2,), policy=policy))
-    for i in range(self.num_layers):
-      rate = self.stochastic_depth * i / (self.num_layers - 1) if self.num_layers > 1 else 0.
-      x = block_cls(
-          mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate, drop_path_rate=rate,
-          gelu_approximate=self.gelu_approximate, dtype=self.dtype,
-          param_dtype=self.param_dtype, name=f'encoderblock_{i}')(x, train)
+                 nn.remat(Encoder1DBlock, static_argnums=static + (3,), policy=policy,
+                          prevent_cse=not self.scan))
+    block = functools.partial(
+        block_cls, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
+        gelu_approximate=self.gelu_approximate, attention=self.attention, dtype=self.dtype,
+        param_dtype=self.param_dtype)
+    rates = [self.stochastic_depth * i / (self.num_layers - 1) if self.num_layers > 1 else 0.
+             for i in range(self.num_layers)]
+    if self.scan:
+      x = scanned_blocks(block, x, jnp.asarray(rates) if self.stochastic_depth else None,
+                         num_layers=self.num_layers, train=train)
+    else:
+      for i in range(self.num_layers):
+        x = block(name=f'{layout.BLOCK}_{i}')(x, rates[i], train)
     return nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='encoder_norm')(x)
 
@@ -256,7 +316,18 @@ class VisionTransformer(nn.Module):
   head_bias_init: float = 0.
   gelu_approximate: bool = True
   remat: Union[bool, str] = 'none'
+  attention: str = 'auto'  # attention kernel: auto | einsum | dot_product | flash (attention.py)
   with_mask_token: bool = False  # masked patch prediction: a learnable [mask] patch embedding
+  scan: bool = False  # the blocks as one scanned layer, params stacked [L, ...] (see `init`)
+
+  @nn.nowrap
+  def init_with_output(self, rngs, *args, **kwargs):
+    """flax's (also behind `init`); a scanned model draws exactly the unrolled model's variables
+    (same rngs) and stacks them: `scan` is a compile-time choice that leaves a run's start as is."""
+    if not self.scan:
+      return super().init_with_output(rngs, *args, **kwargs)
+    out, variables = self.clone(scan=False).init_with_output(rngs, *args, **kwargs)
+    return out, layout.stack_blocks(variables)
 
   @property
   def patch(self) -> Tuple[int, int]:
@@ -269,6 +340,7 @@ class VisionTransformer(nn.Module):
       raise UserError(f'unknown classifier {self.classifier!r}: use one of {", ".join(CLASSIFIERS)}')
     if self.posemb not in POSEMBS:
       raise UserError(f'unknown posemb {self.posemb!r}: use one of {", ".join(POSEMBS)}')
+    attention_lib.check(self.attention, self.attention_dropout_rate)
     if self.hidden_size % self.num_heads:
       raise UserError(f'hidden_size {self.hidden_size} is not divisible by num_heads '
                       f'{self.num_heads}: use a hidden size that is a multiple of num_heads')
@@ -324,8 +396,8 @@ class VisionTransformer(nn.Module):
         posemb=self.posemb, has_cls=has_cls, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.stochastic_depth, gelu_approximate=self.gelu_approximate,
-        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype,
-        name='Transformer')(x, grid=(h, w), train=train)
+        remat=self.remat, scan=self.scan, attention=self.attention, dtype=self.dtype,
+        param_dtype=self.param_dtype, name='Transformer')(x, grid=(h, w), train=train)
 
     if self.classifier == 'token':
       x = x[:, 0]

@@ -1,61 +1,173 @@
-"""What a compiled train step needs on each device, without running it (`config.compile_only`).
+"""What the compiled train and eval steps need on each device, without running them (compile-only).
 
-XLA's memory analysis of the compiled per-device program gives argument bytes (train state shard
+The compiler's memory analysis of the per-device program gives argument bytes (train state shard
 + batch shard + rng), output bytes, bytes aliased between them (the donated state) and temporary
-bytes (activations kept for the backward pass, gradients, workspace). Peak is taken as
-arguments + outputs - aliased + temporaries. The state bytes per device are also computed from
-the shardings directly (parameters and optimizer state separately), as a cross-check.
+bytes (activations kept for the backward pass, gradients, workspace). Peak is the compiler's own
+figure where it gives one (the TPU compiler), else arguments + outputs - aliased + temporaries.
+The state bytes per device are also computed from the shardings directly (parameters and
+optimizer state separately), as a cross-check.
+
+Whose figures: compiled for TPU devices (`--config.compile_for`, vit_jax/parallel/targets.py),
+they are the TPU compiler's. Compiled for CPU devices they are XLA:CPU's, which do not carry over
+to a TPU: XLA:CPU's scheduler does not lower memory by rematerialisation and it computes
+bfloat16 in float32 (ViT-H/14 at 518 px, 2 images per core: 36.2 GiB by XLA:CPU, 13.8 GiB by the
+TPU v3 compiler; README "Planning memory"). The report says which compiler made it.
 """
 
-from typing import Any, Dict
+import contextlib
+import re
+import time
+from typing import Any, Callable, Dict, Optional
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
+from vit_jax.errors import UserError
 from vit_jax.parallel import sharding as sharding_lib
+from vit_jax.parallel import targets
 
 GIB = 2 ** 30
+CPU_CAVEAT = ("XLA:CPU's figures, not a TPU's: XLA:CPU does not lower memory by "
+              "rematerialisation and computes bfloat16 in float32, so TPU memory can be several "
+              "times lower; compile for the slice with --config.compile_for=v3-8 (or another "
+              "slice) for the TPU compiler's figures")
+
+MEMORY_FIXES = ('--config.model.remat=full, --config.model.dtype=bfloat16, --config.mesh.fsdp=-1, '
+                'a smaller per-device batch (more devices, or --config.accum_steps) or a larger '
+                'slice')
 
 
-def compiled_step_report(jitted_step, abstract_state, state_shardings, abstract_batch,
-                         rng) -> Dict[str, Any]:
-  """Lowers and compiles `jitted_step(state, batch, rng)` on abstract inputs; returns bytes/FLOPs."""
-  state_in = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          abstract_state, state_shardings)
-  compiled = jitted_step.lower(state_in, abstract_batch, rng).compile()
+@contextlib.contextmanager
+def _persistent_cache_off():
+  """For programs compiled for devices this process cannot run (a TPU slice described by the TPU
+  compiler): JAX would write them to the persistent cache, then fail to read them back."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  compilation_cache.reset_cache()  # JAX decides once per process whether the cache is used
+  try:
+    yield
+  finally:
+    jax.config.update('jax_enable_compilation_cache', enabled)
+    compilation_cache.reset_cache()
+
+
+def _compile(lowerable: Callable[[], Any]) -> tuple:
+  """(compiled, seconds): lowers and compiles, timing both."""
+  start = time.perf_counter()
+  compiled = lowerable().compile()
+  return compiled, time.perf_counter() - start
+
+
+def step_stats(compiled, seconds: float) -> Dict[str, Any]:
+  """Per-device bytes, FLOPs and compile time of one compiled program."""
   stats = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, (list, tuple)):  # older jax returned one dict per program
     cost = cost[0] if cost else {}
   args, out = int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes)
   alias, temp = int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes)
-  params_sh = state_shardings.params
-  opt_sh = state_shardings.opt_state
+  own_peak = int(getattr(stats, 'peak_memory_in_bytes', 0) or 0)
   return {
-      'devices': int(jax.tree.leaves(state_shardings)[0].mesh.devices.size),
-      'param_bytes': sharding_lib.state_bytes_per_device(abstract_state.params, params_sh),
-      'opt_state_bytes': sharding_lib.state_bytes_per_device(abstract_state.opt_state, opt_sh),
       'argument_bytes': args,
       'output_bytes': out,
       'alias_bytes': alias,
       'temp_bytes': temp,
-      'peak_bytes': args + out - alias + temp,
+      'code_bytes': int(stats.generated_code_size_in_bytes),
+      'peak_bytes': max(own_peak, args + out - alias + temp),
       'flops': float(cost.get('flops', 0.0)),
+      'compile_seconds': seconds,
   }
+
+
+_OUT_OF_HBM = re.compile(r'required for (.+?) \(([\d.]+\s*[KMGT]?)\) exceeds available HBM '
+                         r'\(([\d.]+\s*[KMGT]?)\)')
+
+
+def _out_of_memory(error: Exception, what: str, devices) -> Optional[UserError]:
+  """The one-line UserError for the TPU compiler's RESOURCE_EXHAUSTED, or None for other errors."""
+  text = ' '.join(str(error).split())
+  if 'RESOURCE_EXHAUSTED' not in text:
+    return None
+  match = _OUT_OF_HBM.search(text)
+  need = (f'{match.group(2)}B for {match.group(1)} where {match.group(3)}B is available'
+          if match else text[:200])
+  return UserError(f'does not fit: {what} on {targets.describe_devices(devices)}: the TPU '
+                   f'compiler ran out of HBM ({need} per device); try {MEMORY_FIXES}')
+
+
+def program_report(prog) -> Dict[str, Any]:
+  """Compiles `prog`'s train and eval steps for its mesh; per-device bytes, FLOPs, times.
+
+  Top-level byte/FLOP keys are the train step's; `eval` holds the eval step's.
+  """
+  devices = list(prog.mesh.devices.flat)
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       prog.abstract_state, prog.state_shardings)
+  try:
+    with contextlib.nullcontext() if prog.target is None else _persistent_cache_off():
+      train, train_s = _compile(lambda: prog.train_fn.lower(state, prog.abstract_batch(),
+                                                            prog.dropout_rng))
+      evaluate, eval_s = _compile(lambda: prog.eval_fn.lower(state.params,
+                                                             prog.abstract_eval_batch()))
+  except Exception as e:  # pylint: disable=broad-except  # only out-of-memory is the user's
+    error = _out_of_memory(e, prog.describe(), devices)
+    if error is None:
+      raise
+    raise error from None
+  report = step_stats(train, train_s)
+  report.update(
+      devices=len(devices), device_kind=targets.describe_devices(devices),
+      platform=devices[0].platform, hbm_bytes=targets.hbm_of(devices),
+      param_bytes=sharding_lib.state_bytes_per_device(prog.abstract_state.params,
+                                                      prog.state_shardings.params),
+      opt_state_bytes=sharding_lib.state_bytes_per_device(prog.abstract_state.opt_state,
+                                                          prog.state_shardings.opt_state),
+      eval=step_stats(evaluate, eval_s))
+  return report
+
+
+def fits(report: Dict[str, Any]) -> Optional[bool]:
+  """Whether the larger of the two steps' peaks fits the device's HBM (None: not a TPU)."""
+  if report.get('hbm_bytes') is None:
+    return None
+  return max(report['peak_bytes'], report['eval']['peak_bytes']) <= report['hbm_bytes']
+
+
+def fit_line(report: Dict[str, Any]) -> str:
+  hbm = report['hbm_bytes'] / GIB
+  peak = max(report['peak_bytes'], report['eval']['peak_bytes']) / GIB
+  if fits(report):
+    return f'fits: peak {peak:.2f} GiB of the {hbm:g} GiB HBM per device ({hbm - peak:.2f} GiB spare)'
+  return (f'does not fit: peak {peak:.2f} GiB exceeds the {hbm:g} GiB HBM per device by '
+          f'{peak - hbm:.2f} GiB')
 
 
 def format_report(report: Dict[str, Any], what: str) -> str:
   """A few readable lines (GiB per device)."""
-  g = lambda key: report[key] / GIB
-  return '\n'.join([
+  g = lambda key, r=report: r[key] / GIB
+  ev = report['eval']
+  target = report.get('target') or report['device_kind']
+  compiler = ('the TPU compiler' if report['platform'] == 'tpu'
+              else f'XLA:{report["platform"].upper()}')
+  lines = [
       f'compile-only: {what}',
+      f'  compiled by {compiler} for {target}',
       f'  per device: parameters {g("param_bytes"):.3f} GiB + optimizer state '
       f'{g("opt_state_bytes"):.3f} GiB',
-      f'  compiled train step, per device: arguments {g("argument_bytes"):.3f} GiB, outputs '
+      f'  train step, per device: arguments {g("argument_bytes"):.3f} GiB, outputs '
       f'{g("output_bytes"):.3f} GiB (of which {g("alias_bytes"):.3f} GiB reuse the donated '
       f'state), temporaries {g("temp_bytes"):.3f} GiB',
-      f'  peak per device (arguments + outputs - aliased + temporaries): '
-      f'{g("peak_bytes"):.3f} GiB; {report["flops"] / 1e12:.3f} TFLOP per step per device',
-  ])
+      f'  peak per device: train step {g("peak_bytes"):.3f} GiB, eval step '
+      f'{g("peak_bytes", ev):.3f} GiB; {report["flops"] / 1e12:.3f} TFLOP per train step per '
+      f'device',
+      f'  compile time: train step {report["compile_seconds"]:.1f} s, eval step '
+      f'{ev["compile_seconds"]:.1f} s',
+  ]
+  if report['hbm_bytes'] is not None:
+    lines.append('  ' + fit_line(report))
+  elif report['platform'] == 'cpu':
+    lines.append(f'  note: {CPU_CAVEAT}')
+  return '\n'.join(lines)
 
 
-__all__ = ['compiled_step_report', 'format_report']
+__all__ = ['MEMORY_FIXES', 'program_report', 'step_stats', 'fits', 'fit_line', 'format_report', 'CPU_CAVEAT']

@@ -10,6 +10,11 @@ Mesh axes (`vit_jax.parallel.mesh`): 'data' x 'fsdp' x 'model'.
   optimizer     the same rule as the parameter it belongs to (the rule matches the end of the
                 path, so Adam's mu/nu of `.../query/kernel` shard like the kernel); scalars
                 (step counts) replicated.
+  scanned       a scanned encoder's stacked leaves (`.../encoderblock/...`, [L, ...]; see
+                vit_jax/models/layout.py) get the rules above on their trailing dims, exactly as
+                one block of the unrolled encoder (the FSDP size threshold per layer too); the
+                layer axis is never split, so each scan step gathers one layer as unrolled FSDP
+                does.
   activations   the model names its activation axes (`constrain(x, ('batch', 'tokens', 'embed'))`);
                 `ACTIVATION_RULES` maps the names to mesh axes. Constraints apply only while
                 `activation_sharding(mesh)` is active (the jitted train/eval steps enter it), and
@@ -54,6 +59,8 @@ TENSOR_PARALLEL_RULES: Tuple[Tuple[str, Tuple[Optional[str], ...]], ...] = (
 
 # Parameters smaller than this stay replicated under FSDP (norm scales, biases, cls, ...).
 FSDP_MIN_SIZE = 2 ** 12
+# A stacked leaf of a scanned encoder (the name models/layout.py gives it): [layers, ...].
+_STACKED = re.compile(r'(^|/)encoderblock/')
 
 
 def replicated(mesh) -> NamedSharding:
@@ -79,6 +86,12 @@ def path_string(path) -> str:
 
 def param_spec(path: str, shape: Sequence[int], mesh) -> P:
   """The PartitionSpec of one parameter (or optimizer-state leaf) named `path` of `shape`."""
+  if shape and _STACKED.search(path):  # the rules of one layer, the layer axis whole
+    return P(None, *_param_spec(path, tuple(shape[1:]), mesh))
+  return _param_spec(path, shape, mesh)
+
+
+def _param_spec(path: str, shape: Sequence[int], mesh) -> P:
   spec = [None] * len(shape)
   model = _axis_size(mesh, 'model')
   if model > 1:
@@ -160,6 +173,11 @@ def activation_sharding(mesh):
     _ACTIVE.mesh = previous
 
 
+def active_mesh():
+  """The mesh of the enclosing `activation_sharding`, or None (e.g. eager code, the pmap path)."""
+  return getattr(_ACTIVE, 'mesh', None)
+
+
 def with_activation_sharding(fn, mesh):
   """`fn` wrapped so that its trace runs under `activation_sharding(mesh)`."""
 
@@ -188,7 +206,7 @@ def activation_spec(names: Sequence[Optional[str]], shape: Sequence[int], mesh) 
 
 def constrain(x: jax.Array, names: Sequence[Optional[str]]) -> jax.Array:
   """Pins `x` to the sharding its logical axis names give; a no-op outside `activation_sharding`."""
-  mesh = getattr(_ACTIVE, 'mesh', None)
+  mesh = active_mesh()
   if mesh is None or mesh.devices.size == 1:
     return x
   if len(names) != x.ndim:
@@ -200,4 +218,4 @@ def constrain(x: jax.Array, names: Sequence[Optional[str]]) -> jax.Array:
 __all__ = ['ACTIVATION_RULES', 'TENSOR_PARALLEL_RULES', 'FSDP_MIN_SIZE', 'BATCH_AXES',
            'replicated', 'param_spec', 'param_shardings', 'batch_sharding', 'batch_devices',
            'check_batch', 'shard_batch', 'state_bytes_per_device', 'activation_sharding',
-           'with_activation_sharding', 'activation_spec', 'constrain', 'path_string']
+           'active_mesh', 'with_activation_sharding', 'activation_spec', 'constrain', 'path_string']

@@ -4,6 +4,13 @@ A run is finished when its `sweep_result.json` exists (written after the trainer
 killed sweep rerun with the same command skips them; an unfinished run resumes from its own
 checkpoint (the trainer's resume). Runs go through `python -m vit_jax.main` in a subprocess
 (`launcher='process'`, output in the run's `log.txt`), or in this process (`'inline'`).
+
+Stopping: SIGTERM or SIGINT to the sweep is forwarded to its trainers (each in its own session,
+so a terminal's Ctrl-C reaches them only this way, once); they save a checkpoint and exit, the
+sweep waits for them, starts no other run, and reports the runs as 'stopped'. A trainer also
+gets a SIGTERM when the sweep dies without a word (kill -9): `guards.stop_with_parent`. A run
+whose workdir is held by a live trainer (one left running by an earlier sweep) is not started
+a second time: it fails with a line naming that trainer.
 """
 
 import concurrent.futures
@@ -11,8 +18,10 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -26,7 +35,7 @@ LAUNCHERS = ('process', 'inline')
 @dataclasses.dataclass
 class Outcome:
   run: Run
-  status: str                     # done | skipped (done before) | failed
+  status: str                     # done | skipped (done before) | failed | stopped
   metric: Optional[float] = None
   seconds: Optional[float] = None
   error: Optional[str] = None
@@ -65,12 +74,18 @@ def final_eval(run_workdir: str) -> Optional[dict]:
   return evals[-1] if evals else None
 
 
+def check_launch(launcher: str, parallel: int) -> None:
+  if launcher not in LAUNCHERS:
+    raise UserError(f'unknown --launcher={launcher}: use process or inline')
+  if parallel < 1:
+    raise UserError(f'--parallel={parallel}: the number of runs at once must be at least 1')
+
+
 def execute(sweep: Sweep, runs: List[Run], root: str, *, launcher: str = 'process',
             parallel: int = 1, dry_run: bool = False,
             say: Callable[[str], None] = print) -> List[Outcome]:
   """Runs what is not finished yet; returns one Outcome per run, in order."""
-  if launcher not in LAUNCHERS:
-    raise UserError(f'unknown --launcher={launcher}: use process or inline')
+  check_launch(launcher, parallel)
   outcomes: Dict[int, Outcome] = {}
   todo = []
   for i, run in enumerate(runs):
@@ -87,37 +102,98 @@ def execute(sweep: Sweep, runs: List[Run], root: str, *, launcher: str = 'proces
     return [outcomes[i] if i in outcomes else Outcome(runs[i], 'planned') for i in
             range(len(runs))]
 
-  def one(i):
-    run = runs[i]
-    say(f'[{i + 1}/{len(runs)}] {run.name}: running')
-    outcome = _run_one(sweep, run, run_dir(root, run), launcher)
-    say(f'[{i + 1}/{len(runs)}] {run.name}: {outcome.status}'
-        + (f', {sweep.metric} {outcome.metric:.4f} in {outcome.seconds:.0f} s'
-           if outcome.status == 'done' else f' ({outcome.error})'))
-    return i, outcome
+  with _Trainers() as trainers:
+    def one(i):
+      run = runs[i]
+      if trainers.stopping:
+        return i, Outcome(run, 'stopped', error='not started: the sweep was stopped')
+      say(f'[{i + 1}/{len(runs)}] {run.name}: running')
+      outcome = _run_one(sweep, run, run_dir(root, run), launcher, trainers)
+      if outcome.status == 'stopped':
+        trainers.stopping = True
+      say(f'[{i + 1}/{len(runs)}] {run.name}: {outcome.status}'
+          + (f', {sweep.metric} {outcome.metric:.4f} in {outcome.seconds:.0f} s'
+             if outcome.status == 'done' else f' ({outcome.error})'))
+      return i, outcome
 
-  if launcher == 'inline' or parallel <= 1:  # inline runs stay in the main thread (signals)
-    for i in todo:
-      outcomes[i] = one(i)[1]
-  else:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-      for i, outcome in pool.map(one, todo):
-        outcomes[i] = outcome
+    if launcher == 'inline' or parallel <= 1:  # inline runs stay in the main thread (signals)
+      for i in todo:
+        outcomes[i] = one(i)[1]
+    else:
+      with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        for i, outcome in pool.map(one, todo):
+          outcomes[i] = outcome
   return [outcomes[i] for i in range(len(runs))]
 
 
-def _run_one(sweep: Sweep, run: Run, workdir: str, launcher: str) -> Outcome:
+class _Trainers:
+  """The trainer subprocesses of a sweep: SIGTERM/SIGINT to the sweep are forwarded to them (and
+  mark the sweep as stopping); none outlives the sweep's `with` block."""
+
+  def __init__(self):
+    self.stopping = False
+    self._procs = set()
+    self._guard = threading.Lock()
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._forward)
+    return self
+
+  def _forward(self, signum, frame):
+    del frame
+    self.stopping = True
+    for proc in list(self._procs):
+      proc.send_signal(signum)
+
+  def run(self, argv: List[str], log) -> Optional[int]:
+    """Runs one trainer to its end; its exit status (None: not started, the sweep stops)."""
+    from vit_jax.train import guards  # pylint: disable=g-import-not-at-top
+    with self._guard:
+      if self.stopping:
+        return None
+      proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env=dict(os.environ, **{guards.PARENT_ENV: str(os.getpid())}))
+      self._procs.add(proc)
+    if self.stopping:  # a signal came while it started
+      proc.send_signal(signal.SIGTERM)
+    try:
+      return proc.wait()
+    finally:
+      self._procs.discard(proc)
+
+  def __exit__(self, *exc):
+    for proc in list(self._procs):  # only after an error in the sweep itself
+      proc.send_signal(signal.SIGTERM)
+      proc.wait()
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trainers) -> Outcome:
+  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
   os.makedirs(workdir, exist_ok=True)
+  holder = lock.holder(workdir)
+  if holder is not None:
+    return Outcome(run, 'failed', error=f'its workdir is in use by {holder.describe()} (a '
+                   'trainer left running by an earlier sweep?): wait for it or stop it, then '
+                   'rerun the same command')
   start = time.perf_counter()
   if launcher == 'process':
     with open(os.path.join(workdir, 'log.txt'), 'a') as log:
-      proc = subprocess.run(command(sweep, run, workdir), stdout=log, stderr=subprocess.STDOUT,
-                            check=False)
-    if proc.returncode:
-      return Outcome(run, 'failed', error=f'exit status {proc.returncode}: {_last_line(workdir)}')
+      status = trainers.run(command(sweep, run, workdir), log)
+    if status is None:
+      return Outcome(run, 'stopped', error='not started: the sweep was stopped')
+    if status == 0 and _last_line(workdir).startswith('preempted:'):
+      return Outcome(run, 'stopped', error=_last_line(workdir))
+    if status:
+      return Outcome(run, 'failed', error=f'exit status {status}: {_last_line(workdir)}')
   else:
     try:
-      _train_inline(sweep, run, workdir)
+      if _train_inline(sweep, run, workdir).get('preempted'):
+        return Outcome(run, 'stopped', error='preempted: its checkpoint is saved')
     except UserError as e:
       return Outcome(run, 'failed', error=str(e))
   seconds = time.perf_counter() - start
@@ -154,12 +230,12 @@ def apply_overrides(config, overrides) -> None:
     node[leaf] = value
 
 
-def _train_inline(sweep: Sweep, run: Run, workdir: str) -> None:
+def _train_inline(sweep: Sweep, run: Run, workdir: str) -> dict:
   from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   config = load_config(sweep.config)
   apply_overrides(config, run.overrides)
   config.lock()
-  loop.train_and_evaluate(config, workdir)
+  return loop.train_and_evaluate(config, workdir)
 
 
 def _last_line(workdir: str) -> str:
@@ -173,5 +249,5 @@ def _quote(arg: str) -> str:
   return shlex.quote(arg)
 
 
-__all__ = ['Outcome', 'execute', 'command', 'run_dir', 'read_result', 'final_eval',
+__all__ = ['Outcome', 'execute', 'check_launch', 'command', 'run_dir', 'read_result', 'final_eval',
            'load_config', 'apply_overrides', 'RESULT', 'LAUNCHERS']

@@ -4,29 +4,40 @@
                      checkpoint and exits 0. With several processes, JAX's preemption sync point
                      makes every process stop at the same step (a SIGINT is turned into the
                      SIGTERM that JAX's preemption notifier listens for). A second SIGINT on a
-                     single process stops at once (KeyboardInterrupt).
+                     single process stops at once (KeyboardInterrupt), except while a checkpoint
+                     is written (`saving()`) or once the stop step is reached: that checkpoint
+                     is finished first.
   check_finite       one step's `nonfinite` flag -> an error naming the step and the metric.
   config_changes     keys whose values differ between the stored config and this run's config,
                      except the operational ones that do not change the training computation.
+  stop_with_parent   in a run started by a sweep ($VIT_JAX_STOP_WITH_PARENT), the sweep's death
+                     (even by kill -9) is a SIGTERM to the run: it saves and stops, no orphan.
+  refuse_mismatch    resuming a checkpoint of another config (unless allowed), or one whose
+                     arrays have other shapes than this run's (never allowed: another model,
+                     class count or input shape), is one line; the checkpoints stay as they are.
 """
 
+import contextlib
 import math
 import os
 import signal
+import sys
 import threading
+import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import jax
 
+from vit_jax import interrupt
 from vit_jax.errors import UserError
 
 # Keys that may differ on resume: they change logging, I/O or device layout, not the math.
 OPERATIONAL_KEYS = frozenset({
     'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'data_dir',
-    'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'parallelism', 'mesh.data',
-    'mesh.fsdp', 'mesh.model', 'init', 'init_posemb_resize', 'fewshot.every',
-    'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split', 'fewshot.shots',
-    'fewshot.l2_reg', 'real.dataset', 'real.split',
+    'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'compile_for', 'parallelism',
+    'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
+    'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
+    'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
 })
 
 
@@ -39,10 +50,13 @@ class Preemption:
 
   def __init__(self):
     self._requested = False
+    self._saving = False
+    self._stopping = False  # the stop step is reached: the run saves, closes and returns
     self._previous = {}
     self._multiprocess = jax.process_count() > 1
 
   def __enter__(self):
+    interrupt.check()  # a Ctrl-C during start-up that Python swallowed: stop before training
     if threading.current_thread() is not threading.main_thread():
       return self  # Python delivers signals to the main thread only: nothing to listen for
     signals = [signal.SIGINT] if self._multiprocess else [signal.SIGTERM, signal.SIGINT]
@@ -61,8 +75,23 @@ class Preemption:
       os.kill(os.getpid(), signal.SIGTERM)  # let JAX's preemption notifier see it
       return
     if self._requested and signum == signal.SIGINT:
+      if self._saving:
+        print('\nstill writing a checkpoint: the run stops once it is complete', file=sys.stderr,
+              flush=True)
+      if self._saving or self._stopping:
+        return
       raise KeyboardInterrupt
     self._requested = True
+
+  @contextlib.contextmanager
+  def saving(self):
+    """While a checkpoint is written, a second Ctrl-C does not interrupt it (after the stop step
+    none does: the run only saves, closes its files and returns)."""
+    self._saving = True
+    try:
+      yield
+    finally:
+      self._saving = False
 
   @property
   def requested(self) -> bool:
@@ -73,7 +102,37 @@ class Preemption:
     if self._multiprocess:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       self._requested = multihost_utils.reached_preemption_sync_point(int(step))
+    self._stopping = self._requested
     return self._requested
+
+
+PARENT_ENV = 'VIT_JAX_STOP_WITH_PARENT'  # the launcher's PID, set by the launcher
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent(poll_s: float = 1.0) -> None:
+  """If $VIT_JAX_STOP_WITH_PARENT names this process's parent, arranges a SIGTERM to this process
+  when the parent dies: on Linux through the kernel (PR_SET_PDEATHSIG), elsewhere by a thread
+  that watches the parent PID. A parent that is already gone gives the SIGTERM at once."""
+  value = os.environ.get(PARENT_ENV)
+  if not value or not value.isdigit():
+    return
+  parent = int(value)
+  armed = False
+  if sys.platform.startswith('linux'):
+    import ctypes  # pylint: disable=g-import-not-at-top
+    try:
+      armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) == 0
+    except (OSError, AttributeError):
+      armed = False
+  if not armed:
+    def watch():
+      while os.getppid() == parent:
+        time.sleep(poll_s)
+      os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name='parent_watch', daemon=True).start()
+  elif os.getppid() != parent:  # the parent died before the death signal was armed
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def check_finite(step: int, metrics: Dict[str, float], last_checkpoint: Optional[int],
@@ -127,12 +186,60 @@ def config_changes(stored: dict, current: dict) -> List[Tuple[str, object, objec
 def refuse_config_drift(workdir: str, step: int, stored: dict, current: dict) -> None:
   changes = config_changes(stored, current)
   if changes:
-    listed = ', '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changes[:8])
-    more = f' (and {len(changes) - 8} more)' if len(changes) > 8 else ''
-    raise UserError(f'{workdir} holds a run (step {step}) with another config: {listed}{more}; '
+    raise UserError(f'{workdir} holds a run (step {step}) with another config: {_listed(changes)}; '
                     f'rerun with the same config, use a new --workdir, or pass '
                     f'--allow_config_change to continue with the new values')
 
 
+def _listed(changes, limit: int = 8) -> str:
+  text = ', '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changes[:limit])
+  return text + (f' (and {len(changes) - limit} more)' if len(changes) > limit else '')
+
+
+def _shapes(changes, limit: int = 3) -> str:
+  """The differing arrays, parameters first: 'params/head/kernel (32, 10) -> (32, 11), ...'."""
+  ordered = sorted(changes, key=lambda c: (not c[0].startswith('params/'), c[0]))
+  text = ', '.join(f'{name} {_shape(a)} -> {_shape(b)}' for name, a, b in ordered[:limit])
+  return text + (f' (and {len(changes) - limit} more)' if len(changes) > limit else '')
+
+
+def _shape(shape) -> str:
+  return 'absent' if shape is None else str(tuple(shape))
+
+
+def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dict,
+                    stored_facts: Optional[dict], facts: dict, shape_changes: list,
+                    allow_config_change: bool) -> None:
+  """Raises UserError if checkpoint `step` must not be resumed by this run (module docstring).
+
+  `shape_changes`: (array, stored shape, this run's shape) triples (`train_ckpt.shape_changes`).
+  """
+  changes = config_changes(stored_config, config)
+  fresh = (f'use a new --workdir (--config.init={workdir} starts a new run from its weights '
+           'where they fit)')
+  if changes and not allow_config_change and not shape_changes:
+    refuse_config_drift(workdir, step, stored_config, config)
+  if not shape_changes:
+    return
+  arrays = f'its arrays have other shapes ({_shapes(shape_changes)})'
+  data = [(k, (stored_facts or {}).get(k), v) for k, v in facts.items()
+          if stored_facts and k in stored_facts and _plain(stored_facts[k]) != _plain(v)]
+  if changes and not allow_config_change:
+    raise UserError(f'{workdir} holds a run (step {step}) with another config: '
+                    f'{_listed(changes)}; {arrays}, so it cannot go on with this config: rerun '
+                    f'with the same config, or {fresh}')
+  if changes:
+    raise UserError(f'--allow_config_change cannot continue {workdir} (step {step}) with '
+                    f'{_listed(changes)}: {arrays}; rerun with the stored values of the keys '
+                    f'that change them, or {fresh}')
+  other = f' ({config.get("dataset")}: {_listed(data)})' if data else ''
+  raise UserError(f'{workdir} holds a run (step {step}) of this config on other data{other}, so '
+                  f'{arrays}: restore the dataset as it was to resume, or {fresh}')
+
+
+def _plain(value):
+  return tuple(value) if isinstance(value, list) else value
+
+
 __all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'refuse_config_drift',
-           'OPERATIONAL_KEYS']
+           'refuse_mismatch', 'stop_with_parent', 'PARENT_ENV', 'OPERATIONAL_KEYS']

@@ -5,6 +5,7 @@ Only process 0 writes. Each record is one JSON object per line: {"step": .., "sp
 or a bucket (gs://...), as on a TPU pod.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -12,76 +13,116 @@ import time
 
 import jax
 
+from vit_jax.errors import UserError
+
 
 def metrics_path(workdir: str) -> str:
   return os.path.join(workdir, 'metrics.jsonl')
 
 
+class WriteError(UserError):
+  """A metric file that cannot be written (disk full, permissions): says which and why."""
+
+
 class MetricLogger:
-  """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/."""
+  """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/.
+
+  A failed write (disk full, permissions) raises `WriteError` naming the file; what was written
+  before stays."""
 
   def __init__(self, workdir: str, *, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.path = metrics_path(workdir)
+    self.tb_dir = os.path.join(workdir, 'tensorboard')
     self._tb = self._jsonl = None
     if self.enabled:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
-      # One appending writer for the run: on GCS every flush re-uploads the object.
-      self._jsonl = tf.io.gfile.GFile(self.path, 'a')
+      with _writing(self.tb_dir):
+        self._tb = tf.summary.create_file_writer(self.tb_dir)
+      with _writing(self.path):  # one appending writer: on GCS every flush re-uploads the object
+        self._jsonl = tf.io.gfile.GFile(self.path, 'a')
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
       return
     record = {'step': int(step), 'split': split, **{k: float(v) for k, v in metrics.items()}}
-    self._jsonl.write(json.dumps(record) + '\n')
-    self._jsonl.flush()
+    with _writing(self.path):
+      self._jsonl.write(json.dumps(record) + '\n')
+      self._jsonl.flush()
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with self._tb.as_default(step=int(step)):
-      for k, v in metrics.items():
-        tf.summary.scalar(f'{split}/{k}', float(v))
-    self._tb.flush()
+    with _writing(self.tb_dir):
+      with self._tb.as_default(step=int(step)):
+        for k, v in metrics.items():
+          tf.summary.scalar(f'{split}/{k}', float(v))
+      self._tb.flush()
 
   def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
-    if self._jsonl is not None:
-      self._jsonl.close()
+    tb, jsonl, self._tb, self._jsonl = self._tb, self._jsonl, None, None
+    try:
+      if tb is not None:
+        with _writing(self.tb_dir):
+          tb.close()
+    finally:
+      if jsonl is not None:
+        with _writing(self.path):
+          jsonl.close()
+
+
+@contextlib.contextmanager
+def _writing(path: str):
+  """Turns a failed write (OSError, tf.errors.OpError: disk full, permissions) into WriteError."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
+    reason = reason.strip().splitlines()[0] if reason.strip() else type(e).__name__
+    if '; ' in reason:  # TF: '<path>; No space left on device'
+      reason = reason.rsplit('; ', 1)[1]
+    raise WriteError(f'cannot write the metrics to {path} ({reason})') from None
 
 
 def read_metrics(path: str) -> list[dict]:
-  """The records of a JSONL log; a last line cut short by a killed process is ignored."""
+  """The records of a JSONL log. A line that is not a complete record is skipped: the last line
+  cut short by a killed process, or such a line that an older run appended after (`repair_log`
+  removes them from the file when a run starts)."""
+  return [record for _, record in _records(_read(path))]
+
+
+def _read(path: str) -> bytes:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not tf.io.gfile.exists(path):
-    return []
-  with tf.io.gfile.GFile(path) as f:
-    lines = [line for line in f.read().splitlines() if line.strip()]
-  records = []
-  for i, line in enumerate(lines):
-    try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError:
-      if i != len(lines) - 1:
-        raise
-  return records
-
-
-def truncate_after(path: str, step: int) -> None:
-  """Drops the records after `step` (logged after the checkpoint a run resumes from)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  records = read_metrics(path)
-  kept = [r for r in records if r['step'] <= step]
-  if len(kept) == len(records) and (not records or _ends_with_newline(path)):
-    return
-  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-    f.write(''.join(json.dumps(r) + '\n' for r in kept))
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
-
-
-def _ends_with_newline(path: str) -> bool:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return b''
   with tf.io.gfile.GFile(path, 'rb') as f:
-    return f.read().endswith(b'\n')
+    return f.read()
+
+
+def _records(data: bytes) -> list:
+  """(line, record) of each complete record, in order (after the last newline: a torn line)."""
+  out = []
+  for line in data.split(b'\n')[:-1]:
+    try:
+      record = json.loads(line.decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+      continue
+    if (isinstance(record, dict) and isinstance(record.get('step'), int) and
+        isinstance(record.get('split'), str)):
+      out.append((line, record))
+  return out
+
+
+def repair_log(path: str, step: int) -> None:
+  """Keeps the complete records of steps <= `step` (those of the checkpoint a run resumes from;
+  0 on a fresh start, which empties the log) and drops torn lines. Rewrites the file (through a
+  temporary file and a rename) only when something is dropped."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  data = _read(path)
+  kept = b''.join(line + b'\n' for line, record in _records(data) if record['step'] <= step)
+  if kept == data:
+    return
+  with tf.io.gfile.GFile(path + '.tmp', 'wb') as f:
+    f.write(kept)
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
 
 
 def plot_learning_curve(metrics_path: str, out_png: str) -> None:

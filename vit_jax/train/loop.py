@@ -1,14 +1,17 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
-config -> `program.build_program` (mesh, model, optimizer, shardings, jitted steps) -> born-sharded
-state (or the newest readable checkpoint, refusing a changed config) -> per-process batches ->
+config checked -> workdir checked and locked -> `program.build_program` (mesh, model, optimizer,
+shardings, jitted steps) -> born-sharded state (or the newest readable checkpoint, refusing a changed config or
+other array shapes before reading it; the metrics log cut back to it) -> per-process batches ->
 train step (donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation
 and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
 the per-device memory report; when preempted, {'preempted': True, 'step': N}).
 
 Step N+1 is dispatched before step N's metrics are read. Every step's `nonfinite` flag is checked
 (one step late, and before any checkpoint of that step), so no state after a NaN/Inf step is saved.
-SIGTERM/SIGINT finish the current step, save it and return (see `guards.Preemption`).
+SIGTERM/SIGINT finish the current step, save it and return (see `guards.Preemption`); a second
+Ctrl-C while that checkpoint is written waits for it, elsewhere it stops the run with one line
+naming the checkpoint that stands (as does a metric log that cannot be written: disk full).
 """
 
 import concurrent.futures
@@ -28,10 +31,12 @@ from vit_jax.checkpoint import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.train import guards
+from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
 from vit_jax.train import tasks
+from vit_jax.train import workdir as workdir_lib
 from vit_jax.train.program import build_model, eval_pp, resolve_steps, train_pp  # re-exported
 
 
@@ -57,35 +62,76 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
   """Trains `config` in `workdir` (resuming from its newest checkpoint) and returns final eval.
 
   `devices` (default: all devices of all processes) is what the mesh is built over. Resuming a
-  workdir whose checkpoint was made with another config is refused unless `allow_config_change`.
+  workdir whose checkpoint was made with another config is refused unless `allow_config_change`;
+  one whose arrays have other shapes is always refused. The run holds the workdir's lock
+  (`lock.py`) from start to end: a second run on the same workdir stops at once.
   """
-  prog = program_lib.build_program(config, devices)
-  if config.compile_only:
+  if config.compile_only or config.compile_for:
+    prog = program_lib.build_program(config, devices)
     report = prog.memory_report()
     if jax.process_index() == 0:
       print(memory.format_report(report, prog.describe()), flush=True)
+    if memory.fits(report) is False:
+      raise UserError(f'{memory.fit_line(report)} ({prog.describe()}): try '
+                      f'{memory.MEMORY_FIXES}')
     return report
+  program_lib.check_config(config)  # a mistake in the config alone: before the disk is touched
+  workdir_lib.prepare(workdir)
+  held = lock_lib.hold(workdir)
+  ckpt = None
+  try:
+    prog = program_lib.build_program(config, devices)
+    with guards.Preemption() as preemption:
+      ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
+      logger = None
+      try:
+        start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change)
+        logger = logs.MetricLogger(workdir)
+        return _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir)
+      finally:
+        try:
+          if logger is not None:
+            logger.close()
+        finally:
+          with preemption.saving():  # a save still being written is waited for
+            ckpt.close()
+  except (KeyboardInterrupt, logs.WriteError) as e:
+    raise UserError(_stopped(e, ckpt)) from None
+  finally:
+    held.release()
 
-  with guards.Preemption() as preemption:
-    _make_workdir(workdir)
-    ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
-    logger = None
-    try:
-      start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change)
-      logger = logs.MetricLogger(workdir)
-      return _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir)
-    finally:
-      if logger is not None:
-        logger.close()
-      ckpt.close()
+
+def _stopped(error: BaseException, ckpt) -> str:
+  """The line for a run stopped by a Ctrl-C (the second one, or one while starting) or by a
+  metric log it cannot write: what stands, and how to go on."""
+  if ckpt is None:
+    return 'interrupted (Ctrl-C) while starting: nothing was written; rerun the same command'
+  point = ckpt.resume_point()
+  resume = (f'{point} in {ckpt.directory} stands: rerun the same command to resume from it'
+            if point != 'the start' else 'no checkpoint was written: rerun the same command')
+  if isinstance(error, KeyboardInterrupt):
+    return f'interrupted (Ctrl-C); {resume}'
+  return f'{error}: free space or fix permissions there; {resume}'
 
 
 def _start(prog, ckpt, workdir, allow_config_change):
-  """(start step, state, train step): the newest readable checkpoint, or a fresh state. For a
-  fresh state the train step compiles while the initial state's program compiles and runs
-  (the train step is a future then); after a restore it compiles at the first step."""
+  """(start step, state, train step): the newest readable checkpoint (refusing one of another
+  config or other shapes before its arrays are read), or a fresh state. For a fresh state the
+  train step compiles while the initial state's program compiles and runs (the train step is a
+  future then); after a restore it compiles at the first step."""
   abstract = train_ckpt.abstract_with_shardings(prog.abstract_state, prog.state_shardings)
-  start_step, state, stored = ckpt.restore_latest(abstract)
+  facts = run_facts(prog)
+
+  def check(stored):
+    guards.refuse_mismatch(
+        workdir, stored.step, stored_config=stored.config, config=prog.config.to_dict(),
+        stored_facts=stored.facts, facts=facts,
+        shape_changes=train_ckpt.shape_changes(stored, prog.abstract_state),
+        allow_config_change=allow_config_change)
+
+  start_step, state, _ = ckpt.restore_latest(abstract, check)
+  if jax.process_index() == 0:  # the log's records after the start point are redone (or none)
+    logs.repair_log(logs.metrics_path(workdir), start_step or 0)
   if start_step is None:
     train_fn = prog.compile_train_step_in_background()
     state = prog.init_state()
@@ -95,12 +141,13 @@ def _start(prog, ckpt, workdir, allow_config_change):
           method=prog.config.init_posemb_resize, tx=prog.tx, shardings=prog.state_shardings)
       _say(f'initialised from {source}')
     return 0, state, train_fn
-  if not allow_config_change:
-    guards.refuse_config_drift(workdir, start_step, stored, prog.config.to_dict())
-  if jax.process_index() == 0:
-    logs.truncate_after(logs.metrics_path(workdir), start_step)
   _say(f'resumed from {ckpt.directory} at step {start_step}')
   return start_step, state, prog.train_fn
+
+
+def run_facts(prog) -> dict:
+  """What a checkpoint records of the data it was trained on (checked again on resume)."""
+  return {'num_classes': int(prog.num_classes), 'image_shape': [int(d) for d in prog.image_shape]}
 
 
 def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -> dict:
@@ -111,7 +158,7 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
       batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
       process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
-  config_json = config.to_dict()
+  config_json, facts = config.to_dict(), run_facts(prog)
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
       eval_pp=eval_pp(config))
@@ -164,13 +211,16 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
         _say(f'step {step}: {name} ' + ' '.join(f'{k} {v:.4f}' for k, v in extra.items()))
       if step % config.checkpoint_every == 0 or is_last or stop:
         guard.check_held()
-        ckpt.save(step, state, config_json)
+        if to_log is not None:  # the log has every step the checkpoint has (log write errors)
+          _log_train(logger, progress, *to_log, skipped=guard.skipped)
+          to_log = None
+        with preemption.saving():  # a second Ctrl-C while it is written waits for it
+          ckpt.save(step, state, config_json, facts)
+          if stop:
+            ckpt.wait()
         guard.last_checkpoint = step
       if stop:
-        if to_log is not None:
-          _log_train(logger, progress, *to_log, skipped=guard.skipped)
         progress.close()
-        ckpt.wait()
         _say(f'\npreempted: saved the checkpoint of step {step} in {ckpt.directory}; rerun the '
              f'same command to resume')
         return {'preempted': True, 'step': step}
@@ -217,16 +267,6 @@ def _log_train(logger, progress, step, history, *, skipped: int):
   logger.write(step, 'train', metrics)
   if math.isfinite(metrics['loss']):
     progress.update(step, metrics['loss'])
-
-
-def _make_workdir(workdir: str) -> None:
-  """Creates the workdir (local or gs://), or says in one line why it cannot."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  try:
-    tf.io.gfile.makedirs(workdir)
-  except tf.errors.OpError as e:
-    raise UserError(f'cannot create --workdir={workdir} ({e.message.splitlines()[0]}): pass a '
-                    f'writable directory') from None
 
 
 def _say(message: str) -> None:

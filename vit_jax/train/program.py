@@ -9,6 +9,7 @@ The training loop runs it; `compile_only` and the benchmarks compile it without 
 import concurrent.futures
 import dataclasses
 import math
+import sys
 from typing import Any, Callable, Optional, Tuple
 
 import jax
@@ -21,6 +22,7 @@ from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
+from vit_jax.parallel import targets
 from vit_jax.train import optim, step as step_lib, tasks, validate
 
 
@@ -43,6 +45,7 @@ class Program:
   state_shardings: Any
   train_fn: Callable         # jitted (state, global batch, rng) -> (state, metrics)
   eval_fn: Callable          # jitted (params, global batch) -> sums
+  target: Optional[targets.TpuSlice] = None  # the TPU slice compiled for (config.compile_for)
 
   @property
   def local_batch(self) -> int:
@@ -74,12 +77,23 @@ class Program:
     mesh = ' x '.join(f'{k} {v}' for k, v in self.mesh.shape.items())
     accum = f' (accum_steps {c.accum_steps})' if c.accum_steps > 1 else ''
     return (f'{c.model_name} at {c.image_size} px, batch {c.batch_size}{accum}, '
-            f'{c.parallelism}, mesh {mesh}, remat {c.model.remat}, dtype {c.model.dtype}')
+            f'{c.parallelism}, mesh {mesh}, remat {c.model.remat}, dtype {c.model.dtype}'
+            + (', scanned encoder' if c.model.scan else ''))
+
+  def abstract_eval_batch(self) -> dict:
+    sh = sharding.batch_sharding(self.mesh)
+    b = self.config.eval_batch_size
+    return {'image': jax.ShapeDtypeStruct((b, *self.image_shape), jnp.float32, sharding=sh),
+            'label': jax.ShapeDtypeStruct((b,), jnp.int32, sharding=sh),
+            'mask': jax.ShapeDtypeStruct((b,), jnp.float32, sharding=sh)}
 
   def memory_report(self) -> dict:
-    """Per-device bytes and FLOPs of the compiled train step (nothing is run or allocated)."""
-    return memory.compiled_step_report(self.train_fn, self.abstract_state, self.state_shardings,
-                                       self.abstract_batch(), self.dropout_rng)
+    """Per-device bytes, FLOPs and compile times of the compiled train and eval steps, by the
+    compiler of the mesh's devices (nothing is run or allocated)."""
+    report = memory.program_report(self)
+    if self.target is not None:
+      report['target'] = self.target.describe()
+    return report
 
 
 def resolve_steps(config, num_train_examples: int) -> int:
@@ -127,22 +141,49 @@ def dataset_facts(config, require_dataset: bool = True):
     if require_dataset or not config.num_classes:
       raise
     return config.num_classes, 0, config.pp.channels or 3
-  return (config.num_classes or info.num_classes, info.num_examples(config.train_split),
+  return (head_width(config, info), info.num_examples(config.train_split),
           config.pp.channels or info.image_shape[-1])
 
 
-def init_fn_and_shapes(model, tx, image_shape, rng):
-  """(init(rng) -> TrainState, its abstract shapes): parameters are never built unsharded."""
+def head_width(config, info) -> int:
+  """The classifier's outputs: the dataset's class count, or `num_classes` where it is meaningful.
+
+  Fewer outputs than classes would leave labels without an output (a silently wrong run): a
+  UserError. More is allowed (a head sized for classes still to come, or matching another
+  model's), and said on stderr: the extra outputs are never a target.
+  """
+  n = config.num_classes
+  if not n or n == info.num_classes or not tasks.uses_labels(config):
+    return n or info.num_classes
+  if n < info.num_classes:
+    raise UserError(f'--config.num_classes={n} is fewer than the {info.num_classes} classes of '
+                    f'{config.dataset}: labels {n}..{info.num_classes - 1} would have no output; '
+                    f'leave num_classes unset (it is read from the dataset) or set it >= '
+                    f'{info.num_classes}')
+  if jax.process_index() == 0:
+    print(f'note: the head has num_classes={n} outputs for the {info.num_classes} classes of '
+          f'{config.dataset}; outputs {info.num_classes}..{n - 1} are never a target',
+          file=sys.stderr, flush=True)
+  return n
+
+
+def init_fn_and_shapes(model, tx, image_shape, rng, mesh=None):
+  """(init(rng) -> TrainState, its abstract shapes): parameters are never built unsharded.
+
+  With `mesh`, init is traced for the mesh's devices as the steps are (activation constraints
+  on; `model.attention=auto|flash` resolved for their platform, e.g. TPU from a CPU host)."""
 
   def init(rng):
     dummy = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
     params = model.init({'params': rng}, dummy, train=False)['params']
     return step_lib.TrainState.create(params, tx)
 
+  if mesh is not None:
+    init = sharding.with_activation_sharding(init, mesh)
   return init, jax.eval_shape(init, rng)
 
 
-def _check_config(config) -> None:
+def check_config(config) -> None:
   """The mistakes a config alone shows, found before devices or data are touched."""
   validate.check_values(config)
   models.decode_variant(config.model_name)  # an unknown variant: one line, listing the valid ones
@@ -177,17 +218,23 @@ def build_program(config, devices: Optional[list] = None, *,
   """Resolves and compiles (lazily, at first call) everything a config describes.
 
   `require_dataset` (default: not in compile-only mode) says whether the dataset must exist.
+  With `config.compile_for` the devices are that TPU slice's, described by the TPU compiler
+  (`vit_jax/parallel/targets.py`): the program can be compiled, not run.
   """
-  _check_config(config)
+  check_config(config)
+  target = targets.tpu_slice(config.compile_for) if config.compile_for else None
+  if target is not None:
+    devices = targets.slice_devices(target)
   mesh = parallel.make_mesh(config.mesh, devices)
   _check_mesh(config, mesh)
   if require_dataset is None:
-    require_dataset = not config.compile_only
+    require_dataset = not (config.compile_only or config.compile_for)
   num_classes, num_train, channels = dataset_facts(config, require_dataset)
   num_classes = tasks.num_outputs(config, num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes
   # the learning-rate schedule, which does not change the compiled program.
-  total_steps = resolve_steps(config, num_train) if num_train or config.total_steps else 1
+  total_steps = (resolve_steps(config, num_train) if num_train or config.total_steps
+                 else config.warmup_steps + 1)
   model = build_model(config, num_classes)
   _check_tensor_parallel(model, mesh)
   schedule = optim.make_schedule(lr=config.lr, total_steps=total_steps,
@@ -197,7 +244,7 @@ def build_program(config, devices: Optional[list] = None, *,
   image_shape = (config.image_size, config.image_size, channels)
 
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng)
+  init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng, mesh)
   state_shardings = sharding.param_shardings(abstract, mesh)
   train_step = step_lib.make_train_step(
       apply_fn=model.apply, tx=tx, loss_fn=tasks.loss_fn(config), num_classes=num_classes,
@@ -212,8 +259,8 @@ def build_program(config, devices: Optional[list] = None, *,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
                  schedule=schedule, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
-                 eval_fn=eval_fn)
+                 eval_fn=eval_fn, target=target)
 
 
 __all__ = ['Program', 'build_program', 'resolve_steps', 'build_model', 'train_pp', 'eval_pp',
-           'dataset_facts', 'init_fn_and_shapes']
+           'dataset_facts', 'head_width', 'init_fn_and_shapes', 'check_config']

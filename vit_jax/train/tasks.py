@@ -29,6 +29,11 @@ def model_overrides(config) -> dict:
   return dict(classifier='unpooled', with_mask_token=True) if _is_mpp(config) else {}
 
 
+def uses_labels(config) -> bool:
+  """Whether the run learns the dataset's labels (masked patch prediction does not)."""
+  return not _is_mpp(config)
+
+
 def num_outputs(config, num_classes: int, channels: int) -> int:
   """Head width: the dataset's classes, or the 8**channels colours of masked patch prediction."""
   return mpp.num_colour_classes(channels) if _is_mpp(config) else num_classes
@@ -70,4 +75,4 @@ def eval_step(config, model, num_classes: int) -> Callable:
 
 
 __all__ = ['CHOICES', 'eval_step', 'loss_fn', 'metric_name', 'model_overrides', 'num_outputs',
-           'objective']
+           'objective', 'uses_labels']

@@ -1,0 +1,78 @@
+"""Compile time and memory of one train step, unrolled vs scanned encoder (`model.scan`).
+
+One measurement per process (nothing cached in between; no persistent compilation cache):
+
+  PYTHONPATH=. .venv/bin/python benchmarks/scan_compile.py --model=ViT-B/16 --batch_size=8 \
+      --image_size=224 --remat=none --scan=true
+  # the TPU compiler, for a slice without its hardware (libtpu at --libtpu):
+  PYTHONPATH=. .venv/bin/python benchmarks/scan_compile.py --model=ViT-H/14 --batch_size=16 \
+      --image_size=518 --remat=full --scan=true --topology=v3:2x2
+
+Prints one JSON line: trace+lower seconds, compile seconds, and XLA's per-device memory figures
+(`Program.memory_report`'s peak: arguments + outputs - aliased + temporaries) in GiB. On CPU the
+step runs on one device; with --topology on every device of the slice, data parallel.
+"""
+
+import argparse
+import json
+import os
+import time
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--model', default='ViT-B/16')
+  parser.add_argument('--batch_size', type=int, default=8)
+  parser.add_argument('--image_size', type=int, default=224)
+  parser.add_argument('--remat', default='none')
+  parser.add_argument('--scan', default='false')
+  parser.add_argument('--dtype', default='float32')
+  parser.add_argument('--topology', default='', help="e.g. v3:2x2 (TPU compiler); '' = CPU")
+  parser.add_argument('--accelerator', default='v3-8')
+  parser.add_argument('--libtpu', default='/tmp/tpuc/libtpu/libtpu.so')
+  args = parser.parse_args()
+  os.environ.pop('JAX_COMPILATION_CACHE_DIR', None)
+
+  import jax  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
+  from vit_jax.parallel import memory  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
+
+  devices = None
+  if args.topology:
+    os.environ.update(TPU_LIBRARY_PATH=args.libtpu, TPU_ACCELERATOR_TYPE=args.accelerator,
+                      TPU_WORKER_ID='0', TPU_WORKER_HOSTNAMES='localhost',
+                      TPU_SKIP_MDS_QUERY='1')
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    devices = list(topologies.get_topology_desc(topology_name=args.topology,
+                                                platform='tpu').devices)
+  config = default.get_config()
+  ours.set_benchmark_values(config, args.model, args.batch_size, args.image_size, args.dtype)
+  config.total_steps, config.warmup_steps = 20000, 500
+  config.model.remat, config.model.scan = args.remat, args.scan.lower() in ('1', 'true')
+  if devices is not None:
+    config.mesh.data = -1
+  prog = program.build_program(config, devices or jax.devices()[:1], require_dataset=False)
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       prog.abstract_state, prog.state_shardings)
+  start = time.perf_counter()
+  lowered = prog.train_fn.lower(state, prog.abstract_batch(), prog.dropout_rng)
+  lowered_at = time.perf_counter()
+  compiled = lowered.compile()
+  compiled_at = time.perf_counter()
+  stats = compiled.memory_analysis()
+  gib = lambda b: round(int(b) / memory.GIB, 3)
+  peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+          + stats.temp_size_in_bytes)
+  print(json.dumps({
+      'model': args.model, 'batch': args.batch_size, 'px': args.image_size, 'remat': args.remat,
+      'scan': config.model.scan, 'dtype': args.dtype, 'target': args.topology or 'cpu',
+      'devices': int(prog.mesh.devices.size), 'lower_s': round(lowered_at - start, 1),
+      'compile_s': round(compiled_at - lowered_at, 1),
+      'argument_gib': gib(stats.argument_size_in_bytes), 'temp_gib': gib(stats.temp_size_in_bytes),
+      'peak_gib': gib(peak)}), flush=True)
+
+
+if __name__ == '__main__':
+  main()

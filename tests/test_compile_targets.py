@@ -1,0 +1,168 @@
+"""Compiling for a TPU slice with the TPU compiler (libtpu) on this CPU machine: slice names,
+per-device memory under every strategy, the one-line refusals (no libtpu, unknown slice, does not
+fit), and XLA:CPU's report saying whose figures it gives.
+
+libtpu comes from `make tpu-compiler` (which `make test` runs): these tests fail, not skip,
+without it.
+"""
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import common
+from configs import default
+from vit_jax.errors import UserError
+from vit_jax.parallel import memory
+from vit_jax.parallel import targets
+from vit_jax.train import loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 2 ** 30
+
+
+@pytest.mark.parametrize('name, topology, devices, hbm_gib, accelerator', [
+    ('v3-8', 'v3:2x2', 8, 16, 'v3-8'),
+    ('v3-32', 'v3:4x4', 32, 16, 'v3-32'),
+    ('v3-64', 'v3:4x8', 64, 16, 'v3-64'),
+    ('v3-256', 'v3:8x16', 256, 16, 'v3-256'),
+    ('v3-512', 'v3:16x16', 512, 16, 'v3-512'),
+    ('v2-8', 'v2:2x2', 8, 8, 'v2-8'),
+    ('v4-8', 'v4:2x2x1', 4, 32, 'v4-8'),
+    ('v4-16', 'v4:2x2x2', 8, 32, 'v4-16'),
+    ('v4-32', 'v4:2x2x4', 16, 32, 'v4-32'),
+    ('v4-128', 'v4:4x4x4', 64, 32, 'v4-128'),
+    ('v5p-256', 'v5p:4x4x8', 128, 95, 'v5p-256'),
+    ('v5litepod-16', 'v5e:4x4', 16, 16, 'v5litepod-16'),
+    ('v5e-8', 'v5e:2x4', 8, 16, 'v5litepod-8'),
+    ('v6e-8', 'v6e:2x4', 8, 32, 'v6e-8'),
+    ('V3:4X4', 'v3:4x4', 32, 16, 'v3-32'),
+])
+def test_slice_names_decode_to_topologies(name, topology, devices, hbm_gib, accelerator):
+  spec = targets.tpu_slice(name)
+  assert (spec.topology, spec.num_devices, spec.hbm_bytes) == (topology, devices, hbm_gib * GIB)
+  assert spec.accelerator_type == accelerator
+
+
+@pytest.mark.parametrize('name, needle', [
+    ('v3-7', 'must be a power of two from 8'),
+    ('v3-12', 'must be a power of two from 8'),
+    ('v4-4', 'must be a power of two from 8'),
+    ('v9-8', "unknown TPU slice 'v9-8'"),
+    ('tpu', "unknown TPU slice 'tpu'"),
+    ('v3:2y2', "unknown TPU slice 'v3:2y2'"),
+])
+def test_unknown_slices_are_one_line(name, needle):
+  with pytest.raises(UserError, match=needle) as info:
+    targets.tpu_slice(name)
+  message = str(info.value)
+  assert '\n' not in message
+  # It names valid slices, and they decode.
+  suggested = message.split('e.g. ')[1].split(', ')[:2] if 'e.g. ' in message else ['v3-8']
+  assert all(targets.tpu_slice(s.strip(')')).num_devices for s in suggested)
+
+
+def test_missing_libtpu_says_how_to_install(monkeypatch, tmp_path):
+  monkeypatch.delenv('TPU_LIBRARY_PATH', raising=False)
+  monkeypatch.setattr(sys, 'prefix', str(tmp_path))
+  monkeypatch.setitem(sys.modules, 'libtpu', None)  # `import libtpu` raises ImportError
+  with pytest.raises(UserError, match=r'needs libtpu.*make tpu-compiler'):
+    targets.find_libtpu()
+
+
+def test_libtpu_is_installed_for_the_suite():
+  """`make test` installs the TPU compiler; without it the TPU tests below would be void."""
+  assert targets.find_libtpu().endswith('libtpu.so')
+
+
+def _config(**overrides):
+  c = default.get_config('model_name=ViT-Mu/4,steps=1000,batch_size=64')
+  c.dataset, c.num_classes, c.pp.channels = 'imagenet2012', 1000, 3
+  c.data_dir = '/nonexistent/tfds'  # not prepared anywhere: compile-only needs no data
+  c.compile_for = 'v3-8'
+  common.apply(c, overrides)
+  return c
+
+
+STRATEGIES = {
+    'data parallel': {},
+    'fsdp': {'mesh.data': 1, 'mesh.fsdp': -1},
+    'data x model': {'mesh.data': 4, 'mesh.model': 2},
+    'pmap': {'parallelism': 'pmap'},
+}
+
+
+@pytest.fixture(scope='module')
+def tpu_reports(tmp_path_factory):
+  """{strategy: (report, printed text)}, compiled once for the module."""
+  workdir = str(tmp_path_factory.mktemp('plan') / 'w')
+  reports = {}
+  for name, overrides in STRATEGIES.items():
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+      reports[name] = (loop.train_and_evaluate(_config(**overrides), workdir), out.getvalue())
+  assert not os.path.exists(workdir)  # nothing written
+  return reports
+
+
+def test_every_strategy_compiles_for_a_v3_slice(tpu_reports):
+  for name, (report, _) in tpu_reports.items():
+    assert report['platform'] == 'tpu' and report['devices'] == 8, name
+    assert report['device_kind'] == '8 x TPU v3' and report['hbm_bytes'] == 16 * GIB, name
+    assert memory.fits(report) is True, name
+    state = report['param_bytes'] + report['opt_state_bytes']
+    # The TPU's arguments are the state shard plus the batch shard (8 images of 28x28x3 per
+    # core), laid out in the TPU's tiles, so never less than the raw bytes.
+    assert report['argument_bytes'] >= state + 8 * 28 * 28 * 3 * 4, name
+    assert report['alias_bytes'] >= state * 0.9, name  # the donated state is reused
+    assert report['flops'] > 0 and report['eval']['flops'] > 0, name
+    assert report['compile_seconds'] > 0 and report['eval']['compile_seconds'] > 0, name
+
+
+def test_fsdp_and_tensor_parallel_split_the_state_on_tpu(tpu_reports):
+  dp, fsdp, tp, pmap = (tpu_reports[k][0] for k in STRATEGIES)
+  # FSDP splits every parameter of >= 4096 elements 8 ways (the Mu/4 kernels and head; norms,
+  # biases, cls stay); tensor parallelism halves the attention and MLP kernels.
+  assert fsdp['param_bytes'] < dp['param_bytes'] / 5
+  assert dp['param_bytes'] / 2 < tp['param_bytes'] < dp['param_bytes'] * 0.75
+  assert fsdp['argument_bytes'] < dp['argument_bytes'] / 2
+  # The pmap path holds the same replicated state as data parallelism under jit.
+  assert pmap['param_bytes'] == dp['param_bytes']
+
+
+def test_report_names_the_tpu_compiler_and_the_fit(tpu_reports):
+  out = tpu_reports['data parallel'][1]
+  assert out.startswith('compile-only: ViT-Mu/4 at 28 px, batch 64, jit, mesh data 8 x fsdp 1')
+  assert ('compiled by the TPU compiler for v3-8 (TPU v3, topology v3:2x2, 8 cores, 16 GiB HBM '
+          'per core)') in out
+  assert 'fits: peak 0.0' in out and 'GiB of the 16 GiB HBM per device' in out
+  assert 'XLA:CPU' not in out
+
+
+def test_cpu_report_says_it_is_not_a_tpu_figure(tmp_path, capsys):
+  report = loop.train_and_evaluate(_config(compile_for='', compile_only=True), str(tmp_path / 'w'))
+  out = capsys.readouterr().out
+  assert report['platform'] == 'cpu' and report['hbm_bytes'] is None
+  assert 'compiled by XLA:CPU for 8 x cpu' in out
+  assert "note: XLA:CPU's figures, not a TPU's" in out and 'compile_for=v3-8' in out
+
+
+def test_a_config_that_cannot_fit_says_so_in_one_line():
+  """ViT-Ze/4 at 224 px has 3,137 tokens: 1,024 images per core are far beyond a v3 core's HBM,
+  even with the flash kernel that `auto` picks on TPU (256 per core took 13.2 GiB)."""
+  command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
+             '--workdir=/nonexistent/never-written', '--config.compile_for=v3-8',
+             '--config.model_name=ViT-Ze/4', '--config.image_size=224',
+             '--config.batch_size=8192', '--config.num_classes=10', '--config.pp.channels=3',
+             '--config.dataset=imagenet2012', '--config.data_dir=/nonexistent/tfds']
+  env = dict(os.environ, VIT_JAX_HUGEPAGES='0')
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr  # libtpu's start-up log is not shown either
+  assert lines[0].startswith('error: does not fit: ViT-Ze/4 at 224 px, batch 8192')
+  assert 'the TPU compiler ran out of HBM' in lines[0] and '--config.model.remat=full' in lines[0]
+  assert 'is available per device' in lines[0]

@@ -1,0 +1,171 @@
+"""The attention kernels `model.attention` selects, and the one table `auto` resolves by.
+
+  einsum       the explicit path in `vit.MultiHeadDotProductAttention`: [B, heads, N, N] weights
+               from two heads-major einsums. The only kernel that sows the attention weights
+               (`intermediates/.../attention_weights`, which `vit_jax.analysis` reads) and the only
+               one that applies attention dropout.
+  dot_product  `jax.nn.dot_product_attention` with implementation=None: XLA's fused attention, or
+               on a GPU whichever implementation JAX picks (cuDNN where it applies).
+  flash        the Pallas TPU splash-attention kernel (`jax.experimental.pallas.ops.tpu.
+               splash_attention`): blockwise softmax, the N x N weights never exist in HBM. Runs
+               only on TPU (or in Pallas interpret mode, `interpret_flash`, for tests).
+  auto         per backend, when the step is traced: `AUTO`.
+
+Both fused kernels take the scaled queries, keys and values as the projections write them,
+[B, N, heads, head_dim], and return the attended values in the same layout.
+
+Why splash and not `pallas.ops.tpu.flash_attention`: both compile for TPU v3 at ViT's shapes
+(head_dim 64 and 80, N = 1,370 padded to 1,408), but for one H/14 attention at 518 px, batch 2,
+forward + backward, the TPU compiler gives splash 183 MB of temporaries and flash_attention
+298 MB (einsum: 504 MB); splash's static mask makes the kernel skip key blocks that are all
+padding; and it takes `interpret=True`, so its numerics are tested on CPU.
+
+ViT's sequence lengths (197, 577, 1025, 1370 tokens with cls) are not multiples of the kernel's
+128-token blocks: `flash` pads the sequence to the next multiple of 128, masks the padded keys
+(every query, padded ones included, sees exactly the N real keys, so no softmax row is empty) and
+slices the output back to N rows. A Pallas call is not partitioned by the compiler, so under an
+active mesh (`vit_jax.parallel.sharding.activation_sharding`, i.e. inside the jitted train and
+eval steps) it runs in `jax.shard_map` over the mesh axes the activation rules give batch and
+heads ('data', 'fsdp' and 'model'); without one (eager code, the pmap path's per-device program)
+it is called directly.
+"""
+
+import contextlib
+import contextvars
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.errors import UserError
+from vit_jax.parallel import sharding
+
+ATTENTIONS = ('auto', 'einsum', 'dot_product', 'flash')
+# Kernels without attention dropout (the einsum path applies it).
+NO_DROPOUT = ('dot_product', 'flash')
+
+# `auto`: the kernel of each backend. With model.attention_dropout_rate > 0 auto picks einsum on
+# every backend (the only kernel with attention dropout).
+#   tpu  flash: no N x N weights in HBM (per-core peak of the plan table, README.md)
+#   gpu  dot_product (JAX may pick cuDNN; not measured here)
+#   cpu  einsum: on this project's 2-core AMD EPYC (shared), fp32 at 224 px, alternating the two
+#        in one process (benchmarks/attention_kernels.py; all runs in benchmarks/README.md),
+#        dot_product took 1.28x / 1.11x einsum's process CPU time per step for ViT-Ti/16 (batch
+#        32) train / inference, 1.06x for ViT-B/16 (batch 8) inference and 1.01x for the ViT-B/16
+#        train step (a tie: wall-time ratios 0.87-1.41 over four runs). einsum is never slower,
+#        and keeps attention weights and attention dropout.
+AUTO = {'tpu': 'flash', 'gpu': 'dot_product', 'cpu': 'einsum'}
+
+FLASH_BLOCK = 128  # splash's q and kv block; `flash` pads the sequence to a multiple of it
+# Chips for which Mosaic (libtpu 0.0.42) does not compile the kernel's bf16 matmuls ("Unsupported
+# matmul RHS type on target: vector<128x128xbf16>" for v2 and v3 slices; v4 and v5e compile
+# them): there `flash` runs in float32 (q, k, v cast up, the output cast back).
+FLASH_FLOAT32_CHIPS = ('TPU v2', 'TPU v3')
+TOKENS_MAJOR = ('batch', 'tokens', 'heads', 'kv')
+HEADS_MAJOR = ('batch', 'heads', 'tokens', 'kv')
+
+_INTERPRET = contextvars.ContextVar('interpret_flash', default=False)
+
+
+def check(attention: str, dropout_rate: float) -> None:
+  """One-line UserErrors: an unknown kernel, or a kernel without dropout and dropout > 0."""
+  if attention not in ATTENTIONS:
+    raise UserError(f'unknown model.attention {attention!r}: use one of {", ".join(ATTENTIONS)}')
+  if dropout_rate > 0 and attention in NO_DROPOUT:
+    raise UserError(f'model.attention={attention} has no attention dropout but '
+                    f'model.attention_dropout_rate={dropout_rate}: set '
+                    f'--config.model.attention_dropout_rate=0, or --config.model.attention=einsum '
+                    f'(or auto, which picks einsum when attention dropout is on)')
+
+
+def _family(name: str) -> str:
+  return 'gpu' if name in ('cuda', 'rocm') else name
+
+
+def _target_device():
+  """The device (or abstract device) the current trace compiles for: one of the active mesh (the
+  jitted steps), else of the enclosing shard_map (the pmap path; its abstract mesh names the
+  device kind), else of the default backend. So compiling for a TPU slice from a CPU host
+  resolves for TPU."""
+  mesh = sharding.active_mesh()
+  if mesh is not None:
+    return mesh.devices.flat[0]
+  device = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
+  return device if device is not None else jax.devices()[0]
+
+
+def platform() -> str:
+  """'cpu', 'gpu' or 'tpu': the platform the current trace compiles for (`_target_device`)."""
+  return _family(_target_device().platform)
+
+
+@contextlib.contextmanager
+def interpret_flash():
+  """While active, `flash` runs the Pallas kernel in interpret mode on any backend (slow: for
+  testing its numerics where there is no TPU)."""
+  token = _INTERPRET.set(True)
+  try:
+    yield
+  finally:
+    _INTERPRET.reset(token)
+
+
+def _interpreting() -> bool:
+  return _INTERPRET.get()
+
+
+def resolve(attention: str, dropout_rate: float, on: str = None) -> str:
+  """The kernel that runs: `attention` itself, or for 'auto' the `AUTO` entry of platform `on`
+  (default: `platform()`); einsum whenever auto meets attention dropout."""
+  check(attention, dropout_rate)
+  on = platform() if on is None else on
+  if attention == 'auto':
+    return 'einsum' if dropout_rate > 0 else AUTO.get(on, 'einsum')
+  if attention == 'flash' and on != 'tpu' and not _interpreting():
+    raise UserError(f'model.attention=flash is a TPU kernel and this program runs on {on}: use '
+                    '--config.model.attention=auto (or dot_product)')
+  return attention
+
+
+def dot_product(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """`jax.nn.dot_product_attention` on scaled [B, N, H, hd] inputs."""
+  q, k, v = (sharding.constrain(t, TOKENS_MAJOR) for t in (q, k, v))
+  y = jax.nn.dot_product_attention(q, k, v, scale=1.0)
+  return sharding.constrain(y, TOKENS_MAJOR)
+
+
+def _splash(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool) -> jax.Array:
+  """Splash attention of [B, H, N, hd] (one device's shard), padded keys masked."""
+  # pylint: disable-next=g-import-not-at-top  (Pallas TPU is imported only where it runs)
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  heads, n = q.shape[1], q.shape[2]
+  padded = -(-n // FLASH_BLOCK) * FLASH_BLOCK
+  real_keys = np.zeros((padded, padded), np.bool_)
+  real_keys[:, :n] = True
+  kernel = splash.make_splash_mha(
+      splash.MultiHeadMask([splash.NumpyMask(real_keys)] * heads), head_shards=1,
+      q_seq_shards=1, interpret=interpret)
+  pad = ((0, 0), (0, 0), (0, padded - n), (0, 0))
+  y = jax.vmap(kernel)(*(jnp.pad(t, pad) for t in (q, k, v)))
+  return y[:, :, :n]
+
+
+def flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """Splash attention on scaled [B, N, H, hd] inputs, per shard under an active mesh."""
+  dtype = q.dtype
+  compute = jnp.float32 if _target_device().device_kind in FLASH_FLOAT32_CHIPS else dtype
+  q, k, v = (jnp.swapaxes(t, 1, 2).astype(compute) for t in (q, k, v))
+  run = functools.partial(_splash, interpret=_interpreting())
+  mesh = sharding.active_mesh()
+  if mesh is not None and mesh.devices.size > 1:
+    spec = sharding.activation_spec(HEADS_MAJOR, q.shape, mesh)
+    # check_vma=False: splash's pallas_call declares its outputs without varying-axis types.
+    run = jax.shard_map(run, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+  return jnp.swapaxes(run(q, k, v), 1, 2).astype(dtype)
+
+
+FUSED = {'dot_product': dot_product, 'flash': flash}
+
+__all__ = ['ATTENTIONS', 'AUTO', 'FUSED', 'FLASH_BLOCK', 'FLASH_FLOAT32_CHIPS', 'check', 'platform', 'resolve',
+           'interpret_flash', 'dot_product', 'flash']

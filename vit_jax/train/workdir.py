@@ -1,0 +1,31 @@
+"""A training run's workdir: created, and its layout checked, before anything is trained.
+
+What a run writes there, and the kind each name must be if it already exists:
+  checkpoints/  tensorboard/  (directories)   metrics.jsonl  learning_curve.png  (files)
+A name of the wrong kind (a `checkpoints` file, a `metrics.jsonl` directory) is a UserError at
+start-up, not a failed write after some steps of training.
+"""
+
+from vit_jax.errors import UserError
+
+DIRECTORIES = ('checkpoints', 'tensorboard')
+FILES = ('metrics.jsonl', 'learning_curve.png')
+
+
+def prepare(workdir: str) -> None:
+  """Creates the workdir (local or gs://) and checks its layout; UserError saying what to fix."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    tf.io.gfile.makedirs(workdir)
+  except tf.errors.OpError as e:
+    raise UserError(f'cannot create --workdir={workdir} ({e.message.splitlines()[0]}): pass a '
+                    f'writable directory') from None
+  for names, want_dir, kind in ((DIRECTORIES, True, 'a directory'), (FILES, False, 'a file')):
+    for name in names:
+      path = f'{workdir.rstrip("/")}/{name}'
+      if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path) != want_dir:
+        raise UserError(f'{path} is not {kind}, and the run writes its {name} there: move it '
+                        f'away or use another --workdir')
+
+
+__all__ = ['prepare', 'DIRECTORIES', 'FILES']
