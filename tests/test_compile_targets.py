@@ -21,6 +21,9 @@ from vit_jax.parallel import memory
 from vit_jax.parallel import targets
 from vit_jax.train import loop
 
+# One worker runs this module, so its shared fixtures are computed once per session.
+pytestmark = pytest.mark.xdist_group('compile_targets')
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2 ** 30
 

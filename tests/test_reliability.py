@@ -27,6 +27,9 @@ from vit_jax.train import guards
 from vit_jax.train import logs
 from vit_jax.train import loop
 
+# One worker runs this module, so its shared fixtures are computed once per session.
+pytestmark = pytest.mark.xdist_group('reliability')
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 24
 ARGS = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01',

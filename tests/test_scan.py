@@ -32,6 +32,9 @@ from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.train import loop
 from vit_jax.train import losses, program, step as step_lib
 
+# One worker runs this module, so its shared fixtures are computed once per session.
+pytestmark = pytest.mark.xdist_group('scan')
+
 X = np.random.default_rng(0).uniform(-1, 1, (3, 28, 28, 1)).astype(np.float32)
 LABELS = np.array([0, 3, 7])
 # Tiny models with 3 blocks (layer rates 0, 1/2, 1 of the stochastic depth), ViT and hybrid.
