@@ -4,13 +4,13 @@ One measurement per process (nothing cached in between; no persistent compilatio
 
   PYTHONPATH=. .venv/bin/python benchmarks/scan_compile.py --model=ViT-B/16 --batch_size=8 \
       --image_size=224 --remat=none --scan=true
-  # the TPU compiler, for a slice without its hardware (libtpu at --libtpu):
+  # the TPU compiler, for a slice without its hardware (`make tpu-compiler`):
   PYTHONPATH=. .venv/bin/python benchmarks/scan_compile.py --model=ViT-H/14 --batch_size=16 \
-      --image_size=518 --remat=full --scan=true --topology=v3:2x2
+      --image_size=518 --remat=full --scan=true --target=v3-8
 
 Prints one JSON line: trace+lower seconds, compile seconds, and XLA's per-device memory figures
 (`Program.memory_report`'s peak: arguments + outputs - aliased + temporaries) in GiB. On CPU the
-step runs on one device; with --topology on every device of the slice, data parallel.
+step runs on one device; with --target on every device of the slice, data parallel.
 """
 
 import argparse
@@ -27,9 +27,7 @@ def main():
   parser.add_argument('--remat', default='none')
   parser.add_argument('--scan', default='false')
   parser.add_argument('--dtype', default='float32')
-  parser.add_argument('--topology', default='', help="e.g. v3:2x2 (TPU compiler); '' = CPU")
-  parser.add_argument('--accelerator', default='v3-8')
-  parser.add_argument('--libtpu', default='/tmp/tpuc/libtpu/libtpu.so')
+  parser.add_argument('--target', default='', help="a TPU slice (v3-8) or topology (v3:2x2); '' = CPU")
   args = parser.parse_args()
   os.environ.pop('JAX_COMPILATION_CACHE_DIR', None)
 
@@ -40,13 +38,9 @@ def main():
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
 
   devices = None
-  if args.topology:
-    os.environ.update(TPU_LIBRARY_PATH=args.libtpu, TPU_ACCELERATOR_TYPE=args.accelerator,
-                      TPU_WORKER_ID='0', TPU_WORKER_HOSTNAMES='localhost',
-                      TPU_SKIP_MDS_QUERY='1')
-    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-    devices = list(topologies.get_topology_desc(topology_name=args.topology,
-                                                platform='tpu').devices)
+  if args.target:
+    from vit_jax.parallel import targets  # pylint: disable=g-import-not-at-top
+    devices = targets.slice_devices(targets.tpu_slice(args.target))
   config = default.get_config()
   ours.set_benchmark_values(config, args.model, args.batch_size, args.image_size, args.dtype)
   config.total_steps, config.warmup_steps = 20000, 500
@@ -67,7 +61,7 @@ def main():
           + stats.temp_size_in_bytes)
   print(json.dumps({
       'model': args.model, 'batch': args.batch_size, 'px': args.image_size, 'remat': args.remat,
-      'scan': config.model.scan, 'dtype': args.dtype, 'target': args.topology or 'cpu',
+      'scan': config.model.scan, 'dtype': args.dtype, 'target': args.target or 'cpu',
       'devices': int(prog.mesh.devices.size), 'lower_s': round(lowered_at - start, 1),
       'compile_s': round(compiled_at - lowered_at, 1),
       'argument_gib': gib(stats.argument_size_in_bytes), 'temp_gib': gib(stats.temp_size_in_bytes),
