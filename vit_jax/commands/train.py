@@ -1,4 +1,6 @@
-"""Train or fine-tune: `python -m vit_jax.main --config=configs/default.py --workdir=DIR`.
+"""Train or fine-tune: `python -m vit_jax train --config=configs/default.py --workdir=DIR`.
+
+`python -m vit_jax.main ...` (the original's entry point) is the same command.
 
 Overrides: `--config.lr=3e-4 --config.model_name=ViT-S/16`; config arguments after the file name:
 `--config=configs/default.py:steps=100`. Rerunning with the same workdir resumes.
@@ -10,15 +12,13 @@ processes do not all arrive within --distributed_timeout seconds, every one fail
 import signal
 import sys
 
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from vit_jax import cli
+from vit_jax.commands import flag_groups
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file[:args].',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
+_CONFIG = flag_groups.config()
+_WORKDIR = flag_groups.workdir()
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
@@ -50,6 +50,7 @@ def run(argv) -> int:
 
 
 def main():
+  flag_groups.adapt('workdir', help='Directory for checkpoints and logs.')
   cli.run_main(run, required_flags=('config',))
 
 
