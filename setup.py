@@ -8,6 +8,8 @@ setup(
     description='Vision Transformer and hybrid models in JAX/Flax, exact to the original',
     packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs']),
     python_requires='>=3.11',
+    # `vit-jax <command> [flags]`, the same as `python -m vit_jax <command> [flags]`.
+    entry_points={'console_scripts': ['vit-jax = vit_jax.__main__:main']},
     install_requires=[
         'jax>=0.10', 'flax>=0.12', 'optax>=0.2.8', 'orbax-checkpoint>=0.12',
         'tensorflow-cpu>=2.21', 'tensorflow-datasets>=4.9.10', 'ml-collections>=1.1',

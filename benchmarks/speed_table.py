@@ -1,4 +1,4 @@
-"""Speed against timm: runs `python -m vit_jax.benchmark --compare=timm --json` for each row and
+"""Speed against timm: runs `python -m vit_jax bench --compare=timm --json` for each row and
 prints a markdown table (needs torch and timm: `make test-interop`).
 
   PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py \
@@ -26,7 +26,7 @@ COLUMNS = ('model', 'mode', 'batch', 'px', 'ours img/s', 'timm img/s', 'ours / t
 
 
 def measure(model: str, batch: int, size: int, mode: str) -> dict:
-  cmd = [sys.executable, '-m', 'vit_jax.benchmark', f'--model={model}', f'--batch_size={batch}',
+  cmd = [sys.executable, '-m', 'vit_jax', 'bench', f'--model={model}', f'--batch_size={batch}',
          f'--image_size={size}', f'--mode={mode}', f'--steps={_STEPS.value}',
          f'--rounds={_ROUNDS.value}', '--compare=timm', '--json']
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

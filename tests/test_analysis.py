@@ -280,7 +280,7 @@ def test_user_errors(tmp_path):
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'vit_jax.analyze', f'--workdir={tmp_path}/nope',
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'analyze', f'--workdir={tmp_path}/nope',
                          f'--out={tmp_path}/out'], cwd=ROOT, capture_output=True, text=True,
                         timeout=120)
   assert proc.returncode == 2, proc.stderr
@@ -344,7 +344,7 @@ def test_short_run_posemb_is_most_similar_to_neighbours(short_run):
 
 def test_cli_end_to_end_on_the_short_run(short_run, tmp_path):
   out = tmp_path / 'figures'
-  proc = subprocess.run([sys.executable, '-m', 'vit_jax.analyze', f'--workdir={short_run}',
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'analyze', f'--workdir={short_run}',
                          f'--out={out}', '--num_images=8'], cwd=ROOT, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr

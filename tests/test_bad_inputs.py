@@ -40,8 +40,8 @@ def _main(*args):
                     '--config.warmup_steps=1', *args]
 
 
-def _cli(module, *args):
-  return lambda r: [sys.executable, '-m', module, *(a.format(**r) for a in args)]
+def _cli(command, *args):
+  return lambda r: [sys.executable, '-m', 'vit_jax', command, *(a.format(**r) for a in args)]
 
 
 def _config_file(path):
@@ -102,33 +102,33 @@ CASES = [
          ['one_class_folder', 'class']),
     Case('image folder with only corrupt files',
          _main('--config.dataset=folder:{corrupt_folder}'), ['corrupt_folder']),
-    # vit_jax.predict, convert, export, analyze, launch.
+    # predict, convert, export, analyze, sweep, launch (python -m vit_jax <command>).
     Case('predict: missing checkpoint',
-         _cli('vit_jax.predict', '--checkpoint={tmp}/missing.npz', '--model=ViT-Ze/4',
+         _cli('predict', '--checkpoint={tmp}/missing.npz', '--model=ViT-Ze/4',
               '{image}'), ['missing.npz']),
     Case('predict: truncated checkpoint',
-         _cli('vit_jax.predict', '--checkpoint={truncated_npz}', '--model=ViT-Ze/4', '{image}'),
+         _cli('predict', '--checkpoint={truncated_npz}', '--model=ViT-Ze/4', '{image}'),
          ['truncated.npz']),
     Case('predict: checkpoint of another model',
-         _cli('vit_jax.predict', '--checkpoint={ze_npz}', '--model=ViT-Mu/4', '{image}'),
+         _cli('predict', '--checkpoint={ze_npz}', '--model=ViT-Mu/4', '{image}'),
          ['ze.npz']),
     Case('predict: a non-image file',
-         _cli('vit_jax.predict', '--checkpoint={ze_npz}', '--model=ViT-Ze/4',
+         _cli('predict', '--checkpoint={ze_npz}', '--model=ViT-Ze/4',
               '--image_size=28', '{text_file}'), ['notes.txt']),
-    Case('convert: not an npz', _cli('vit_jax.convert', '--checkpoint={text_file}',
+    Case('convert: not an npz', _cli('convert', '--checkpoint={text_file}',
                                      '--model=ViT-Ze/4', '--out={tmp}/out.safetensors'),
          ['--checkpoint=', 'notes.txt is neither a params file']),
     Case('export: workdir without checkpoints',
-         _cli('vit_jax.export', '--workdir={workdir}', '--out={tmp}/bundle'), ['checkpoints']),
+         _cli('export', '--workdir={workdir}', '--out={tmp}/bundle'), ['checkpoints']),
     Case('analyze: workdir without checkpoints',
-         _cli('vit_jax.analyze', '--workdir={workdir}', '--out={tmp}/figures'),
+         _cli('analyze', '--workdir={workdir}', '--out={tmp}/figures'),
          ['no checkpoints in']),
-    Case('sweep: spec file missing', _cli('vit_jax.sweep', '--sweep={tmp}/none.py',
+    Case('sweep: spec file missing', _cli('sweep', '--sweep={tmp}/none.py',
                                           '--workdir={workdir}'), ['none.py is not a file']),
-    Case('sweep: spec with an unknown key', _cli('vit_jax.sweep', '--sweep={bad_sweep}',
+    Case('sweep: spec with an unknown key', _cli('sweep', '--sweep={bad_sweep}',
                                                  '--workdir={workdir}', '--dry_run'),
          ['unknown key(s) grd']),
-    Case('launch: no command', _cli('vit_jax.launch', '--tpu=t', '--zone=z', '--dry_run'),
+    Case('launch: no command', _cli('launch', '--tpu=t', '--zone=z', '--dry_run'),
          ['no command to run']),
     # Config files that cannot be loaded (issue 19).
     Case('config file missing', _config_file('{tmp}/no_such_config.py'),
@@ -139,10 +139,10 @@ CASES = [
          ['is not a file', 'pass --config=<file.py>']),
     Case('config file without get_config', _config_file('{no_get_config}'),
          ['no_get_config.py defines no get_config()', 'configs/default.py']),
-    Case('sweep: --parallel=0', _cli('vit_jax.sweep', '--sweep={bad_sweep}', '--workdir={workdir}',
+    Case('sweep: --parallel=0', _cli('sweep', '--sweep={bad_sweep}', '--workdir={workdir}',
                                      '--parallel=0'),
          ['--parallel=0: the number of runs at once must be at least 1']),
-    Case('sweep: negative --parallel', _cli('vit_jax.sweep', '--sweep={bad_sweep}',
+    Case('sweep: negative --parallel', _cli('sweep', '--sweep={bad_sweep}',
                                             '--workdir={workdir}', '--parallel=-2'),
          ['--parallel=-2: the number of runs at once must be at least 1']),
 ]

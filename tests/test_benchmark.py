@@ -51,7 +51,7 @@ def test_input_pipeline_and_cli_json(tmp_path, data_dir):
                                  input_data='mnist5k', data_dir=data_dir)
   assert result['img_per_s'] > 0 and result['input_data'] == 'mnist5k'
   proc = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmark', '--model=ViT-Ze/4', '--image_size=28',
+      [sys.executable, '-m', 'vit_jax', 'bench', '--model=ViT-Ze/4', '--image_size=28',
        '--batch_size=8', '--steps=2', '--mode=infer', '--json'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from vit_jax import launch
+from vit_jax.commands import launch
 from vit_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +51,7 @@ def test_bad_launch_arguments(kwargs, needle):
 
 def test_dry_run_cli_prints_the_commands_and_runs_nothing():
   proc = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.launch', '--tpu=my-v3-8', '--zone=us-central1-a',
+      [sys.executable, '-m', 'vit_jax', 'launch', '--tpu=my-v3-8', '--zone=us-central1-a',
        '--dry_run', '--', *TRAIN], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   (line,) = proc.stdout.strip().splitlines()

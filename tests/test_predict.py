@@ -120,12 +120,12 @@ def test_bundle_and_converted_files_predict_the_same(run, tmp_path):
 
 def test_cli_export_then_predict_json(run, tmp_path):
   out = tmp_path / 'bundle'
-  proc = subprocess.run([sys.executable, '-m', 'vit_jax.export', f'--workdir={run["workdir"]}',
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'export', f'--workdir={run["workdir"]}',
                          f'--out={out}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == f'wrote {out}: ViT-Ze/4, 3 classes, 28x28x3'
   paths = list(run['images'])
-  proc = subprocess.run([sys.executable, '-m', 'vit_jax.predict', f'--bundle={out}', '--json',
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'predict', f'--bundle={out}', '--json',
                          '--top_k=2', *paths], cwd=ROOT, capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 0, proc.stderr

@@ -57,7 +57,7 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
   assert loop.train_and_evaluate(ft, ft_dir) == result
 
   proc = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.fewshot', f'--workdir={os.path.relpath(ft_dir, ROOT)}',
+      [sys.executable, '-m', 'vit_jax', 'fewshot', f'--workdir={os.path.relpath(ft_dir, ROOT)}',
        '--shots=1,5',
        f'--data_dir={data_dir}', '--batch_size=200'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -120,7 +120,7 @@ def test_sweep_runs_chooses_on_dev_and_writes_table_and_plot(tmp_path, data_dir)
 def test_killed_sweep_reruns_only_the_unfinished_runs(tmp_path, data_dir):
   spec = _write_spec(tmp_path, data_dir, select=False, grid={'lr': [0.001, 0.003, 0.01, 0.03]})
   workdir = tmp_path / 'sweep'
-  cmd = [sys.executable, '-m', 'vit_jax.sweep', f'--sweep={spec}', f'--workdir={workdir}',
+  cmd = [sys.executable, '-m', 'vit_jax', 'sweep', f'--sweep={spec}', f'--workdir={workdir}',
          '--launcher=inline']
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
@@ -188,7 +188,7 @@ def _long_spec(tmp_path, data_dir, runs=2):
 
 def _start_sweep(spec, workdir, *extra):
   return subprocess.Popen(
-      [sys.executable, '-m', 'vit_jax.sweep', f'--sweep={spec}', f'--workdir={workdir}', *extra],
+      [sys.executable, '-m', 'vit_jax', 'sweep', f'--sweep={spec}', f'--workdir={workdir}', *extra],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

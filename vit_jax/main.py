@@ -1,57 +1,10 @@
 """Train or fine-tune: `python -m vit_jax.main --config=configs/default.py --workdir=DIR`.
 
-Overrides: `--config.lr=3e-4 --config.model_name=ViT-S/16`; config arguments after the file name:
-`--config=configs/default.py:steps=100`. Rerunning with the same workdir resumes.
-Multi-host: run the same command on every host with --coordinator_address (process 0's HOST:PORT),
---num_processes and --process_id; on a Cloud TPU VM slice they are detected when absent. If the
-processes do not all arrive within --distributed_timeout seconds, every one fails with one line.
+The original's entry point, kept: the same as `python -m vit_jax train` (vit_jax/commands/train.py,
+which documents the flags).
 """
 
-import signal
-import sys
-
-from absl import app
-from absl import flags
-from ml_collections import config_flags
-
-from vit_jax import cli
-
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file[:args].',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
-_ALLOW_CHANGE = flags.DEFINE_bool(
-    'allow_config_change', False,
-    'Resume a workdir even though its checkpoint was trained with another config.')
-_TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
-                                'Seconds to wait for all processes to join the distributed run.')
-
-
-def run(argv) -> int:
-  del argv
-  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import guards, tasks, train_and_evaluate  # pylint: disable=g-import-not-at-top
-  guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
-  if not _WORKDIR.value:
-    raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
-  parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                            timeout_s=_TIMEOUT.value)
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                              allow_config_change=_ALLOW_CHANGE.value)
-  if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-  if _CONFIG.value.compile_only or _CONFIG.value.compile_for or result.get('preempted'):
-    return 0
-  print(f'final {_CONFIG.value.eval_split} {tasks.metric_name(_CONFIG.value)}: '
-        f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
-  return 0
-
-
-def main():
-  cli.run_main(run, required_flags=('config',))
-
+import runpy
 
 if __name__ == '__main__':
-  sys.exit(main())
+  runpy.run_module('vit_jax.commands.train', run_name='__main__', alter_sys=True)

@@ -3,7 +3,7 @@
 The lr is chosen on a held-out 10% of the train split, as the paper chose its lrs; the chosen
 setting is then trained on the whole train split and evaluated on the test split.
 
-python -m vit_jax.sweep --sweep=experiments/classifier/sweep.py --workdir=runs/experiments/classifier
+python -m vit_jax sweep --sweep=experiments/classifier/sweep.py --workdir=runs/experiments/classifier
 """
 
 

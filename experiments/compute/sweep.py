@@ -3,7 +3,7 @@
 the 1,000 test images. Training FLOPs per image come from XLA's cost analysis
 (experiments/compute/flops.py prints them); the README's table multiplies them by 400 x 64.
 
-python -m vit_jax.sweep --sweep=experiments/compute/sweep.py --workdir=runs/experiments/compute
+python -m vit_jax sweep --sweep=experiments/compute/sweep.py --workdir=runs/experiments/compute
 """
 
 MODELS = ('ViT-Mu/7', 'ViT-Ze/4', 'ViT-Mu/4', 'R+ViT-Ze/4', 'R+ViT-Mu/4',

@@ -5,7 +5,7 @@ each, evaluated on the same 500 held-out test images. The 4,500 are train (4,000
 half of test; every subset is a prefix of tfds' key-hashed record order, so it is class-balanced
 (train[:500] holds 37..62 images of each digit).
 
-python -m vit_jax.sweep --sweep=experiments/datasize/sweep.py --workdir=runs/experiments/datasize
+python -m vit_jax sweep --sweep=experiments/datasize/sweep.py --workdir=runs/experiments/datasize
 """
 
 SIZES = {'500': 'train[:500]', '1000': 'train[:1000]', '2500': 'train[:2500]',

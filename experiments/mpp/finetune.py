@@ -1,7 +1,7 @@
 """Stage 2: fine-tune on 400 labelled mnist5k images (train[:10%]) at 36 px from the masked-patch
 model of the same seed, against the same fine-tune from scratch.
 
-python -m vit_jax.sweep --sweep=experiments/mpp/finetune.py --workdir=runs/experiments/mpp/finetune
+python -m vit_jax sweep --sweep=experiments/mpp/finetune.py --workdir=runs/experiments/mpp/finetune
 """
 
 

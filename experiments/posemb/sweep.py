@@ -1,6 +1,6 @@
 """Position embeddings: none vs learned 1-D vs fixed 2-D sin-cos (P App. D.4, Table 8), mnist5k.
 
-python -m vit_jax.sweep --sweep=experiments/posemb/sweep.py --workdir=runs/experiments/posemb
+python -m vit_jax sweep --sweep=experiments/posemb/sweep.py --workdir=runs/experiments/posemb
 """
 
 

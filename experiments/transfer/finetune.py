@@ -2,7 +2,7 @@
 reset, position embeddings resized) from the mnist5k model of the same seed, against training on
 digits from scratch; each start at its own best lr (chosen on 10% of the digits train split).
 
-python -m vit_jax.sweep --sweep=experiments/transfer/finetune.py \
+python -m vit_jax sweep --sweep=experiments/transfer/finetune.py \
     --workdir=runs/experiments/transfer/finetune
 """
 

@@ -1,6 +1,6 @@
 """Stage 1 of the transfer experiment: ViT-Mu/4 pre-trained on mnist5k at 28 px, one per seed.
 
-python -m vit_jax.sweep --sweep=experiments/transfer/pretrain.py \
+python -m vit_jax sweep --sweep=experiments/transfer/pretrain.py \
     --workdir=runs/experiments/transfer/pretrain
 """
 

@@ -126,8 +126,9 @@ def test_convert_cli_output_loads_into_timm(tmp_path):
   params = _our_params(spec, seed=4)
   npz.save_npz(str(tmp_path / 'ti.npz'), params)
   out = tmp_path / 'ti.safetensors'
-  proc = subprocess.run([sys.executable, '-m', 'vit_jax.convert', f'--checkpoint={tmp_path}/ti.npz',
-                         f'--out={out}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'convert',
+                         f'--checkpoint={tmp_path}/ti.npz', f'--out={out}'],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   timm_model.load_state_dict(safetensors.torch.load_file(str(out)), strict=True)
   images = _images(3)

@@ -1,5 +1,5 @@
 """The four figures of one checkpoint, as PNGs plus the arrays behind them (.npz), and a
-summary.json of the measured numbers. `python -m vit_jax.analyze` calls `write_report`.
+summary.json of the measured numbers. `python -m vit_jax analyze` calls `write_report`.
 
   embedding_filters    principal components of the patch-embedding filters (Figure 7 left)
   posemb_similarity    cosine similarity of the position embeddings (Figure 7 centre)

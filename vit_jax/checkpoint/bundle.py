@@ -183,7 +183,7 @@ def load(path: str) -> Bundle:
   model_file = os.path.join(path, MODEL_FILE)
   if not os.path.isfile(model_file):
     raise UserError(f'--bundle={path} is not a bundle (no {MODEL_FILE}): make one with python -m '
-                    'vit_jax.export --workdir=DIR --out=BUNDLE')
+                    'vit_jax export --workdir=DIR --out=BUNDLE')
   try:
     with open(model_file) as f:
       meta = json.load(f)

@@ -59,7 +59,7 @@ class ModelSpec:
     missing = [k for k in _FIELDS if k not in d]
     if missing:
       raise UserError(f'{source} lacks the model description field(s) {", ".join(missing)}: '
-                      're-export it with python -m vit_jax.export')
+                      're-export it with python -m vit_jax export')
     spec = cls(model_name=str(d['model_name']), num_classes=int(d['num_classes']),
                options=dict(d['options'] or {}), image_size=int(d['image_size']),
                channels=int(d['channels']))

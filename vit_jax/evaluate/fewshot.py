@@ -13,7 +13,7 @@ Which training images: the first n of each class in the split's stored order (tf
 shards), so an n-shot set contains every smaller one and the choice is the same on every run and
 any number of processes. `FewShotEvaluator` reads and caches them once, then each call computes the
 features of those and of the whole eval split with the given params (sharded over the mesh).
-`python -m vit_jax.fewshot` runs it on a checkpoint.
+`python -m vit_jax fewshot` runs it on a checkpoint (`evaluate_checkpoint`).
 """
 
 from typing import Dict, Optional, Sequence
@@ -188,5 +188,30 @@ class FewShotEvaluator:
     return {f'{n}shot': acc for n, acc in accuracies.items()}
 
 
-__all__ = ['FewShotEvaluator', 'feature_fn', 'fewshot_accuracies', 'first_per_class', 'fit_ridge',
-           'predict']
+def evaluate_checkpoint(checkpoint_dir: str, *, dataset: Optional[str], data_dir: Optional[str],
+                        train_split: str, eval_split: str, shots: Sequence[int], l2_reg: float,
+                        batch_size: int):
+  """Few-shot accuracies of a training checkpoint over all local devices.
+
+  The model and its eval preprocessing come from the config stored with the checkpoint, the params
+  are its Polyak average when the run kept one (the params its own evaluations scored); `dataset`
+  and `data_dir` default to the run's. Returns (dataset, num_classes, {'1shot': acc, ...}).
+  """
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
+  model, params, config = inputs.load_model(checkpoint_dir, averaged=True)
+  mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
+  if batch_size < 1 or batch_size % mesh.devices.size:
+    raise UserError(f'--batch_size={batch_size} does not split over {mesh.devices.size} '
+                    f'devices: use a multiple of {mesh.devices.size}')
+  dataset = dataset or config.dataset
+  evaluator = FewShotEvaluator(
+      model=model, mesh=mesh, param_shardings=sharding.replicated(mesh), dataset=dataset,
+      data_dir=data_dir or config.data_dir, train_split=train_split, eval_split=eval_split,
+      shots=shots, l2_reg=l2_reg, batch_size=batch_size, cache=False, pp=program.eval_pp(config))
+  return dataset, evaluator.num_classes, evaluator(params)
+
+
+__all__ = ['FewShotEvaluator', 'evaluate_checkpoint', 'feature_fn', 'fewshot_accuracies',
+           'first_per_class', 'fit_ridge', 'predict']

@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: `run_sweep(spec_path, workdir)` (CLI: `python -m vit_jax.sweep`).
+"""Hyperparameter sweeps: `run_sweep(spec_path, workdir)` (CLI: `python -m vit_jax sweep`).
 
 spec (spec.py) -> grid runs, each in its own sub-workdir (runner.py; finished runs skipped) ->
 settings averaged over seeds, the best one (per group) chosen on the grid's eval split, which is

@@ -2,8 +2,8 @@
 
 A run is finished when its `sweep_result.json` exists (written after the trainer returned), so a
 killed sweep rerun with the same command skips them; an unfinished run resumes from its own
-checkpoint (the trainer's resume). Runs go through `python -m vit_jax.main` in a subprocess
-(`launcher='process'`, output in the run's `log.txt`), or in this process (`'inline'`).
+checkpoint (the trainer's resume). Runs go through `python -m vit_jax.main` (the train command) in
+a subprocess (`launcher='process'`, output in the run's `log.txt`), or in this process (`'inline'`).
 
 Stopping: SIGTERM or SIGINT to the sweep is forwarded to its trainers (each in its own session,
 so a terminal's Ctrl-C reaches them only this way, once); they save a checkpoint and exit, the

@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: `python -m vit_jax.sweep --sweep=experiments/<name>/sweep.py --workdir=DIR`.
+"""Hyperparameter sweeps: `python -m vit_jax sweep --sweep=experiments/<name>/sweep.py --workdir=DIR`.
 
 Expands the spec's grid of config overrides, runs each run in DIR/grid/<name> (runs finished
 before are skipped, so a killed sweep resumes), picks the best setting (on the dev split when the
@@ -11,10 +11,11 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.commands import flag_groups
 
 _SWEEP = flags.DEFINE_string('sweep', None, 'Sweep spec file (a get_sweep() function).')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep (one sub-workdir per run).')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the commands of the runs left to do.')
+_WORKDIR = flag_groups.workdir()
+_DRY_RUN = flag_groups.dry_run()
 _LAUNCHER = flags.DEFINE_enum('launcher', 'process', ['process', 'inline'],
                               'process: each run in its own python; inline: in this process.')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at once (launcher=process).')
@@ -44,6 +45,8 @@ def run(argv) -> int:
 
 
 def main():
+  flag_groups.adapt('workdir', help='Directory of the sweep (one sub-workdir per run).')
+  flag_groups.adapt('dry_run', help='Print the commands of the runs left to do.')
   cli.run_main(run, required_flags=('sweep',))
 
 

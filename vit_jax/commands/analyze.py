@@ -1,4 +1,4 @@
-"""Figures of what a trained ViT learned: `python -m vit_jax.analyze --workdir=DIR --out=OUT`.
+"""Figures of what a trained ViT learned: `python -m vit_jax analyze --workdir=DIR --out=OUT`.
 
 Writes to OUT: embedding_filters, posemb_similarity, attention_distance, attention_rollout (each a
 .png and the .npz of its arrays) and summary.json. Positional arguments are PNG/JPEG files for the
@@ -14,13 +14,13 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.commands import flag_groups
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Training run directory (holds checkpoints/).')
-_CHECKPOINT = flags.DEFINE_string('checkpoint', None,
-                                  'Step number or checkpoint step directory; default: newest.')
-_OUT = flags.DEFINE_string('out', None, 'Directory for the PNG figures and .npz arrays.')
+_WORKDIR = flag_groups.workdir()
+_CHECKPOINT = flag_groups.checkpoint()
+_OUT = flag_groups.out()
 _NUM_IMAGES = flags.DEFINE_integer('num_images', 16, 'Eval images used without image arguments.')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, "tfds data_dir; default: the run's config.")
+_DATA_DIR = flag_groups.data_dir()
 
 
 def run(argv) -> int:
@@ -35,6 +35,7 @@ def run(argv) -> int:
 
 
 def main():
+  flag_groups.adapt('out', help='Directory for the PNG figures and .npz arrays.')
   cli.run_main(run, required_flags=('out',))
 
 

@@ -1,4 +1,4 @@
-"""Benchmark: `python -m vit_jax.benchmark --model=ViT-B/16 --batch_size=8 --image_size=224 --mode=train`.
+"""Benchmark: `python -m vit_jax bench --model=ViT-B/16 --batch_size=8 --image_size=224 --mode=train`.
 
 Modes: train (the trainer's jitted train step: forward, backward, Adam), infer (the forward pass),
 input (the train input pipeline with the config's train preprocessing, on synthetic JPEGs of
@@ -9,21 +9,21 @@ peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_
 --compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
 alternately with ours and prints the ratio (needs `make test-interop`). --profile adds where the
 time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
-The base config is --config (default configs/default.py), as for vit_jax.main.
+The base config is --config (default configs/default.py), as for `python -m vit_jax train`.
 """
 
 import json
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
 from vit_jax import cli
+from vit_jax.commands import flag_groups
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Base config file.')
-_MODEL = flags.DEFINE_string('model', 'ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.')
-_BATCH = flags.DEFINE_integer('batch_size', 8, 'Batch size.')
-_IMAGE = flags.DEFINE_integer('image_size', 224, 'Input resolution (pixels).')
+_CONFIG = flag_groups.config()
+_MODEL = flag_groups.model()
+_BATCH = flag_groups.batch_size()
+_IMAGE = flag_groups.image_size()
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'infer', 'input'], 'What to time.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps (median reported).')
@@ -32,11 +32,20 @@ _COMPARE = flags.DEFINE_enum('compare', None, ['timm'], 'Also time the same mode
 _INPUT = flags.DEFINE_string('input_data', 'synthetic', "--mode=input: 'synthetic' (JPEGs made "
                              "once in --data_dir) or a prepared dataset name (e.g. mnist5k).")
 _INPUT_SIZE = flags.DEFINE_integer('input_size', 400, 'Side of the synthetic JPEGs (pixels).')
-_DATA_DIR = flags.DEFINE_string('data_dir', '/tmp/vit_jax_benchmark_data',
-                                'Where --mode=input finds or makes its data.')
+_DATA_DIR = flag_groups.data_dir()
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends its time: '
                              'our kernels per model component (and timm\'s ops with --compare).')
-_JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of text.')
+_JSON = flag_groups.json_output()
+
+# Shared flags (flag_groups.py): this command's defaults and meanings.
+_ADAPTED = {
+    'config': ('configs/default.py', 'Base config file.'),
+    'model': ('ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.'),
+    'batch_size': (8, 'Batch size.'),
+    'image_size': (224, 'Input resolution (pixels).'),
+    'data_dir': ('/tmp/vit_jax_benchmark_data', 'Where --mode=input finds or makes its data.'),
+    'json': (False, 'Print one JSON object instead of text.'),
+}
 
 
 def run(argv) -> int:
@@ -59,6 +68,8 @@ def run(argv) -> int:
 
 
 def main():
+  for name, (default, text) in _ADAPTED.items():
+    flag_groups.adapt(name, default=default, help=text)
   cli.run_main(run, compilation_cache=False)  # it times cold compiles
 
 

@@ -1,6 +1,6 @@
-"""Run one command on every worker of a Cloud TPU VM: `python -m vit_jax.launch --tpu=NAME ...`.
+"""Run one command on every worker of a Cloud TPU VM: `python -m vit_jax launch --tpu=NAME ...`.
 
-  python -m vit_jax.launch --tpu=my-v3-32 --zone=europe-west4-a [--sync] [--setup] \
+  python -m vit_jax launch --tpu=my-v3-32 --zone=europe-west4-a [--sync] [--setup] \
       [--log=train.log] [--dry_run] -- \
       python3 -m vit_jax.main --config=configs/pretrain.py:model=B/16 --workdir=gs://bucket/run
 
@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.commands import flag_groups
 from vit_jax.errors import UserError
 
 _TPU = flags.DEFINE_string('tpu', None, 'Name of the Cloud TPU VM (node) to run on.')
@@ -31,7 +32,7 @@ _SYNC = flags.DEFINE_bool('sync', False, 'First copy this checkout to --repo_dir
 _SETUP = flags.DEFINE_bool('setup', False, "First pip-install '.[tpu]' on every worker.")
 _LOG = flags.DEFINE_string('log', None, 'Detach the command (nohup) and write its output to this '
                            'file on each worker, so a dropped ssh session does not kill it.')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the gcloud commands instead of running.')
+_DRY_RUN = flag_groups.dry_run()
 
 
 def build_commands(*, tpu: str, zone: str, command: Sequence[str], project: Optional[str] = None,
@@ -86,6 +87,7 @@ def run(argv) -> int:
 
 
 def main():
+  flag_groups.adapt('dry_run', help='Print the gcloud commands instead of running.')
   cli.run_main(run)
 
 

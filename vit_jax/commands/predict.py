@@ -1,7 +1,8 @@
-"""Top-5 classes of image files: `python -m vit_jax.predict --workdir=DIR img1.jpg img2.png ...`.
+"""Top-5 classes of image files: `python -m vit_jax predict --workdir=DIR img1 img2 ...`.
 
 The model is a training run (--workdir, optionally --checkpoint=STEP), an exported bundle
-(--bundle), or a params file (--checkpoint=FILE.npz --model=ViT-B/16; see vit_jax/source_flags.py).
+(--bundle), or a params file (--checkpoint=FILE.npz --model=ViT-B/16; see
+vit_jax/commands/flag_groups.py).
 Images are preprocessed like the model's eval images and run in batches of --batch_size. Prints,
 per image, its path and the --top_k classes with probabilities; --json prints one JSON document
 (a list of {"file", "top": [{"class", "index", "probability"}]}).
@@ -13,20 +14,21 @@ import sys
 from absl import flags
 
 from vit_jax import cli
-from vit_jax import source_flags
+from vit_jax.commands import flag_groups
 
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
+_SOURCE = flag_groups.model_source()
+_BATCH_SIZE = flag_groups.batch_size()
 _TOP_K = flags.DEFINE_integer('top_k', 5, 'Classes shown per image.')
-_JSON = flags.DEFINE_bool('json', False, 'Print machine-readable JSON.')
+_JSON = flag_groups.json_output()
 
 
 def run(argv) -> int:
   from vit_jax import inference  # pylint: disable=g-import-not-at-top
   paths = argv[1:]
   if not paths:
-    raise cli.UserError('no images given: pass image files, e.g. python -m vit_jax.predict '
+    raise cli.UserError('no images given: pass image files, e.g. python -m vit_jax predict '
                         '--workdir=DIR img1.jpg img2.png')
-  bundle = source_flags.resolve()
+  bundle = _SOURCE.resolve()
   note = bundle.source.get('class_names', '')
   if note.startswith('class indices'):
     print(f'note: classes shown as {note}', file=sys.stderr)
@@ -36,6 +38,8 @@ def run(argv) -> int:
 
 
 def main():
+  flag_groups.adapt_model_source()
+  flag_groups.adapt('batch_size', default=32)
   cli.run_main(run)
 
 

@@ -1,14 +1,15 @@
-"""Convert params between formats: `python -m vit_jax.convert SOURCE --out=FILE`.
+"""Convert params between formats: `python -m vit_jax convert SOURCE --out=FILE`.
 
 --out=FILE.safetensors writes a timm / PyTorch state dict (with the model description and timm
 constructor arguments in its metadata when the source has them); --out=FILE.npz writes the released
-.npz layout. SOURCE flags as for predict (vit_jax/source_flags.py): --workdir [--checkpoint=STEP],
---bundle, or --checkpoint=FILE.npz|FILE.safetensors [--model=NAME]. A bare .npz converts without
---model; a .safetensors from timm needs --model (a state dict does not hold the number of heads).
+.npz layout. SOURCE flags as for predict (vit_jax/commands/flag_groups.py): --workdir
+[--checkpoint=STEP], --bundle, or --checkpoint=FILE.npz|FILE.safetensors [--model=NAME]. A bare
+.npz converts without --model; a .safetensors from timm needs --model (a state dict does not hold
+the number of heads).
 
-  python -m vit_jax.convert --checkpoint=ViT-B_16.npz --out=vit_b16.safetensors
-  python -m vit_jax.convert --checkpoint=timm.safetensors --model=ViT-B/16 --out=vit_b16.npz
-  python -m vit_jax.convert --workdir=runs/default --out=mnist.safetensors
+  python -m vit_jax convert --checkpoint=ViT-B_16.npz --out=vit_b16.safetensors
+  python -m vit_jax convert --checkpoint=timm.safetensors --model=ViT-B/16 --out=vit_b16.npz
+  python -m vit_jax convert --workdir=runs/default --out=mnist.safetensors
 """
 
 import sys
@@ -16,9 +17,10 @@ import sys
 from absl import flags
 
 from vit_jax import cli
-from vit_jax import source_flags
+from vit_jax.commands import flag_groups
 
-_OUT = flags.DEFINE_string('out', None, 'Output file: .safetensors (timm) or .npz (released).')
+_SOURCE = flag_groups.model_source()
+_OUT = flag_groups.out()
 _DROP_PRE_LOGITS = flags.DEFINE_bool(
     'drop_pre_logits', False, 'Drop the pre_logits layer of an i21k checkpoint, which timm does '
     'not have (as timm does when it loads such a file).')
@@ -33,10 +35,10 @@ def run(argv) -> int:
   if not out.endswith(('.safetensors', '.npz')):
     raise cli.UserError(f'--out={out}: the extension chooses the format, use .safetensors (timm) '
                         'or .npz (released layout)')
-  if source_flags.params_file_only():
-    params, spec, names = npz.load_npz(source_flags.checkpoint_path()), None, None
+  if _SOURCE.params_file_only():
+    params, spec, names = npz.load_npz(_SOURCE.checkpoint.value), None, None
   else:
-    bundle = source_flags.resolve()
+    bundle = _SOURCE.resolve()
     params, spec, names = bundle.params, bundle.spec, bundle.class_names
   if out.endswith('.safetensors'):
     state = timm_layout.save_safetensors(out, params, spec=spec, class_names=names,
@@ -50,6 +52,8 @@ def run(argv) -> int:
 
 
 def main():
+  flag_groups.adapt_model_source()
+  flag_groups.adapt('out', help='Output file: .safetensors (timm) or .npz (released).')
   cli.run_main(run, required_flags=('out',))
 
 

@@ -1,0 +1,50 @@
+"""One command line: `python -m vit_jax <command>`. Every command module imports into one process
+(shared flags are defined once), the command list, and the one-line errors of the dispatcher. The
+subprocesses fail or exit before jax or TensorFlow is imported, so this stays fast."""
+
+import importlib
+import os
+import subprocess
+import sys
+
+from vit_jax.commands import COMMANDS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NINE = ['train', 'predict', 'export', 'convert', 'analyze', 'fewshot', 'sweep', 'bench', 'launch']
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, '-m', 'vit_jax', *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+
+
+def test_every_command_module_imports_into_one_process():
+  modules = [importlib.import_module(f'vit_jax.commands.{name}') for name in NINE]
+  assert all(callable(m.main) for m in modules)
+  assert list(COMMANDS) == NINE
+
+
+def test_help_lists_every_command_with_one_line():
+  for args in [('--help',), ()]:
+    proc = _run(*args)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for name in NINE:
+      (line,) = [l for l in lines if l.split()[:1] == [name]]
+      assert len(line.split()) > 2, line  # the name and a description
+
+
+def test_unknown_command_is_one_error_line():
+  proc = _run('no_such_command', '--workdir=x')
+  assert proc.returncode == 2
+  (line,) = proc.stderr.splitlines()
+  assert line.startswith('error: ') and 'no_such_command' in line
+  assert all(name in line for name in NINE)
+
+
+def test_train_without_config_is_one_error_line(tmp_path):
+  proc = _run('train', f'--workdir={tmp_path}/run')
+  assert proc.returncode == 2
+  (line,) = proc.stderr.splitlines()
+  assert line.startswith('error: ') and '--config' in line
+  assert not os.path.exists(tmp_path / 'run')
