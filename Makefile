@@ -3,6 +3,7 @@
 # (CPU) and timm (requirements-interop.lock) and runs the parity tests in tests/interop.
 # `make tpu-compiler` adds the TPU compiler (libtpu, requirements-tpu.lock) in .venv/tpu-compiler
 # for `--config.compile_for=v3-8`; `make test` needs it (the suite compiles for TPU slices).
+# `make test-fast` runs the tests not marked slow (no subprocesses or end-to-end runs).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,7 +18,7 @@ TORCH_WHEELS ?= /opt/wheels
 # Huge-page malloc for the test process (vit_jax/hostmem.py; the CLIs restart with it themselves).
 HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
-.PHONY: install tpu-compiler train test test-interop clean
+.PHONY: install tpu-compiler train test test-fast test-interop clean
 
 install: $(STAMP)
 
@@ -40,6 +41,10 @@ train: install
 
 test: install $(TPU_STAMP)
 	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
+
+# The fast tier: every test not marked `slow` (no subprocesses, no end-to-end runs).
+test-fast: install $(TPU_STAMP)
+	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m 'not slow' tests --ignore=tests/interop $(PYTEST_ARGS)
 
 $(INTEROP_STAMP): $(STAMP) requirements-interop.lock
 	$(BIN)/pip install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock

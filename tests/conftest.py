@@ -17,6 +17,28 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 import pytest  # pylint: disable=g-import-not-at-top
 
 
+# Whole modules of subprocess and end-to-end tests, and the fixtures that train or compile for a
+# TPU slice: their tests are `slow` without a mark of their own. Other slow tests carry
+# @pytest.mark.slow (each measured at 1 CPU-second or more: VIT_JAX_TEST_CPU_LOG below).
+SLOW_MODULES = frozenset({
+    'test_bad_inputs', 'test_benchmark', 'test_compile_targets', 'test_main', 'test_multiprocess',
+    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_sweep'})
+SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
+
+
+def pytest_collection_modifyitems(items):
+  for item in items:
+    module = item.module.__name__.rsplit('.', 1)[-1]
+    if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, 'fixturenames', ())):
+      item.add_marker(pytest.mark.slow)
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'slow: starts subprocesses, trains end to end or compiles for a TPU slice '
+      '(`make test` runs them, `make test-fast` leaves them out)')
+
+
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
   """A tfds data_dir shared by the session, with mnist5k prepared in it (so no test's output
@@ -25,3 +47,21 @@ def data_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp('tfds'))
   mnist5k.prepare(path)
   return path
+
+
+if os.environ.get('VIT_JAX_TEST_CPU_LOG'):
+  import resource  # pylint: disable=g-import-not-at-top
+
+  def _cpu_seconds():
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    """Appends `<cpu seconds> <test id>` (this process and its finished subprocesses, set-up
+    included) to $VIT_JAX_TEST_CPU_LOG: where the suite's CPU time goes, whatever the load."""
+    del nextitem
+    start = _cpu_seconds()
+    yield
+    with open(os.environ['VIT_JAX_TEST_CPU_LOG'], 'a') as f:
+      f.write(f'{_cpu_seconds() - start:.2f} {item.nodeid}\n')

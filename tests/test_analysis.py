@@ -196,6 +196,7 @@ def _init(model, size=28):
   return init(jax.random.key(0))['params']
 
 
+@pytest.mark.slow
 def test_attention_weights_of_a_model():
   model = create_model('ViT-Ze/4', num_classes=3)
   x = np.random.default_rng(3).uniform(-1, 1, (3, 28, 28, 1)).astype(np.float32)
@@ -229,6 +230,7 @@ def _write_png(path, rgb=True, size=(40, 30)):
   return str(path)
 
 
+@pytest.mark.slow
 def test_report_for_a_gap_hybrid_on_image_files(tmp_path, data_dir):
   params = _save_checkpoint(tmp_path / 'run', 'R+ViT-Ze/4', 'gap', data_dir)
   pngs = [_write_png(tmp_path / 'a.png'), _write_png(tmp_path / 'b.png', rgb=False)]
@@ -279,6 +281,7 @@ def test_user_errors(tmp_path):
     inputs.load_image_files([str(tmp_path / 'missing.png')], 28, 1)
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line(tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'analyze', f'--workdir={tmp_path}/nope',
                          f'--out={tmp_path}/out'], cwd=ROOT, capture_output=True, text=True,
@@ -316,6 +319,7 @@ def short_run(tmp_path_factory, data_dir):
   return str(workdir)
 
 
+@pytest.mark.slow
 def test_short_run_posemb_is_most_similar_to_neighbours(short_run):
   """The paper's Figure 7 centre: nearby patches get similar position embeddings.
 
@@ -342,6 +346,7 @@ def test_short_run_posemb_is_most_similar_to_neighbours(short_run):
   assert np.sum(steps[np.arange(49), best] == 1) >= 17, best
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_on_the_short_run(short_run, tmp_path):
   out = tmp_path / 'figures'
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'analyze', f'--workdir={short_run}',

@@ -115,6 +115,7 @@ def _data_x_model_mesh():
 
 
 @pytest.mark.parametrize('name', ['ViT-Ze/4', 'R+ViT-Ze/4'])
+@pytest.mark.slow
 def test_dot_product_matches_einsum(name):
   x, params, want = _einsum_reference(name)
   model = create_model(name, num_classes=10, attention='dot_product')
@@ -122,6 +123,7 @@ def test_dot_product_matches_einsum(name):
 
 
 @pytest.mark.parametrize('remat', ['full', 'dots'])
+@pytest.mark.slow
 def test_dot_product_matches_einsum_under_remat(remat):
   x, params, want = _einsum_reference('ViT-Ze/4')
   model = create_model('ViT-Ze/4', num_classes=10, attention='dot_product', remat=remat)
@@ -139,6 +141,7 @@ def test_dot_product_matches_einsum_on_a_data_x_model_mesh(name):
 # flash in Pallas interpret mode on CPU: padded sequence (50 tokens -> 128), masked keys.
 
 
+@pytest.mark.slow
 def test_flash_interpret_matches_einsum_at_a_padded_length():
   """ViT-Ze/4 at 28 px has 50 tokens (49 patches + cls), padded to 128 for the kernel: on one
   device, and per shard in jax.shard_map on the 8-device data x model mesh (the jitted steps'
@@ -219,6 +222,7 @@ def test_auto_resolves_for_the_mesh_platform(tpu_v3_2x2):
 @pytest.mark.filterwarnings('ignore:Error reading persistent compilation cache entry')
 @pytest.mark.parametrize('mesh_model, dtype', [(1, 'float32'), (2, 'float32'), (1, 'bfloat16')],
                          ids=['data', 'data_x_model', 'data_bf16'])
+@pytest.mark.slow
 def test_flash_train_step_compiles_for_tpu_v3(tpu_v3_2x2, mesh_model, dtype):
   """ViT-Ze/4 at 28 px (50 tokens, padded to 128), global batch 16 on 8 v3 cores: data
   parallel (8 x 1) and data x model (4 x 2, one head per core); with bf16 compute the kernel

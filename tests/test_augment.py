@@ -172,6 +172,7 @@ def test_every_op_runs_at_every_magnitude_and_keeps_shape_and_dtype():
     np.testing.assert_array_equal(out, x, err_msg=name)
 
 
+@pytest.mark.slow
 def test_randaugment_is_seeded_and_runs_in_tf_data():
   x = tf.constant(_image(16, 16))
   a = randaug.randaugment(x, 2, 15, tf.constant([1, 2], tf.int64))

@@ -69,6 +69,7 @@ def test_num_classes_larger_than_the_dataset_is_allowed_and_said(data_dir, capfd
           '10..11 are never a target') in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_fewshot_shots_above_the_class_size_are_refused(data_dir):
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
@@ -229,6 +230,7 @@ class _FullDisk:
 
 @pytest.mark.parametrize('target', ['metrics.jsonl', 'tensorboard'],
                          ids=['metrics_jsonl', 'tensorboard'])
+@pytest.mark.slow
 def test_disk_full_while_writing_metrics(tmp_path, data_dir, monkeypatch, target):
   workdir = tmp_path / 'work'
   real_init = logs.MetricLogger.__init__

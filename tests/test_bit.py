@@ -78,6 +78,7 @@ def test_every_registered_bit_is_pinned():
 
 
 @pytest.mark.parametrize('name', sorted(COUNT_1K))
+@pytest.mark.slow
 def test_param_count_1k(name):
   depth, width = name[len('BiT-R'):].split('x')
   assert _closed_form_count(UNITS[int(depth)], float(width), 3, 1000) == COUNT_1K[name]
@@ -420,6 +421,7 @@ def test_xla_flops_match_the_closed_form():
 # Training through vit_jax.main.
 
 
+@pytest.mark.slow
 def test_main_trains_a_bit(tmp_path, data_dir):
   proc = subprocess.run(
       [sys.executable, '-m', 'vit_jax.main',

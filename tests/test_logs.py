@@ -70,6 +70,7 @@ def test_torn_lines_do_not_break_reading_or_the_learning_curve(tmp_path):
   assert (tmp_path / 'curve.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow
 def test_runs_repair_the_log_on_a_fresh_start_and_on_resume(tmp_path, data_dir):
   """A kill -9 before the first checkpoint left records and a torn line: the fresh start empties
   the log; after a kill between checkpoints, the resume cuts it back to the checkpoint."""

@@ -141,6 +141,7 @@ def test_every_registered_variant_is_pinned():
 
 
 @pytest.mark.parametrize('name', sorted(COUNT_224_1K))
+@pytest.mark.slow
 def test_param_count_224_1k(name):
   assert _count(name) == COUNT_224_1K[name]
 
@@ -149,6 +150,7 @@ def test_param_count_224_1k(name):
     ('ViT-B/16', 86_859_496),
     ('R+ViT-Ti/16', 6_355_944),
 ])
+@pytest.mark.slow
 def test_param_count_384_1k(name, expected):
   assert _count(name, size=384) == expected
 

@@ -53,6 +53,7 @@ def _init(model, x):
   return jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(x)['params']
 
 
+@pytest.mark.slow
 def test_mask_token_exists_only_when_asked_and_corrupts_embeddings():
   x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (2, 8, 8, 3)), jnp.float32)
   plain = models.create_model('ViT-Ze/4', num_classes=5)
@@ -90,6 +91,7 @@ def _config(**overrides):
   return c
 
 
+@pytest.mark.slow
 def test_objective_scores_only_the_corrupted_patches():
   c = _config()
   model = models.create_model('ViT-Ze/4', num_classes=8, **tasks.model_overrides(c))

@@ -417,6 +417,7 @@ def test_missing_path_and_directory(tmp_path):
 # Checking against a model.
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_names_first_mismatch(tmp_path):
   path = str(tmp_path / 'ze.npz')
   save_npz(path, _nested(_random_flat('ViT-Ze/4', seed=15)))
@@ -434,6 +435,7 @@ def test_checkpoint_of_another_model_names_first_mismatch(tmp_path):
   assert 'in the file but not in the model' not in text
 
 
+@pytest.mark.slow
 def test_big_models_mismatch_via_eval_shape():
   b16 = _abstract('ViT-B/16', 224, 3, num_classes=1000)
   s16 = _abstract('ViT-S/16', 224, 3, num_classes=1000)

@@ -58,6 +58,7 @@ def _spec(shardings, *path):
   return node.spec
 
 
+@pytest.mark.slow
 def test_tensor_parallel_rules_split_heads_and_mlp_units():
   state = _abstract_state('ViT-B/16')
   mesh = mesh_lib.make_mesh(_mesh_config(data=-1, model=2))
@@ -179,6 +180,7 @@ STRATEGIES = {
 }
 
 
+@pytest.mark.slow
 def test_every_strategy_trains_like_one_device(tmp_path, data_dir):
   """10 steps from the same init and data: every strategy, with the scanned encoder
   (model.scan), gives the 1-device losses of the unrolled encoder (fp32); the unrolled encoder
@@ -198,6 +200,7 @@ def _train_losses_of(workdir, data_dir, overrides, devices):
   return _train_losses(workdir)
 
 
+@pytest.mark.slow
 def test_restore_under_another_mesh_continues_the_run(tmp_path, data_dir):
   """A data-parallel checkpoint resumes under FSDP x tensor parallelism with the same losses."""
   straight = tmp_path / 'straight'
@@ -229,6 +232,7 @@ def test_parallel_config_errors(tmp_path, data_dir):
   assert not (tmp_path / 'w' / 'checkpoints').exists()
 
 
+@pytest.mark.slow
 def test_compile_only_reports_memory_without_training(tmp_path, capsys):
   """FSDP stores 1/8 of the state per device; no dataset, workdir or params are needed."""
   common = dict(dataset='imagenet2012', data_dir=str(tmp_path / 'no_data'), num_classes=1000,
@@ -258,6 +262,7 @@ def test_compile_only_reports_memory_without_training(tmp_path, capsys):
   np.testing.assert_allclose(fsdp['flops'], dp['flops'], rtol=0.05)
 
 
+@pytest.mark.slow
 def test_remat_policies_keep_gradients_and_recompute():
   x = jax.random.normal(jax.random.PRNGKey(1), (4, 28, 28, 1))
   labels = jnp.arange(4)
@@ -286,6 +291,7 @@ def test_remat_policies_keep_gradients_and_recompute():
   assert plain_flops < flops['dots'] < flops['full']
 
 
+@pytest.mark.slow
 def test_train_step_compiled_in_background_is_the_jitted_step():
   """The trainer's overlapped compile (Program.compile_train_step_in_background) gives the
   jitted step's exact state and metrics, here on a data x model mesh of 4 devices."""

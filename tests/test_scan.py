@@ -75,6 +75,7 @@ def _assert_trees_equal(got, want):
 @pytest.mark.parametrize('name, options', [
     ('R+ViT-Ze/4', {}),
     ('ViT-Ze/4', {'with_mask_token': True, 'representation_size': 16, 'dtype': 'bfloat16'})])
+@pytest.mark.slow
 def test_scanned_init_is_the_unrolled_init_stacked(name, options):
   unrolled, scanned = _pair(name, **options)
   plain, stacked = _init(unrolled), _init(scanned)
@@ -89,6 +90,7 @@ def test_scanned_init_is_the_unrolled_init_stacked(name, options):
 
 @pytest.mark.parametrize('name', NAMES)
 @pytest.mark.parametrize('remat', ['none', 'full', 'dots'])
+@pytest.mark.slow
 def test_scanned_logits_and_gradients_equal_unrolled(name, remat):
   """fp32, rel 1e-6; and the scanned program really is one scanned layer."""
   unrolled, scanned = _pair(name, remat=remat)
@@ -120,6 +122,7 @@ def test_scanned_logits_and_gradients_equal_unrolled(name, remat):
     assert 'remat' in str(scan_jaxpr) or 'checkpoint' in str(scan_jaxpr)
 
 
+@pytest.mark.slow
 def test_a_scanned_backward_pass_needs_no_more_memory_than_unrolled():
   """XLA:CPU temporaries of the gradient (ViT-Mu/4, batch 8, remat none). XLA cannot fuse across
   a scan's iterations, so without `SCAN_NO_REMAT_POLICY` the scanned pass stored every
@@ -144,6 +147,7 @@ def test_drop_path_takes_a_traced_rate():
   assert 0.2 < float((traced(x, 0.25, key)[:, 0] == 0).mean()) < 0.3
 
 
+@pytest.mark.slow
 def test_scanned_stochastic_depth_and_dropout():
   """Per-layer drop-path rates are scanned inputs: with stochastic_depth=1 over 2 layers, block 1
   is always dropped and block 0 never (so the output is the 1-block model's); dropout draws are
@@ -169,6 +173,7 @@ def test_scanned_stochastic_depth_and_dropout():
   assert not np.allclose(run(0), run(1)) and not np.allclose(run(0), evaluated)
 
 
+@pytest.mark.slow
 def test_scanned_bfloat16_and_mask_token():
   """bf16 compute through the scan carry; MPP's corrupted patches go through the same way."""
   unrolled, scanned = _pair('ViT-Ze/4', dtype='bfloat16', with_mask_token=True)
@@ -187,6 +192,7 @@ def test_scanned_bfloat16_and_mask_token():
   assert not np.allclose(want, no_mask)
 
 
+@pytest.mark.slow
 def test_attention_of_a_scanned_model_comes_out_per_layer():
   unrolled, scanned = _pair('R+ViT-Ze/4')
   params = _perturbed(_init(unrolled))
@@ -284,6 +290,7 @@ def _stored_tree(workdir, step):
   return train_ckpt.Checkpointer(workdir, keep=3).stored_tree(step)
 
 
+@pytest.mark.slow
 def test_a_scanned_run_trains_like_unrolled_and_checkpoints_stacked(runs):
   np.testing.assert_allclose(_losses(runs[True]), _losses(runs[False]), rtol=1e-5)
   assert len(_losses(runs[True])) == 6
@@ -292,6 +299,7 @@ def test_a_scanned_run_trains_like_unrolled_and_checkpoints_stacked(runs):
 
 
 @pytest.mark.parametrize('scan_before', [False, True])
+@pytest.mark.slow
 def test_a_run_resumes_across_a_scan_change(runs, tmp_path, data_dir, scan_before, capsys):
   """Steps 4-6 after a restart with the other `model.scan` (not refused as config drift; the
   scanned side on an FSDP mesh) give the uninterrupted run's losses, optimizer state included."""
@@ -319,6 +327,7 @@ def _restored(workdir, prog, step=3):
   return state
 
 
+@pytest.mark.slow
 def test_checkpointer_converts_either_layout_exactly(runs, data_dir):
   """The whole train state (params, Adam's mu and nu, counters) restored into the other layout
   is the stored state converted, bit for bit, in the restoring run's shardings."""
@@ -372,6 +381,7 @@ def test_config_init_transfers_across_layouts(runs, data_dir, tmp_path, source, 
   _assert_trees_equal(got, layout.to_layout(params, scan))
 
 
+@pytest.mark.slow
 def test_npz_and_timm_files_of_a_scanned_model_are_the_unrolled_files(tmp_path):
   unrolled, scanned = _pair('R+ViT-Ze/4')
   params = jax.device_get(_perturbed(_init(unrolled)))

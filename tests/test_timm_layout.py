@@ -92,6 +92,7 @@ TIMM_TI_STEM = {
 }
 
 
+@pytest.mark.slow
 def test_hybrid_names_and_shapes_are_timms():
   ours = timm_layout.to_timm(_zeros('R50+ViT-B/16', 224, 3, num_classes=1000))
   for key, shape in TIMM_R50_UNIT.items():

@@ -129,6 +129,7 @@ def _tiny_setup(accum_steps=1, optimizer='adam', lr=1e-3, dropout=0.0):
   return model, state, train_step, {'image': images, 'label': labels}
 
 
+@pytest.mark.slow
 def test_train_step_lowers_loss_and_reports_health_metrics():
   _, state, train_step, batch = _tiny_setup(lr=3e-3)
   fn = jax.jit(train_step)
@@ -144,6 +145,7 @@ def test_train_step_lowers_loss_and_reports_health_metrics():
   assert fn._cache_size() == 1  # compiled once for all 30 steps
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_full_batch():
   _, s1, step1, batch = _tiny_setup(accum_steps=1, optimizer='sgd', lr=0.1)
   _, s4, step4, _ = _tiny_setup(accum_steps=4, optimizer='sgd', lr=0.1)
@@ -155,6 +157,7 @@ def test_gradient_accumulation_matches_full_batch():
                s1.params, s4.params)
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device_step():
   assert jax.device_count() == 8
   _, state, train_step, batch = _tiny_setup(optimizer='sgd', lr=0.1)
