@@ -93,10 +93,11 @@ HEADLINE_POLYAK = 0.9999
 FINETUNE_DROPOUT = {'L/16': 0.1, 'H/14': 0.1, 'R50+B/16': 0.1}
 
 # ---------------------------------------------------------------------------------------------
-# Paper-scale plans (configs/plans.py; README "Planning memory for a TPU slice"): the Cloud TPU
-# slice each planned recipe runs on, and the memory setting under which its train and eval steps
-# fit a TPU v3 core's 16 GiB there, as the TPU compiler found it (benchmarks/tpu_plans.py
-# --search). The settings are part of the recipe: configs/pretrain.py and finetune.py apply them.
+# Paper-scale plans (configs/plans.py; docs/scaling.md, "Planning for TPUs with the TPU
+# compiler"): the Cloud TPU slice each planned recipe runs on, and the memory setting under which
+# its train and eval steps fit a TPU v3 core's 16 GiB there, as the TPU compiler found it
+# (benchmarks/tpu_plans.py --search). The settings are part of the recipe: configs/pretrain.py
+# and finetune.py apply them.
 # Slices: the paper's Table 2 budgets in TPUv3-core-days (H/14 2.5k, L/16 0.68k on JFT) over a
 # v3-512 (4.9 days) and a v3-256 (2.7 days); B/16 (no budget in Table 2) and the fine-tunes
 # (batch 512: 2 images per core at 518 px) on a v3-256.

@@ -1,9 +1,9 @@
 """The persistent XLA compilation cache of command-line runs: on by default, one switch to turn off.
 
 A resumed run, each run of a sweep, predict and analyze compile the same programs again; with the
-cache they load the compiled executables instead (README "Compilation cache": time to first step,
-cold and warm). JAX keys entries by the program, the compile options and the backend, so a hit is
-the same executable.
+cache they load the compiled executables instead (docs/scaling.md, "Compilation cache": time to
+first step, cold and warm). JAX keys entries by the program, the compile options and the backend,
+so a hit is the same executable.
 
   VIT_JAX_COMPILATION_CACHE unset   ~/.cache/vit_jax/xla/<host> ($XDG_CACHE_HOME if set): a local
                                     disk on a laptop and on every worker of a Cloud TPU VM

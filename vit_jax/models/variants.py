@@ -43,7 +43,7 @@ HYBRIDS: Dict[str, Tuple[str, Tuple[int, ...], int]] = {
 BIT_DEPTHS: Dict[int, Tuple[int, ...]] = {
     14: (1, 1, 1, 1), 26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 # Small BiTs for 28 px CPU work (half width: 32 channels after the root). R50x0.5 costs about what
-# ViT-Mu/4 and R+ViT-Mu/4 cost per image; R14x0.5 is the tiny one for tests (README).
+# ViT-Mu/4 and R+ViT-Mu/4 cost per image; R14x0.5 is the tiny one for tests (docs/models.md).
 BIT_SMALL: Tuple[str, ...] = ('BiT-R50x0.5', 'BiT-R26x0.5', 'BiT-R14x0.5')
 
 # Registered names: the released / reference models plus the small CPU ones.
