@@ -11,7 +11,7 @@ checkpoint step directory or an official .npz):
   python -m vit_jax.main --config=configs/finetune.py:model=Mu/4,dataset=digits,image_size=32 ...
 
 The head is replaced by a zero-initialised one for the new classes, pre_logits are dropped and the
-position embeddings are resized to the new resolution (vit_jax/checkpoint/transfer.py).
+position embeddings are resized to the new resolution (vit_jax/train/transfer.py).
 
 Arguments:
   model     any variant, short (B/16, R50+B/16) or registered (ViT-B/16) name

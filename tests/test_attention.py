@@ -10,7 +10,6 @@ per-core memory the TPU compiler reports for it.
 """
 
 import functools
-import os
 import re
 
 import jax
@@ -23,14 +22,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import default
 from vit_jax import analysis
 from vit_jax.benchmarking import ours
-from vit_jax.checkpoint.spec import ModelSpec
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import create_model
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding
 from vit_jax.parallel import targets
-from vit_jax.train import losses
+from vit_jax import tasks
+from vit_jax.tasks import losses
 from vit_jax.train import program
 
 # The splash kernels of one attention layer's forward and backward, as the HLO names them.
@@ -259,12 +258,12 @@ def test_analysis_forces_einsum():
 
 def test_a_runs_model_spec_leaves_the_kernel_to_where_it_runs():
   """A run trained with flash on TPU: its exports, few-shot and analysis build the model on any
-  host (ModelSpec.from_config drops the kernel; the model resolves `auto` there)."""
+  host (tasks.model_spec drops the kernel; the model resolves `auto` there)."""
   x = _images(2)
   params = _params('ViT-Ze/4', x)
   config = default.get_config()
   config.model_name, config.model.attention = 'ViT-Ze/4', 'flash'
-  model = ModelSpec.from_config(config, params).build()
+  model = tasks.model_spec(config, params).build()
   assert model.attention == 'auto'
   want = create_model('ViT-Ze/4', num_classes=10, attention='einsum').apply({'params': params}, x,
                                                                            train=False)

@@ -11,7 +11,9 @@ from PIL import Image, ImageEnhance, ImageOps
 from configs import pretrain
 from vit_jax.data import preprocess, randaug
 from vit_jax.errors import UserError
-from vit_jax.train import loop, losses, mixup, polyak, program
+from vit_jax.data import config_pp
+from vit_jax.tasks import losses, mixup
+from vit_jax.train import polyak
 
 
 # ---------------------------------------------------------------- mixup
@@ -200,5 +202,5 @@ def test_randaugment_is_seeded_and_runs_in_tf_data():
                                randaug_magnitude=-2))
   # The trainer hands config.randaug to the train pipeline.
   config = pretrain.get_config('model=B/16,dataset=imagenet21k,augreg=true,aug=medium2')
-  spec = preprocess.train_spec(program.train_pp(config))  # pylint: disable=protected-access
+  spec = preprocess.train_spec(config_pp.train_pp(config))  # pylint: disable=protected-access
   assert (spec.randaug_layers, spec.randaug_magnitude) == (2, 15)

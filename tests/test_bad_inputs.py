@@ -178,7 +178,7 @@ def resources(tmp_path_factory, data_dir):
 
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax.checkpoint import npz  # pylint: disable=g-import-not-at-top
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
   model = models.create_model('ViT-Ze/4', num_classes=10)
   params = model.init(jax.random.PRNGKey(0), np.zeros((1, 28, 28, 1), np.float32),
                       train=False)['params']

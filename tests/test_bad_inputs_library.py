@@ -10,7 +10,6 @@ simulations raise exactly those, from the same calls.
 
 import errno
 import io
-import json
 import os
 import re
 
@@ -20,7 +19,7 @@ from PIL import Image
 
 from configs import default
 from vit_jax import data as data_lib
-from vit_jax.data import folder, image_files, preprocess
+from vit_jax.data import config_pp, folder, image_files, preprocess
 from vit_jax.errors import UserError
 from vit_jax.train import logs, loop, program
 
@@ -91,7 +90,7 @@ def test_fewshot_shots_above_the_class_size_are_refused(data_dir):
         param_shardings=sharding.replicated(mesh), dataset='mnist5k', data_dir=data_dir,
         train_split='train', eval_split='test', shots=(1, smallest + 1), l2_reg=1.0,
         batch_size=8 * jax.device_count(), cache=False,
-        pp=program.eval_pp(_config(data_dir)))
+        pp=config_pp.eval_pp(_config(data_dir)))
 
 
 # ---------------------------------------------------------------------------------------------

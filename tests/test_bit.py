@@ -452,7 +452,7 @@ def test_main_trains_a_bit(tmp_path, data_dir):
 
 
 def test_npz_round_trip(tmp_path):
-  from vit_jax.checkpoint import npz  # pylint: disable=g-import-not-at-top
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
   model = create_model('BiT-R14x0.5', num_classes=10, **SMALL)
   x = np.zeros((1, 28, 28, 1), np.float32)
   params = _random_params(model, x)

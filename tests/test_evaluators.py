@@ -1,6 +1,5 @@
 """Evaluators: the few-shot closed-form solver on features with known answers, and ImageNet ReaL."""
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np

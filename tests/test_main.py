@@ -14,7 +14,7 @@ import pytest
 from configs import default
 from vit_jax.data import mnist5k
 from vit_jax.train import loop
-from vit_jax.train import program
+from vit_jax import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +45,7 @@ def _reference_accuracy(data_dir, workdir, step):
   images, labels = mnist5k.load_arrays()
   test = mnist5k.split_indices(labels)['test']
   x = (images[test].astype(np.float32) - 127.5) / 127.5
-  model = program.build_model(_config(data_dir), num_classes=10)
+  model = tasks.build_model(_config(data_dir), num_classes=10)
   logits = model.apply({'params': _final_params(workdir, step)}, x, train=False)
   return float(np.mean(np.argmax(logits, -1) == labels[test]))
 

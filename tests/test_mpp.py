@@ -9,7 +9,8 @@ import pytest
 from configs import common
 from vit_jax import models
 from vit_jax.errors import UserError
-from vit_jax.train import mpp, tasks
+from vit_jax import tasks
+from vit_jax.tasks import mpp
 
 
 def test_colour_targets_match_numpy():
@@ -94,10 +95,10 @@ def _config(**overrides):
 @pytest.mark.slow
 def test_objective_scores_only_the_corrupted_patches():
   c = _config()
-  model = models.create_model('ViT-Ze/4', num_classes=8, **tasks.model_overrides(c))
+  model = models.create_model('ViT-Ze/4', num_classes=8, **tasks.get_task(c).model_overrides)
   x = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, (3, 8, 8, 1)), jnp.float32)
   params = _init(model, x)
-  objective = jax.jit(tasks.objective(c, model, 8))
+  objective = jax.jit(tasks.get_task(c).objective(model, 8))
   rng = jax.random.PRNGKey(3)
   loss, correct = objective(params, x, jnp.zeros(3, jnp.int32), rng)
   # Reference: the same corruption, softmax cross-entropy averaged over the selected patches.
@@ -126,4 +127,4 @@ def test_bad_settings():
   with pytest.raises(UserError, match='at least 2 patches'):
     mpp.check(_config(), (1, 1))
   with pytest.raises(UserError, match='softmax_xent, mpp'):
-    tasks.model_overrides(_config(loss='mse'))
+    tasks.get_task(_config(loss='mse'))

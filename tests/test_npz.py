@@ -1,4 +1,4 @@
-"""Tests of vit_jax.checkpoint.npz: the official .npz layouts (facts sheet section 2).
+"""Tests of vit_jax.formats.npz: the official .npz layouts (facts sheet section 2).
 
 Files are made here from tiny models' param shapes filled with known random values and renamed by
 mappings written independently in this file (`_released_names`, `_big_vision`). The big_vision
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax.checkpoint import check_params, load_for_model, load_npz, read_npz, save_npz
+from vit_jax.formats import check_params, load_for_model, load_npz, read_npz, save_npz
 from vit_jax.errors import UserError
 from vit_jax.models import create_model
 

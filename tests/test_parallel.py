@@ -20,7 +20,7 @@ from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding
 from vit_jax.train import loop
 from vit_jax.train import program
-from vit_jax.train import losses
+from vit_jax.tasks import losses
 
 
 def _mesh_config(data=-1, fsdp=1, model=1):

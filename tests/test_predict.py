@@ -14,10 +14,10 @@ import pytest
 
 from configs import default
 from image_folder_util import image_paths, write_colour_folder, write_images
-from vit_jax import inference
-from vit_jax.checkpoint import bundle as bundle_lib
-from vit_jax.checkpoint import npz, timm_layout
-from vit_jax.checkpoint.spec import ModelSpec, infer_image_size
+from vit_jax.serving import inference
+from vit_jax.serving import bundle as bundle_lib
+from vit_jax.formats import npz, timm_layout
+from vit_jax.models.spec import ModelSpec, infer_image_size
 from vit_jax.data import image_files, preprocess
 from vit_jax.errors import UserError
 

@@ -10,7 +10,9 @@ import sys
 import numpy as np
 
 from configs import finetune, pretrain
+from vit_jax import tasks
 from vit_jax.checkpoint import restore
+from vit_jax.serving import bundle as bundle_lib
 from vit_jax.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,6 +21,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _records(workdir, split):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     return [r for r in map(json.loads, f) if r['split'] == split]
+
+
+def _check_export_is_the_trained_model(config, workdir, params, out):
+  """The exported bundle of a run (saved and loaded back) computes what the trained model does:
+  for masked patch prediction, per-token colour logits (the task's model, not a pooled head)."""
+  bundle_lib.save(bundle_lib.from_workdir(workdir), out)
+  exported = bundle_lib.load(out)
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 1)).astype(np.float32)
+  trained = tasks.build_model(config, num_classes=8).apply({'params': params}, images, train=False)
+  served = exported.spec.build().apply({'params': exported.params}, images, train=False)
+  assert trained.shape == (2, 50, 8)  # the class token and a 7x7 grid of patches, 8 colours each
+  np.testing.assert_allclose(np.asarray(served), np.asarray(trained), rtol=1e-5, atol=1e-5)
 
 
 def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
@@ -34,6 +48,7 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
   params, _ = restore.load_checkpoint(restore.resolve_checkpoint(pre_dir))
   assert params['mask_token'].shape == (1, 1, 32) and params['head']['kernel'].shape == (32, 8)
   assert 'pre_logits' in params
+  _check_export_is_the_trained_model(pre, pre_dir, params, str(tmp_path / 'mpp_bundle'))
 
   ft = finetune.get_config('model=Ze/4,dataset=mnist5k,steps=60,image_size=36,lr=0.1')
   ft.data_dir, ft.progress, ft.init = data_dir, False, pre_dir

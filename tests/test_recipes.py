@@ -7,7 +7,7 @@ import pytest
 
 from configs import common, finetune, pretrain, recipes
 from vit_jax.errors import UserError
-from vit_jax.train import loop, optim
+from vit_jax.train import optim, program
 
 IMAGENET_TRAIN = 1_281_167  # images in ImageNet-2012's train split (tfds imagenet2012)
 
@@ -70,7 +70,7 @@ def test_table_3_rows(model, dataset, arg, epochs, lr, decay, wd, dropout, clip)
 
 def test_imagenet_1k_schedule_at_chosen_steps():
   c = pretrain.get_config('model=B/16,dataset=imagenet2012')
-  steps = loop.resolve_steps(c, IMAGENET_TRAIN)
+  steps = program.resolve_steps(c, IMAGENET_TRAIN)
   assert steps == math.ceil(300 * IMAGENET_TRAIN / 4096) == 93_836
   s = _schedule(c, steps)
   expected = {0: 0.0, 5_000: 1.5e-3, 10_000: 3e-3,
@@ -83,7 +83,7 @@ def test_imagenet_1k_schedule_at_chosen_steps():
 
 def test_jft_linear_schedule_at_chosen_steps():
   c = pretrain.get_config('model=L/16,dataset=jft300m,epochs=14')
-  steps = loop.resolve_steps(c, 300_000_000)  # the size is read from the dataset at run time
+  steps = program.resolve_steps(c, 300_000_000)  # the size is read from the dataset at run time
   assert steps == math.ceil(14 * 300_000_000 / 4096)
   s = _schedule(c, steps)
   for step, lr in {0: 0.0, 2_500: 1e-4, 10_000: 4e-4, 10_000 + (steps - 10_000) // 2: 2e-4,

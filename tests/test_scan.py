@@ -16,21 +16,22 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import common
 from configs import default
 from vit_jax import analysis
-from vit_jax import inference
-from vit_jax.checkpoint import bundle as bundle_lib
-from vit_jax.checkpoint import npz as npz_lib
+from vit_jax.serving import inference
+from vit_jax.serving import bundle as bundle_lib
+from vit_jax.formats import npz as npz_lib
 from vit_jax.checkpoint import restore
-from vit_jax.checkpoint import timm_layout
+from vit_jax.formats import timm_layout
 from vit_jax.checkpoint import train_ckpt
-from vit_jax.checkpoint import transfer
-from vit_jax.checkpoint.spec import ModelSpec
+from vit_jax.train import transfer
+from vit_jax.models.spec import ModelSpec
 from vit_jax.errors import UserError
 from vit_jax.models import create_model
 from vit_jax.models import layout
 from vit_jax.models import vit as vit_lib
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.train import loop
-from vit_jax.train import losses, program, step as step_lib
+from vit_jax.tasks import losses
+from vit_jax.train import program, step as step_lib
 
 # One worker runs this module, so its shared fixtures are computed once per session.
 pytestmark = pytest.mark.xdist_group('scan')

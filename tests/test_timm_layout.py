@@ -1,4 +1,4 @@
-"""timm state dicts and .safetensors files (vit_jax.checkpoint.timm_layout), without torch.
+"""timm state dicts and .safetensors files (vit_jax.formats.timm_layout), without torch.
 
 The layout is checked three ways: (1) exact round trips ours -> timm -> ours for plain, gap and
 hybrid models; (2) the timm key names and shapes of a hybrid against those of timm 1.0.31's
@@ -18,8 +18,8 @@ import pytest
 import safetensors.numpy
 from flax import traverse_util
 
-from vit_jax.checkpoint import timm_layout
-from vit_jax.checkpoint.spec import ModelSpec
+from vit_jax.formats import timm_layout
+from vit_jax.models.spec import ModelSpec
 from vit_jax.errors import UserError
 from vit_jax.models import vit as vit_lib
 

@@ -3,14 +3,14 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import common
 from vit_jax import models
 from vit_jax.errors import UserError
-from vit_jax.train import losses, optim, step as step_lib
+from vit_jax.tasks import classification, losses
+from vit_jax.train import optim, step as step_lib
 
 
 def _config(**overrides):
@@ -184,7 +184,7 @@ def test_dropout_rng_changes_with_step():
 
 def test_eval_step_masks_padding():
   model, state, _, batch = _tiny_setup()
-  eval_step = jax.jit(step_lib.make_eval_step(apply_fn=model.apply, loss_fn=losses.softmax_xent,
+  eval_step = jax.jit(classification.make_eval_step(apply_fn=model.apply, loss_fn=losses.softmax_xent,
                                               num_classes=4))
   mask = (jnp.arange(16) < 10).astype(jnp.float32)
   out = eval_step(state.params, dict(batch, mask=mask))

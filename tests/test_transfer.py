@@ -10,10 +10,11 @@ import scipy.ndimage
 from configs import finetune
 from vit_jax import models
 from vit_jax import parallel
-from vit_jax.checkpoint import npz as npz_lib
-from vit_jax.checkpoint import transfer
+from vit_jax import tasks
+from vit_jax.formats import npz as npz_lib
+from vit_jax.train import transfer
 from vit_jax.errors import UserError
-from vit_jax.train import loop, optim, program
+from vit_jax.train import optim, program
 
 POSEMB = npz_lib.POSEMB
 
@@ -133,7 +134,7 @@ def test_initialise_state_from_npz_resets_head_and_optimizer(tmp_path):
 
   config = finetune.get_config('model=Ze/4,dataset=mnist5k,steps=10,image_size=36')
   config.polyak_decay = 0.5
-  model = loop.build_model(config, 10)
+  model = tasks.build_model(config, 10)
   mesh = parallel.make_mesh(config.mesh)
   tx = optim.make_optimizer(config, optim.make_schedule(lr=0.1, total_steps=10, warmup_steps=1,
                                                         decay_type='cosine'))

@@ -22,8 +22,8 @@ import torch
 from timm.models.vision_transformer import _load_weights
 
 from parity_figures import FIGURES
-from vit_jax.checkpoint import npz, timm_layout
-from vit_jax.checkpoint.spec import ModelSpec
+from vit_jax.formats import npz, timm_layout
+from vit_jax.models.spec import ModelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = {  # our name: (timm architecture, tolerance)

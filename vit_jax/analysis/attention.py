@@ -5,7 +5,7 @@ Attention arrays are [L, B, H, N, N] (layers, images, heads, queries, keys), N c
 token when the model has one; a list of L [B, H, N, N] arrays is accepted too.
 """
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp

@@ -10,13 +10,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
-from vit_jax.checkpoint.spec import ModelSpec, input_channels  # pylint: disable=unused-import
+from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
+from vit_jax import tasks
+from vit_jax.data import config_pp
 from vit_jax.models import layout
 
 
 def build_model(config, params):
   """The run's model: variant and options from its config, class count from the head."""
-  return ModelSpec.from_config(config, params).build()
+  return tasks.model_spec(config, params).build()
 
 
 def load_model(step_dir, *, averaged: bool = False):
@@ -38,10 +40,9 @@ def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np
 def eval_images(config, num_images: int, data_dir: Optional[str] = None):
   """The first `num_images` eval images of the run's dataset and their labels (as evaluated)."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
-      batch_size=num_images, pp=program.eval_pp(config), cache=False)
+      batch_size=num_images, pp=config_pp.eval_pp(config), cache=False)
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

@@ -141,9 +141,9 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
 
 def prepare_infer(config) -> Prepared:
   """The forward pass (train=False) of the same model on one synthetic batch."""
-  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  model = program_lib.build_model(config, config.num_classes)
+  model = tasks.build_model(config, config.num_classes)
   images = jnp.asarray(_synthetic_batch(config.batch_size, config.image_size,
                                         config.num_classes)['image'])
   params = jax.jit(lambda r: model.init(r, images[:1], train=False)['params'])(
@@ -159,11 +159,11 @@ def prepare_infer(config) -> Prepared:
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
   """img/s of the trainer's train input pipeline (the config's train preprocessing) on `dataset`."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   it = data_lib.train_iterator(
       dataset=dataset, split='train', data_dir=data_dir, batch_size=config.batch_size,
-      pp=program_lib.train_pp(config), seed=0, shuffle_buffer=config.shuffle_buffer,
+      pp=config_pp.train_pp(config), seed=0, shuffle_buffer=config.shuffle_buffer,
       cache=True, prefetch=config.prefetch)
   next(it)
   first_s = time.perf_counter() - start

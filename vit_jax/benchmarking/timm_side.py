@@ -27,8 +27,8 @@ def _import_torch_and_timm():
 def build(model_name: str, num_classes: int, image_size: int, dtype: str):
   """(torch module, torch dtype) for our variant `model_name`."""
   torch, timm = _import_torch_and_timm()
-  from vit_jax.checkpoint import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  from vit_jax.checkpoint import timm_layout  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.formats import timm_layout  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(os.cpu_count())
   config = timm_layout.timm_config(spec_lib.ModelSpec(model_name=model_name,
                                                       num_classes=num_classes,

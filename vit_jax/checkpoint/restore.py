@@ -3,7 +3,7 @@ wrote them: which step directory a --workdir/--checkpoint names, and its params 
 stored with them (only the `params` of the train state are read, not the optimizer state), always
 in the unrolled layout (vit_jax/models/layout.py).
 
-Used by the analyses, the few-shot CLI and `config.init` (vit_jax.checkpoint.transfer).
+Used by the analyses, the few-shot CLI and `config.init` (vit_jax.train.transfer).
 """
 
 import os

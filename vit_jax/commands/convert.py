@@ -27,7 +27,7 @@ _DROP_PRE_LOGITS = flags.DEFINE_bool(
 
 
 def run(argv) -> int:
-  from vit_jax.checkpoint import npz, timm_layout  # pylint: disable=g-import-not-at-top
+  from vit_jax.formats import npz, timm_layout  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {" ".join(argv[1:])}: name the source with '
                         '--checkpoint, --workdir or --bundle')

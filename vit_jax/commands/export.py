@@ -17,7 +17,7 @@ _OUT = flag_groups.out()
 
 
 def run(argv) -> int:
-  from vit_jax.checkpoint import bundle as bundle_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import bundle as bundle_lib  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {" ".join(argv[1:])}: export takes only flags')
   bundle = _SOURCE.resolve()

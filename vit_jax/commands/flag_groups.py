@@ -119,7 +119,7 @@ class ModelSource:
 
   def resolve(self):
     """The `Bundle` the flags name."""
-    from vit_jax.checkpoint import bundle  # pylint: disable=g-import-not-at-top
+    from vit_jax.serving import bundle  # pylint: disable=g-import-not-at-top
     return bundle.resolve(workdir=self.workdir.value, checkpoint=self.checkpoint.value,
                           bundle=self.bundle.value, model=self.model.value,
                           options=parse_options(self.model_options.value),

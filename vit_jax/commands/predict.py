@@ -23,7 +23,7 @@ _JSON = flag_groups.json_output()
 
 
 def run(argv) -> int:
-  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import inference  # pylint: disable=g-import-not-at-top
   paths = argv[1:]
   if not paths:
     raise cli.UserError('no images given: pass image files, e.g. python -m vit_jax predict '

@@ -32,7 +32,8 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 def run(argv) -> int:
   del argv
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import guards, tasks, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from vit_jax import tasks
+  from vit_jax.train import guards, train_and_evaluate  # pylint: disable=g-import-not-at-top
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
@@ -44,7 +45,7 @@ def run(argv) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
   if _CONFIG.value.compile_only or _CONFIG.value.compile_for or result.get('preempted'):
     return 0
-  print(f'final {_CONFIG.value.eval_split} {tasks.metric_name(_CONFIG.value)}: '
+  print(f'final {_CONFIG.value.eval_split} {tasks.get_task(_CONFIG.value).metric_name}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 

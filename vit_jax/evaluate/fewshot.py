@@ -199,7 +199,7 @@ def evaluate_checkpoint(checkpoint_dir: str, *, dataset: Optional[str], data_dir
   """
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
   model, params, config = inputs.load_model(checkpoint_dir, averaged=True)
   mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
   if batch_size < 1 or batch_size % mesh.devices.size:
@@ -209,7 +209,7 @@ def evaluate_checkpoint(checkpoint_dir: str, *, dataset: Optional[str], data_dir
   evaluator = FewShotEvaluator(
       model=model, mesh=mesh, param_shardings=sharding.replicated(mesh), dataset=dataset,
       data_dir=data_dir or config.data_dir, train_split=train_split, eval_split=eval_split,
-      shots=shots, l2_reg=l2_reg, batch_size=batch_size, cache=False, pp=program.eval_pp(config))
+      shots=shots, l2_reg=l2_reg, batch_size=batch_size, cache=False, pp=config_pp.eval_pp(config))
   return dataset, evaluator.num_classes, evaluator(params)
 
 

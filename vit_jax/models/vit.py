@@ -13,7 +13,7 @@ map 1:1:
   pre_logits                                         (representation_size only) Dense + tanh
   head                                               zero kernel, bias = head_bias_init
   mask_token                                         [1,1,D] (with_mask_token only: masked patch
-                                                     prediction pre-training, vit_jax/train/mpp.py)
+                                                     prediction pre-training, vit_jax/tasks/mpp.py)
 
 Activations carry logical axis names (`batch`, `tokens`, `embed`, `heads`, `kv`, `mlp`) through
 `vit_jax.parallel.sharding.constrain`, which maps them to mesh axes inside the jitted train step
@@ -367,7 +367,7 @@ class VisionTransformer(nn.Module):
   @nn.compact
   def __call__(self, inputs: jax.Array, *, train: bool, corrupt=None) -> jax.Array:
     """`corrupt` (masked patch prediction only): {'source': int [B, N] patch to take each
-    embedding from, 'use_mask': bool [B, N] replace by the mask token}; see vit_jax/train/mpp.py."""
+    embedding from, 'use_mask': bool [B, N] replace by the mask token}; see vit_jax/tasks/mpp.py."""
     resnet = resnet_lib.as_resnet_config(self.resnet)
     self._check(inputs, resnet)
     x = inputs.astype(self.dtype)

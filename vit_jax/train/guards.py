@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import jax
 

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Optional, Tuple
+from typing import Optional
 
 from vit_jax.errors import UserError
 

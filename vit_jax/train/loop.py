@@ -27,7 +27,7 @@ from vit_jax import data as data_lib
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
-from vit_jax.checkpoint import transfer
+from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.train import guards
@@ -35,9 +35,9 @@ from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
-from vit_jax.train import tasks
 from vit_jax.train import workdir as workdir_lib
-from vit_jax.train.program import build_model, eval_pp, resolve_steps, train_pp  # re-exported
+from vit_jax.data.config_pp import eval_pp, train_pp
+from vit_jax import tasks
 
 
 def evaluate(eval_fn, params, eval_data, mesh) -> dict:
@@ -202,7 +202,7 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
           to_log = None
         result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
         logger.write(step, 'eval', result)
-        _say(f'\nstep {step}: eval {config.eval_split} {tasks.metric_name(config)} '
+        _say(f'\nstep {step}: eval {config.eval_split} {tasks.get_task(config).metric_name} '
              f'{result["accuracy"]:.4f}, loss {result["loss"]:.4f} ({int(result["count"])} '
              'examples)')
       for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
@@ -274,5 +274,4 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-__all__ = ['train_and_evaluate', 'resolve_steps', 'build_model', 'evaluate', 'train_pp',
-           'eval_pp']
+__all__ = ['train_and_evaluate', 'evaluate']

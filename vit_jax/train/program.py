@@ -23,7 +23,8 @@ from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
 from vit_jax.parallel import targets
-from vit_jax.train import optim, step as step_lib, tasks, validate
+from vit_jax import tasks
+from vit_jax.train import optim, step as step_lib, validate
 
 
 @dataclasses.dataclass
@@ -109,26 +110,6 @@ def resolve_steps(config, num_train_examples: int) -> int:
   return steps
 
 
-def build_model(config, num_classes: int):
-  return models.create_model(config.model_name, num_classes=num_classes,
-                             **{**config.model.to_dict(), **tasks.model_overrides(config)})
-
-
-def train_pp(config) -> dict:
-  """The train preprocessing of a config (keys of `data.preprocess.TrainSpec`)."""
-  return dict(crop=config.pp.train_crop, image_size=config.image_size,
-              resize=config.pp.resize or config.image_size, pad=config.pp.pad,
-              flip=config.pp.flip, channels=config.pp.channels,
-              randaug_layers=config.randaug.num_layers,
-              randaug_magnitude=config.randaug.magnitude)
-
-
-def eval_pp(config) -> dict:
-  """The eval preprocessing of a config (keys of `data.preprocess.EvalSpec`)."""
-  return dict(crop=config.pp.eval_crop, image_size=config.image_size,
-              resize=config.pp.resize or config.image_size, channels=config.pp.channels)
-
-
 def dataset_facts(config, require_dataset: bool = True):
   """(num_classes, train examples, input channels) of the configured dataset.
 
@@ -153,7 +134,7 @@ def head_width(config, info) -> int:
   model's), and said on stderr: the extra outputs are never a target.
   """
   n = config.num_classes
-  if not n or n == info.num_classes or not tasks.uses_labels(config):
+  if not n or n == info.num_classes or not tasks.get_task(config).uses_labels:
     return n or info.num_classes
   if n < info.num_classes:
     raise UserError(f'--config.num_classes={n} is fewer than the {info.num_classes} classes of '
@@ -222,6 +203,7 @@ def build_program(config, devices: Optional[list] = None, *,
   (`vit_jax/parallel/targets.py`): the program can be compiled, not run.
   """
   check_config(config)
+  task = tasks.get_task(config)
   target = targets.tpu_slice(config.compile_for) if config.compile_for else None
   if target is not None:
     devices = targets.slice_devices(target)
@@ -230,12 +212,12 @@ def build_program(config, devices: Optional[list] = None, *,
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
   num_classes, num_train, channels = dataset_facts(config, require_dataset)
-  num_classes = tasks.num_outputs(config, num_classes, channels)  # masked patch prediction: 8**C
+  num_classes = task.num_outputs(num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes
   # the learning-rate schedule, which does not change the compiled program.
   total_steps = (resolve_steps(config, num_train) if num_train or config.total_steps
                  else config.warmup_steps + 1)
-  model = build_model(config, num_classes)
+  model = tasks.build_model(config, num_classes)
   _check_tensor_parallel(model, mesh)
   schedule = optim.make_schedule(lr=config.lr, total_steps=total_steps,
                                  warmup_steps=config.warmup_steps, decay_type=config.decay_type,
@@ -247,13 +229,13 @@ def build_program(config, devices: Optional[list] = None, *,
   init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng, mesh)
   state_shardings = sharding.param_shardings(abstract, mesh)
   train_step = step_lib.make_train_step(
-      apply_fn=model.apply, tx=tx, loss_fn=tasks.loss_fn(config), num_classes=num_classes,
+      apply_fn=model.apply, tx=tx, loss_fn=task.loss_fn, num_classes=num_classes,
       label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
       reduce_axis=steps_lib.reduce_axis(config.parallelism),
       skip_nonfinite=config.max_nonfinite_steps > 0,
-      objective=tasks.objective(config, model, num_classes))
+      objective=task.objective(model, num_classes))
   train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
-  eval_fn = steps_lib.compile_eval_step(tasks.eval_step(config, model, num_classes), mesh,
+  eval_fn = steps_lib.compile_eval_step(task.eval_step(model, num_classes), mesh,
                                         state_shardings.params)
   return Program(config=config, mesh=mesh, model=model, tx=tx, num_classes=num_classes,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
@@ -262,5 +244,5 @@ def build_program(config, devices: Optional[list] = None, *,
                  eval_fn=eval_fn, target=target)
 
 
-__all__ = ['Program', 'build_program', 'resolve_steps', 'build_model', 'train_pp', 'eval_pp',
+__all__ = ['Program', 'build_program', 'resolve_steps',
            'dataset_facts', 'head_width', 'init_fn_and_shapes', 'check_config']

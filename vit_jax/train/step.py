@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax.train import losses
+from vit_jax.tasks import losses
 
 
 @flax.struct.dataclass
@@ -47,7 +47,7 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
   """Returns the pure train step for this model, optimizer and loss (see the module docstring).
 
   `objective(params, images, labels, rng) -> (mean loss, number correct)` replaces the default
-  classification objective (mixup: train/mixup.py; masked patch prediction: train/mpp.py).
+  classification objective (mixup: tasks/mixup.py; masked patch prediction: tasks/mpp.py).
   Every step reports `nonfinite` (1.0 if its loss or gradient norm is NaN/Inf). With
   `skip_nonfinite`, such a step leaves parameters and optimizer state unchanged (the step count
   still advances, so the data stream moves on) and increments `state.skipped`.
@@ -117,17 +117,3 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
                          skipped=skipped), metrics
 
   return train_step
-
-
-def make_eval_step(*, apply_fn: Callable, loss_fn: Callable, num_classes: int):
-  """Returns eval_step(params, batch) -> sums of correct, loss and count over unmasked examples."""
-
-  def eval_step(params, batch):
-    logits = apply_fn({'params': params}, batch['image'], train=False)
-    mask = batch['mask'].astype(jnp.float32)
-    targets = losses.one_hot(batch['label'], num_classes)
-    hit = (jnp.argmax(logits, -1) == batch['label']).astype(jnp.float32)
-    return {'correct': jnp.sum(hit * mask), 'loss': jnp.sum(loss_fn(logits, targets) * mask),
-            'count': jnp.sum(mask)}
-
-  return eval_step

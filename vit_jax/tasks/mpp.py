@@ -12,7 +12,7 @@ The corruption is a function of the step's RNG and happens inside the model, aft
 embedding and before the cls token and position embedding (`VisionTransformer(with_mask_token=
 True)` and its `corrupt` argument); the model is the usual ViT with classifier 'unpooled' and a
 per-token head of 8**channels classes. The mask token and this head are dropped when the
-checkpoint fine-tunes (vit_jax/checkpoint/transfer.py).
+checkpoint fine-tunes (vit_jax/train/transfer.py).
 """
 
 from typing import Callable, Tuple
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.errors import UserError
-from vit_jax.train import losses
+from vit_jax.tasks import losses
 
 BITS = 3
 LEVELS = 2 ** BITS

@@ -66,22 +66,6 @@ class ModelSpec:
     spec.build()  # unknown variant / option -> UserError now, not at first use
     return spec
 
-  @classmethod
-  def from_config(cls, config, params) -> 'ModelSpec':
-    """The model of a training run: its config plus the class count and channels of `params`."""
-    num_classes = int(np.shape(params['head']['kernel'])[-1])
-    if config.num_classes and config.num_classes != num_classes:
-      raise UserError(f'config.num_classes={config.num_classes} but the checkpoint head has '
-                      f'{num_classes} outputs: the checkpoint and its config do not match')
-    options = config.model.to_dict()
-    # The attention kernel is picked where the model runs, not stored: a TPU run's 'flash'
-    # could not run on a CPU host (the spec builds 'auto').
-    options.pop('attention', None)
-    if 'mask_token' in params:  # a masked-patch-prediction pre-training run
-      options['with_mask_token'] = True
-    return cls(model_name=config.model_name, num_classes=num_classes, options=options,
-               image_size=int(config.image_size), channels=input_channels(params))
-
 
 def input_channels(params) -> int:
   """Image channels a model was trained on (from its first conv kernel: a hybrid's `conv_root`,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.errors import UserError
-from vit_jax.train import losses
+from vit_jax.tasks import losses
 
 
 def sample_lambda(rng: jax.Array, alpha: float) -> jax.Array:

@@ -20,11 +20,13 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax.checkpoint import files
-from vit_jax.checkpoint import npz
-from vit_jax.checkpoint import timm_layout
+from vit_jax.formats import files
+from vit_jax.formats import npz
+from vit_jax.formats import timm_layout
 from vit_jax.checkpoint import restore
-from vit_jax.checkpoint.spec import ModelSpec, infer_image_size, input_channels
+from vit_jax.models.spec import ModelSpec, infer_image_size, input_channels
+from vit_jax import tasks
+from vit_jax.data import config_pp
 from vit_jax.errors import UserError
 
 FORMAT = 'vit_jax.bundle'
@@ -84,10 +86,10 @@ def dataset_class_names(dataset: str, data_dir: Optional[str]) -> Tuple[str, ...
 def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                  data_dir: Optional[str] = None) -> Bundle:
   """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
-  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   step_dir = restore.resolve_checkpoint(workdir, checkpoint)
   params, config = restore.load_checkpoint(step_dir)
-  spec = ModelSpec.from_config(config, params)
+  task = tasks.get_task(config)
+  spec = tasks.model_spec(config, params)
   source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
   try:
     names = dataset_class_names(config.dataset, data_dir or config.data_dir)
@@ -97,11 +99,11 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
   except UserError as e:
     names = _index_names(spec.num_classes)
     source['class_names'] = f'class indices (no names from dataset {config.dataset}: {e})'
-  pp = program.eval_pp(config)  # the eval preprocessing policy
+  pp = config_pp.eval_pp(config)  # the eval preprocessing policy
   return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
                 crop=pp['crop'], resize=pp['resize'],
                 decode_channels=spec.channels if config.pp.channels is None else 3,
-                output='sigmoid' if config.loss == 'sigmoid_xent' else 'softmax', source=source)
+                output=task.output, source=source)
 
 
 def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.checkpoint import files
+from vit_jax.formats import files
 from vit_jax.errors import UserError
 from vit_jax.models.layout import for_model, unstack_blocks
 

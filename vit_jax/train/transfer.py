@@ -30,7 +30,7 @@ from etils import epath
 
 from vit_jax import models
 from vit_jax.models import layout
-from vit_jax.checkpoint import npz as npz_lib
+from vit_jax.formats import npz as npz_lib
 from vit_jax.checkpoint import restore
 from vit_jax.errors import UserError
 

@@ -37,11 +37,11 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax.checkpoint import files
-from vit_jax.checkpoint import npz
-from vit_jax.checkpoint.npz import (  # pylint: disable=protected-access
+from vit_jax.formats import files
+from vit_jax.formats import npz
+from vit_jax.formats.npz import (  # pylint: disable=protected-access
     _as_numpy, _few, _flatten, _forward_order, _params_only, _unflatten)
-from vit_jax.checkpoint.spec import ModelSpec
+from vit_jax.models.spec import ModelSpec
 from vit_jax.errors import UserError
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.models.layout import unstack_blocks

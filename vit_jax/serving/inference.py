@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.checkpoint.bundle import Bundle
+from vit_jax.serving.bundle import Bundle
 from vit_jax.errors import UserError
 
 
