@@ -54,7 +54,7 @@ def _workdir_with_notes(tmp_path):
 
 
 def test_num_classes_fewer_than_the_dataset_is_refused(data_dir):
-  with pytest.raises(UserError, match=r'^--config.num_classes=5 is fewer than the 10 classes of '
+  with pytest.raises(UserError, match=r'^config.num_classes=5 is fewer than the 10 classes of '
                                       r'mnist5k: labels 5..9 would have no output; leave '
                                       r'num_classes unset .* or set it >= 10$'):
     program.build_program(_config(data_dir, num_classes=5))
@@ -160,7 +160,7 @@ def test_disk_full_while_preparing_a_folder(tmp_path, monkeypatch):
   monkeypatch.setattr(folder.ImageFolder, 'download_and_prepare', full)
   with pytest.raises(UserError, match=r'^cannot prepare folder:.*/images in .*/tfds/image_folders/'
                                       r'images-[0-9a-f]{16} \(No space left on device\): free '
-                                      r'space there or set --config.data_dir to a disk with room'):
+                                      r'space there or set config.data_dir to a disk with room'):
     data_lib.get_info(f'folder:{root}', str(tmp_path / 'tfds'))
 
 

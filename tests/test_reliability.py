@@ -249,7 +249,7 @@ def two_step_run(tmp_path_factory, data_dir):
     (dict(model_name='ViT-Mu/4'), False,
      r"with another config: model_name 'ViT-Ze/4' -> 'ViT-Mu/4'; its arrays have other shapes "
      r"\(params/Transformer/encoder_norm/bias \(32,\) -> \(64,\), .*\), so it cannot go on with "
-     r"this config: rerun with the same config, or use a new --workdir \(--config.init=.* starts a "
+     r"this config: rerun with the same config, or use a new --workdir \(config.init=.* starts a "
      r"new run from its weights where they fit\)$"),
     (dict(num_classes=12), False,
      r'with another config: num_classes None -> 12; its arrays have other shapes \(params/head/'

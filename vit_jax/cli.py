@@ -27,8 +27,17 @@ from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 EXIT_USER_ERROR = 2
 
 
+# A config key as libraries name it (`config.lr`, `config.model.remat`), not already a flag.
+_CONFIG_KEY = re.compile(r'(?<![\w.\-/])config\.(?=[a-z_])')
+
+
+def as_flags(message: str) -> str:
+  """A library's message as the command line says it: `config.lr=...` -> `--config.lr=...`."""
+  return _CONFIG_KEY.sub('--config.', message)
+
+
 def fail(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr, flush=True)
+  print(f'error: {as_flags(message)}', file=sys.stderr, flush=True)
   sys.exit(EXIT_USER_ERROR)
 
 
@@ -245,4 +254,4 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
     fail('interrupted (Ctrl-C): rerun the same command')
 
 
-__all__ = ['UserError', 'fail', 'run_main', 'EXIT_USER_ERROR']
+__all__ = ['UserError', 'as_flags', 'fail', 'run_main', 'EXIT_USER_ERROR']

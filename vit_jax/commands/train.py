@@ -33,10 +33,11 @@ def run(argv) -> int:
   del argv
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
   from vit_jax import tasks
-  from vit_jax.train import guards, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import guards, train_and_evaluate, validate  # pylint: disable=g-import-not-at-top
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
+  validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
   result = train_and_evaluate(_CONFIG.value, _WORKDIR.value,

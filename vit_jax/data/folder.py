@@ -295,7 +295,7 @@ def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
       reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
       raise UserError(f'cannot prepare {PREFIX}{root} in {directory} '
                       f'({reason.strip().splitlines()[0].rsplit("; ", 1)[-1]}): free space '
-                      f'there or set --config.data_dir to a disk with room, then rerun') from None
+                      f'there or set config.data_dir to a disk with room, then rerun') from None
   builder = ImageFolder(listing=listing, data_dir=directory)
   splits = {name: split.num_examples for name, split in builder.info.splits.items()}
   line = (f'prepared {PREFIX}{root}: {len(listing.classes)} classes, '

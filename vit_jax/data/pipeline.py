@@ -63,7 +63,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   the same for any process count (at the price of every process reading all undecoded records).
   """
   if sharding not in SHARDINGS:
-    raise UserError(f'unknown data_sharding {sharding!r}: use --config.data_sharding=process or '
+    raise UserError(f'unknown data_sharding {sharding!r}: use config.data_sharding=process or '
                     f'global')
   hide_accelerators_from_tf()
   spec = preprocess.train_spec(pp)

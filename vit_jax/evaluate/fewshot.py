@@ -123,7 +123,7 @@ def _check_shots(shots, labels: np.ndarray, ds_info, dataset: str, split: str) -
     name = ds_info.tfds_info.features[ds_info.label_key].int2str(int(smallest))
     raise UserError(f"{max(shots)}-shot needs {max(shots)} images of every class, but class "
                     f"{name!r} of '{dataset}' split '{split}' has {counts[smallest]}: use shots of "
-                    f'at most {counts[smallest]} (--shots, or --config.fewshot.shots in training)')
+                    f'at most {counts[smallest]} (--shots, or config.fewshot.shots in training)')
 
 
 class FewShotEvaluator:
@@ -150,7 +150,7 @@ class FewShotEvaluator:
     labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
     if not len(labels):
       raise UserError(f"few-shot split '{train_split}' of '{dataset}' is empty: set "
-                      f'--config.fewshot.train_split')
+                      f'config.fewshot.train_split')
     _check_shots(shots, labels, ds_info, dataset, train_split)
     # Contiguous shares, so the gathered features keep the pool's order on any process count.
     counts = [len(share) for share in np.array_split(np.arange(len(labels)), pcount)]

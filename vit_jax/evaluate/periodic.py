@@ -31,7 +31,7 @@ def periodic_evaluators(config, *, model, mesh, param_shardings, eval_pp) -> Lis
           data_dir=config.data_dir, split=config.real.split, batch_size=config.eval_batch_size,
           pp=eval_pp, cache=config.cache)))
     except UserError as e:
-      raise UserError(f"{e} (ImageNet ReaL evaluation; --config.real.dataset='' turns it "
+      raise UserError(f"{e} (ImageNet ReaL evaluation; config.real.dataset='' turns it "
                       f'off)') from None
   return out
 

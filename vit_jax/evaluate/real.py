@@ -37,7 +37,7 @@ def _label_set_feature(builder, dataset: str):
   if (IMAGE_KEY not in features or not isinstance(real, tfds.features.Sequence)
       or not isinstance(real.feature, tfds.features.ClassLabel)):
     raise UserError(f"dataset '{dataset}' has no '{IMAGE_KEY}' image with a '{LABELS_KEY}' "
-                    f"sequence of class labels: use --config.real.dataset=imagenet2012_real")
+                    f"sequence of class labels: use config.real.dataset=imagenet2012_real")
   return real.feature.num_classes
 
 
@@ -51,7 +51,7 @@ class RealEvaluator:
     if model.num_classes != num_classes:
       raise UserError(f"the model has {model.num_classes} classes but '{dataset}' labels "
                       f'{num_classes}: ReaL scores ImageNet-1k classifiers; unset '
-                      f'--config.real.dataset for other runs')
+                      f'config.real.dataset for other runs')
     pcount, pindex = jax.process_count(), jax.process_index()
     shares = tfds.even_splits(split, n=pcount)
     try:

@@ -75,7 +75,7 @@ def check(attention: str, dropout_rate: float) -> None:
   if dropout_rate > 0 and attention in NO_DROPOUT:
     raise UserError(f'model.attention={attention} has no attention dropout but '
                     f'model.attention_dropout_rate={dropout_rate}: set '
-                    f'--config.model.attention_dropout_rate=0, or --config.model.attention=einsum '
+                    f'config.model.attention_dropout_rate=0, or config.model.attention=einsum '
                     f'(or auto, which picks einsum when attention dropout is on)')
 
 
@@ -124,7 +124,7 @@ def resolve(attention: str, dropout_rate: float, on: str = None) -> str:
     return 'einsum' if dropout_rate > 0 else AUTO.get(on, 'einsum')
   if attention == 'flash' and on != 'tpu' and not _interpreting():
     raise UserError(f'model.attention=flash is a TPU kernel and this program runs on {on}: use '
-                    '--config.model.attention=auto (or dot_product)')
+                    'config.model.attention=auto (or dot_product)')
   return attention
 
 

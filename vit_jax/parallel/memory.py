@@ -7,7 +7,7 @@ figure where it gives one (the TPU compiler), else arguments + outputs - aliased
 The state bytes per device are also computed from the shardings directly (parameters and
 optimizer state separately), as a cross-check.
 
-Whose figures: compiled for TPU devices (`--config.compile_for`, vit_jax/parallel/targets.py),
+Whose figures: compiled for TPU devices (`config.compile_for`, vit_jax/parallel/targets.py),
 they are the TPU compiler's. Compiled for CPU devices they are XLA:CPU's, which do not carry over
 to a TPU: XLA:CPU's scheduler does not lower memory by rematerialisation and it computes bfloat16
 in float32 (ViT-H/14 at 518 px, 2 images per core: 36.2 GiB by XLA:CPU as first measured, 13.8 GiB
@@ -30,11 +30,11 @@ from vit_jax.parallel import targets
 GIB = 2 ** 30
 CPU_CAVEAT = ("XLA:CPU's figures, not a TPU's: XLA:CPU does not lower memory by "
               "rematerialisation and computes bfloat16 in float32, so TPU memory can be several "
-              "times lower; compile for the slice with --config.compile_for=v3-8 (or another "
+              "times lower; compile for the slice with config.compile_for=v3-8 (or another "
               "slice) for the TPU compiler's figures")
 
-MEMORY_FIXES = ('--config.model.remat=full, --config.model.dtype=bfloat16, --config.mesh.fsdp=-1, '
-                'a smaller per-device batch (more devices, or --config.accum_steps) or a larger '
+MEMORY_FIXES = ('config.model.remat=full, config.model.dtype=bfloat16, config.mesh.fsdp=-1, '
+                'a smaller per-device batch (more devices, or config.accum_steps) or a larger '
                 'slice')
 
 

@@ -19,7 +19,7 @@ EXIT_USER_ERROR = 2  # as vit_jax.cli
 def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, model) sizes from the config; one of them may be -1 (= all remaining devices)."""
   sizes = [int(getattr(mesh_config, a, 1)) for a in AXES]
-  flags = ', '.join(f'--config.mesh.{a}={s}' for a, s in zip(AXES, sizes))
+  flags = ', '.join(f'config.mesh.{a}={s}' for a, s in zip(AXES, sizes))
   if sum(s == -1 for s in sizes) > 1:
     raise UserError(f'mesh {flags}: at most one axis may be -1 (all remaining devices)')
   if any(s == 0 or s < -1 for s in sizes):

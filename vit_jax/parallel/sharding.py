@@ -137,7 +137,7 @@ def check_batch(global_batch: int, mesh, what: str = 'batch_size', flag: str = '
              else f'{ways} devices')
     raise UserError(f'{what}={global_batch} does not split over {where} in {processes} '
                     f'processes: use a multiple of {unit}, e.g. '
-                    f'--config.{flag}={max(unit, global_batch // unit * unit)}')
+                    f'config.{flag}={max(unit, global_batch // unit * unit)}')
 
 
 def shard_batch(local_batch: dict, mesh) -> dict:

@@ -30,12 +30,12 @@ def reduce_axis(parallelism: str):
 
 def check_parallelism(parallelism: str, mesh) -> None:
   if parallelism not in PARALLELISMS:
-    raise UserError(f'unknown parallelism {parallelism!r}: use --config.parallelism=jit or pmap')
+    raise UserError(f'unknown parallelism {parallelism!r}: use config.parallelism=jit or pmap')
   if parallelism == 'pmap' and (mesh.shape['fsdp'] > 1 or mesh.shape['model'] > 1):
     raise UserError(f'parallelism=pmap is data parallel only but the mesh has fsdp='
                     f'{mesh.shape["fsdp"]}, model={mesh.shape["model"]}: use '
-                    f'--config.parallelism=jit for FSDP or tensor parallelism, or set '
-                    f'--config.mesh.fsdp=1 --config.mesh.model=1')
+                    f'config.parallelism=jit for FSDP or tensor parallelism, or set '
+                    f'config.mesh.fsdp=1 config.mesh.model=1')
 
 
 def compile_train_step(train_step, parallelism: str, mesh, state_shardings):

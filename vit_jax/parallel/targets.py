@@ -99,7 +99,7 @@ def _torus(chips: int, dims: int) -> List[int]:
 def tpu_slice(name: str) -> TpuSlice:
   """Decodes a slice or topology name; an unknown or impossible one is a one-line UserError."""
   text = name.strip().lower()
-  bad = f'unknown TPU slice {name!r} in --config.compile_for: use an accelerator type ({EXAMPLES})'
+  bad = f'unknown TPU slice {name!r} in config.compile_for: use an accelerator type ({EXAMPLES})'
   match = re.fullmatch(r'(v\d+[a-z]*)-(\d+)', text)
   if match:
     gen_name = ALIASES.get(match.group(1), match.group(1))

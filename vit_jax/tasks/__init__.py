@@ -118,7 +118,7 @@ def model_spec(config, params) -> ModelSpec:
 def get_task(config) -> Task:
   """The task of a config (an unknown `loss`: one line listing the choices)."""
   if config.loss not in CHOICES:
-    raise UserError(f'unknown loss {config.loss!r}: use --config.loss= one of {", ".join(CHOICES)}')
+    raise UserError(f'unknown loss {config.loss!r}: use config.loss= one of {", ".join(CHOICES)}')
   return Task(name=config.loss, config=config)
 
 

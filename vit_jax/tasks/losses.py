@@ -32,5 +32,5 @@ LOSSES = {'softmax_xent': softmax_xent, 'sigmoid_xent': sigmoid_xent}
 
 def get_loss(name: str):
   if name not in LOSSES:
-    raise UserError(f'unknown loss {name!r}: use --config.loss= one of {sorted(LOSSES)}')
+    raise UserError(f'unknown loss {name!r}: use config.loss= one of {sorted(LOSSES)}')
   return LOSSES[name]

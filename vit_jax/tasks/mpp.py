@@ -77,9 +77,9 @@ def check(config, grid: Tuple[int, int]) -> None:
                     f'>= 0 with a sum <= 1: use 0.8 and 0.1 (the paper)')
   if grid[0] * grid[1] < 2:
     raise UserError(f'masked patch prediction needs at least 2 patches, the model has a '
-                    f'{grid[0]}x{grid[1]} grid: raise --config.image_size')
+                    f'{grid[0]}x{grid[1]} grid: raise config.image_size')
   if config.mixup:
-    raise UserError('mixup does not apply to masked patch prediction: set --config.mixup=0')
+    raise UserError('mixup does not apply to masked patch prediction: set config.mixup=0')
 
 
 def _scores(apply_fn, params, images, rng, *, grid, patch_pixels, options, train):

@@ -148,11 +148,11 @@ def check_finite(step: int, metrics: Dict[str, float], last_checkpoint: Optional
           else 'no checkpoint was written')
   if max_skipped:
     why = f'after skipping {skipped - 1} such steps (the limit is {max_skipped})'
-    fix = 'raise --config.max_nonfinite_steps, or lower --config.lr'
+    fix = 'raise config.max_nonfinite_steps, or lower config.lr'
   else:
     why = f'at step {step}'
-    fix = ('lower --config.lr, lengthen --config.warmup_steps, or skip such steps with '
-           '--config.max_nonfinite_steps=K')
+    fix = ('lower config.lr, lengthen config.warmup_steps, or skip such steps with '
+           'config.max_nonfinite_steps=K')
   raise Diverged(f'non-finite {", ".join(bad)} {why}; {kept}: {fix}')
 
 
@@ -215,7 +215,7 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
   `shape_changes`: (array, stored shape, this run's shape) triples (`train_ckpt.shape_changes`).
   """
   changes = config_changes(stored_config, config)
-  fresh = (f'use a new --workdir (--config.init={workdir} starts a new run from its weights '
+  fresh = (f'use a new --workdir (config.init={workdir} starts a new run from its weights '
            'where they fit)')
   if changes and not allow_config_change and not shape_changes:
     refuse_config_drift(workdir, step, stored_config, config)

@@ -35,6 +35,7 @@ from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
+from vit_jax.train import validate
 from vit_jax.train import workdir as workdir_lib
 from vit_jax.data.config_pp import eval_pp, train_pp
 from vit_jax import tasks
@@ -75,7 +76,7 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
       raise UserError(f'{memory.fit_line(report)} ({prog.describe()}): try '
                       f'{memory.MEMORY_FIXES}')
     return report
-  program_lib.check_config(config)  # a mistake in the config alone: before the disk is touched
+  validate.check_config(config)  # a mistake in the config alone: before the disk is touched
   workdir_lib.prepare(workdir)
   held = lock_lib.hold(workdir)
   ckpt = None

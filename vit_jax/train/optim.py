@@ -9,6 +9,10 @@ import optax
 from vit_jax.errors import UserError
 from vit_jax.train import polyak
 
+OPTIMIZERS = ('adam', 'sgd')
+DECAY_TYPES = ('linear', 'cosine')
+WEIGHT_DECAY_MASKS = ('kernels', 'all')
+
 
 def make_schedule(*, lr: float, total_steps: int, warmup_steps: int, decay_type: str,
                   lr_end: float = 0.0):
@@ -16,11 +20,11 @@ def make_schedule(*, lr: float, total_steps: int, warmup_steps: int, decay_type:
 
   As the original code: step 0 gives lr 0 (optax evaluates the schedule at count 0).
   """
-  if decay_type not in ('linear', 'cosine'):
-    raise UserError(f'unknown decay_type {decay_type!r}: use --config.decay_type=linear or cosine')
+  if decay_type not in DECAY_TYPES:
+    raise UserError(f'unknown decay_type {decay_type!r}: use config.decay_type=linear or cosine')
   if warmup_steps >= total_steps and total_steps > 0 and warmup_steps > 0:
     raise UserError(f'warmup_steps={warmup_steps} is not below total_steps={total_steps}: '
-                    'lower --config.warmup_steps')
+                    'lower config.warmup_steps')
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
@@ -56,9 +60,9 @@ def make_optimizer(config, schedule) -> optax.GradientTransformation:
   elif config.optimizer == 'sgd':
     parts.append(optax.trace(decay=config.momentum, accumulator_dtype=mu_dtype))
   else:
-    raise UserError(f'unknown optimizer {config.optimizer!r}: use --config.optimizer=adam or sgd')
+    raise UserError(f'unknown optimizer {config.optimizer!r}: use config.optimizer=adam or sgd')
   if config.weight_decay:
-    if config.weight_decay_mask not in ('kernels', 'all'):
+    if config.weight_decay_mask not in WEIGHT_DECAY_MASKS:
       raise UserError(f'unknown weight_decay_mask {config.weight_decay_mask!r}: use kernels or all')
     mask = _kernel_mask if config.weight_decay_mask == 'kernels' else None
     parts.append(optax.add_decayed_weights(config.weight_decay, mask=mask))

@@ -100,13 +100,13 @@ class Program:
 def resolve_steps(config, num_train_examples: int) -> int:
   """Total steps from `total_steps` or `total_epochs` (exactly one of them must be set)."""
   if (config.total_steps is None) == (config.total_epochs is None):
-    raise UserError('set exactly one of --config.total_steps and --config.total_epochs')
+    raise UserError('set exactly one of config.total_steps and config.total_epochs')
   if config.total_steps is not None:
     steps = config.total_steps
   else:
     steps = math.ceil(config.total_epochs * num_train_examples / config.batch_size)
   if steps <= 0:
-    raise UserError(f'the run has {steps} steps: raise --config.total_steps/total_epochs')
+    raise UserError(f'the run has {steps} steps: raise config.total_steps/total_epochs')
   return steps
 
 
@@ -137,7 +137,7 @@ def head_width(config, info) -> int:
   if not n or n == info.num_classes or not tasks.get_task(config).uses_labels:
     return n or info.num_classes
   if n < info.num_classes:
-    raise UserError(f'--config.num_classes={n} is fewer than the {info.num_classes} classes of '
+    raise UserError(f'config.num_classes={n} is fewer than the {info.num_classes} classes of '
                     f'{config.dataset}: labels {n}..{info.num_classes - 1} would have no output; '
                     f'leave num_classes unset (it is read from the dataset) or set it >= '
                     f'{info.num_classes}')
@@ -164,18 +164,6 @@ def init_fn_and_shapes(model, tx, image_shape, rng, mesh=None):
   return init, jax.eval_shape(init, rng)
 
 
-def check_config(config) -> None:
-  """The mistakes a config alone shows, found before devices or data are touched."""
-  validate.check_values(config)
-  models.decode_variant(config.model_name)  # an unknown variant: one line, listing the valid ones
-  if config.data_sharding not in data_lib.SHARDINGS:
-    raise UserError(f'unknown data_sharding {config.data_sharding!r}: use '
-                    f'--config.data_sharding=process or global')
-  if config.model.classifier == 'unpooled':
-    raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
-                    'cannot score: train with --config.model.classifier=token or gap')
-
-
 def _check_mesh(config, mesh) -> None:
   steps_lib.check_parallelism(config.parallelism, mesh)
   sharding.check_batch(config.batch_size, mesh)
@@ -184,7 +172,7 @@ def _check_mesh(config, mesh) -> None:
   if shard_rows % config.accum_steps:
     raise UserError(f'the per-device batch {shard_rows} does not split into '
                     f'accum_steps={config.accum_steps} micro-batches: change '
-                    '--config.accum_steps or --config.batch_size')
+                    'config.accum_steps or config.batch_size')
 
 
 def _check_tensor_parallel(model, mesh) -> None:
@@ -202,7 +190,7 @@ def build_program(config, devices: Optional[list] = None, *,
   With `config.compile_for` the devices are that TPU slice's, described by the TPU compiler
   (`vit_jax/parallel/targets.py`): the program can be compiled, not run.
   """
-  check_config(config)
+  validate.check_config(config)
   task = tasks.get_task(config)
   target = targets.tpu_slice(config.compile_for) if config.compile_for else None
   if target is not None:
@@ -245,4 +233,4 @@ def build_program(config, devices: Optional[list] = None, *,
 
 
 __all__ = ['Program', 'build_program', 'resolve_steps',
-           'dataset_facts', 'head_width', 'init_fn_and_shapes', 'check_config']
+           'dataset_facts', 'head_width', 'init_fn_and_shapes']

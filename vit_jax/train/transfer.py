@@ -55,7 +55,7 @@ def _keys_cubic(s: np.ndarray, a: float = -0.5) -> np.ndarray:
 def interpolation_matrix(n_old: int, n_new: int, method: str = 'bilinear') -> np.ndarray:
   """[n_new, n_old] float64 weights: resized = W @ values along one axis (corner-aligned)."""
   if method not in METHODS:
-    raise UserError(f'unknown posemb resize method {method!r}: use --config.init_posemb_resize= '
+    raise UserError(f'unknown posemb resize method {method!r}: use config.init_posemb_resize= '
                     f'one of {", ".join(METHODS)}')
   if n_old < 1 or n_new < 1:
     raise UserError(f'cannot resize a position-embedding grid from {n_old} to {n_new} rows')
@@ -107,7 +107,7 @@ def _describe(keys) -> str:
 
 def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has_cls: bool,
                     old_grid: Optional[Grid], new_grid: Grid, method: str = 'bilinear',
-                    what: str = '--config.init checkpoint') -> Dict[str, np.ndarray]:
+                    what: str = 'config.init checkpoint') -> Dict[str, np.ndarray]:
   """The checkpoint values of the new model's parameters, as a flat {'a/b/kernel': array} dict.
 
   `loaded` and `target` are nested trees (target leaves only need .shape and .dtype). The result
@@ -123,7 +123,7 @@ def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has
   missing = [k for k in want if k not in got and k not in fresh]
   if missing:
     hint = ('the new model has a pre_logits layer but the checkpoint has none: unset '
-            '--config.model.representation_size' if any(k.startswith(PRE_LOGITS) for k in missing)
+            'config.model.representation_size' if any(k.startswith(PRE_LOGITS) for k in missing)
             else 'start from a checkpoint of the same model (variant, classifier, posemb)')
     raise UserError(f'{what} lacks {_describe(missing)} of the new model: {hint}')
   unexpected = [k for k in got if k not in want and k not in dropped]
@@ -140,9 +140,9 @@ def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has
       grid = old_grid or square_grid(value.shape[1] - int(has_cls))
       value = resize_posemb(value, grid, new_grid, has_cls=has_cls, method=method)
     if value.shape != tuple(spec.shape):
-      raise UserError(f'--config.init parameter {key} has shape {value.shape} but the new model '
+      raise UserError(f'config.init parameter {key} has shape {value.shape} but the new model '
                       f'needs {tuple(spec.shape)}: start from a checkpoint of the same variant'
-                      + (' and --config.model.representation_size' if
+                      + (' and config.model.representation_size' if
                          key.startswith(PRE_LOGITS) else ''))
     out[key] = value.astype(spec.dtype)
   return out
@@ -174,7 +174,7 @@ def load_pretrained(init: str) -> Pretrained:
     return Pretrained(npz_lib.load_npz(init), None, init)
   path = epath.Path(init)
   if not path.is_dir():
-    raise UserError(f'--config.init={init} is neither an .npz file nor a directory: pass a '
+    raise UserError(f'config.init={init} is neither an .npz file nor a directory: pass a '
                     f'training workdir, a checkpoint step directory or an .npz file')
   if (path / 'checkpoints').is_dir() or not (path / 'state').is_dir():
     step_dir = restore.resolve_checkpoint(str(path))
@@ -213,7 +213,7 @@ def initialise_state(init: str, state, *, model, image_size: int, method: str, t
   values = transfer_params(pretrained.params, layout.unstack_blocks(abstract),
                            has_cls=model.classifier != 'gap', old_grid=pretrained.grid,
                            new_grid=models.token_grid(model, image_size), method=method,
-                           what=f'--config.init={init}')
+                           what=f'config.init={init}')
   if layout.is_stacked(abstract):  # a scanned model: its blocks stacked as its params are
     tree = layout.stack_blocks(npz_lib._unflatten(values))  # pylint: disable=protected-access
     values = npz_lib._flatten(tree)  # pylint: disable=protected-access

@@ -1,7 +1,12 @@
-"""Value checks on a config, before anything is built: one table, one line per mistake.
+"""The one validation of a training config, before anything is built: tables, one line per mistake.
 
-Types are enforced by the locked ConfigDict; this checks ranges (a negative learning rate, a zero
-batch, a dropout rate of 1.5, ...) and names the flag to fix.
+Types are enforced by the locked ConfigDict. This checks, in order, every key of `CHOICES` (the
+valid values come from the module that uses them, so the table cannot drift from the code), the
+variant name, then every range of `RANGES`, then the combinations that no single key shows. The
+train command runs it right after parsing flags, `build_program` again for library callers.
+
+Messages name the key as `config.<key>`; the command line spells it as the flag `config.<key>`
+(vit_jax/cli.py).
 """
 
 from typing import Any, Callable, Tuple
@@ -14,7 +19,7 @@ _AT_LEAST_ONE = (lambda v: v >= 1, 'an integer >= 1')
 _FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
 
 # key -> (predicate, what the value must be); a key missing from a config is not checked.
-RULES: Tuple[Tuple[str, Tuple[Callable[[Any], bool], str]], ...] = (
+RANGES: Tuple[Tuple[str, Tuple[Callable[[Any], bool], str]], ...] = (
     ('batch_size', _AT_LEAST_ONE),
     ('eval_batch_size', _AT_LEAST_ONE),
     ('accum_steps', _AT_LEAST_ONE),
@@ -43,6 +48,64 @@ RULES: Tuple[Tuple[str, Tuple[Callable[[Any], bool], str]], ...] = (
 )
 
 
+def _tasks():
+  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.CHOICES
+
+
+def _optim(name):
+  def choices():
+    from vit_jax.train import optim  # pylint: disable=g-import-not-at-top
+    return getattr(optim, name)
+  return choices
+
+
+def _parallelisms():
+  from vit_jax.parallel import steps  # pylint: disable=g-import-not-at-top
+  return steps.PARALLELISMS
+
+
+def _shardings():
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.SHARDINGS
+
+
+def _crops(name):
+  def choices():
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+    return getattr(preprocess, name)
+  return choices
+
+
+def _model(module, name):
+  def choices():
+    import importlib  # pylint: disable=g-import-not-at-top
+    return tuple(getattr(importlib.import_module(f'vit_jax.models.{module}'), name))
+  return choices
+
+
+def _posemb_resize():
+  from vit_jax.train import transfer  # pylint: disable=g-import-not-at-top
+  return transfer.METHODS
+
+
+# key -> () -> the valid values (None in a config = the key's default, not checked).
+CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
+    ('loss', _tasks),
+    ('optimizer', _optim('OPTIMIZERS')),
+    ('decay_type', _optim('DECAY_TYPES')),
+    ('weight_decay_mask', _optim('WEIGHT_DECAY_MASKS')),
+    ('parallelism', _parallelisms),
+    ('data_sharding', _shardings),
+    ('pp.train_crop', _crops('TRAIN_CROPS')),
+    ('pp.eval_crop', _crops('EVAL_CROPS')),
+    ('model.attention', _model('attention', 'ATTENTIONS')),
+    ('model.posemb', _model('vit', 'POSEMBS')),
+    ('model.remat', _model('vit', 'REMAT_POLICIES')),
+    ('init_posemb_resize', _posemb_resize),
+)
+
+
 def _lookup(config, key: str):
   node = config
   for part in key.split('.'):
@@ -54,10 +117,33 @@ def _lookup(config, key: str):
 
 def check_values(config) -> None:
   """Raises a UserError naming the first key whose value is out of range."""
-  for key, (ok, what) in RULES:
+  for key, (ok, what) in RANGES:
     value = _lookup(config, key)
     if value is not None and not ok(value):
-      raise UserError(f'--config.{key}={value!r} is out of range: it must be {what}')
+      raise UserError(f'config.{key}={value!r} is out of range: it must be {what}')
 
 
-__all__ = ['check_values', 'RULES']
+def check_choices(config) -> None:
+  """Raises a UserError naming the first key whose value is not one of its choices."""
+  for key, choices in CHOICES:
+    value = _lookup(config, key)
+    if value is None:
+      continue
+    valid = tuple(choices())
+    if value not in valid:
+      raise UserError(f'unknown {key.rsplit(".", 1)[-1]} {value!r}: use config.{key}= one of '
+                      f'{", ".join(map(str, valid))}')
+
+
+def check_config(config) -> None:
+  """Every mistake a config alone shows, found before devices or data are touched."""
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  check_choices(config)
+  models.decode_variant(config.model_name)  # an unknown variant: one line, listing the valid ones
+  check_values(config)
+  if config.model.classifier == 'unpooled':
+    raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
+                    'cannot score: train with config.model.classifier=token or gap')
+
+
+__all__ = ['CHOICES', 'RANGES', 'check_choices', 'check_config', 'check_values']

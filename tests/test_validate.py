@@ -1,0 +1,75 @@
+"""The one validation of a training config (vit_jax/train/validate.py) and how the command line
+spells the keys it names (vit_jax/cli.py: as_flags)."""
+
+import pytest
+
+from configs import common
+from vit_jax import cli
+from vit_jax.errors import UserError
+from vit_jax.train import validate
+
+
+def _set(config, key, value):
+  node = config
+  *path, last = key.split('.')
+  for part in path:
+    node = node[part]
+  node[last] = value
+
+
+@pytest.mark.parametrize('key', [key for key, _ in validate.CHOICES])
+def test_every_choice_key_refuses_an_unknown_value_naming_the_key_and_the_choices(key):
+  config = common.base_config()
+  _set(config, key, 'no_such_choice')
+  valid = dict(validate.CHOICES)[key]()
+  with pytest.raises(UserError) as e:
+    validate.check_config(config)
+  message = str(e.value)
+  assert f"'no_such_choice': use config.{key}= one of " in message
+  assert all(str(v) in message for v in valid) and len(valid) >= 2
+
+
+def test_choices_come_from_the_modules_that_use_them():
+  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import vit  # pylint: disable=g-import-not-at-top
+  choices = {key: tuple(fn()) for key, fn in validate.CHOICES}
+  assert choices['loss'] == tasks.CHOICES == ('sigmoid_xent', 'softmax_xent', 'mpp')
+  assert choices['pp.train_crop'] == preprocess.TRAIN_CROPS
+  assert choices['model.remat'] == tuple(vit.REMAT_POLICIES)
+  assert choices['optimizer'] == ('adam', 'sgd')
+
+
+@pytest.mark.parametrize('key, value, must', [
+    ('lr', -0.1, 'a number > 0'), ('batch_size', 0, 'an integer >= 1'),
+    ('model.dropout_rate', 1.5, 'in [0, 1)'), ('warmup_steps', -1, 'a number >= 0')])
+def test_ranges(key, value, must):
+  config = common.base_config()
+  _set(config, key, value)
+  with pytest.raises(UserError) as e:
+    validate.check_config(config)
+  assert str(e.value) == f'config.{key}={value!r} is out of range: it must be {must}'
+
+
+def test_defaults_pass_and_the_variant_and_classifier_are_checked():
+  config = common.base_config()
+  validate.check_config(config)  # the schema's defaults are valid
+  config.model_name = 'ViT-Q/16'
+  with pytest.raises(UserError, match="unknown model 'ViT-Q/16'"):
+    validate.check_config(config)
+  config = common.base_config()
+  config.model.classifier = 'unpooled'
+  with pytest.raises(UserError, match='trainer cannot score'):
+    validate.check_config(config)
+
+
+@pytest.mark.parametrize('message, shown', [
+    ('config.lr=-0.1 is out of range', '--config.lr=-0.1 is out of range'),
+    ('use config.model.remat=full or config.mesh.fsdp=-1',
+     'use --config.model.remat=full or --config.mesh.fsdp=-1'),
+    ('pass --config.batch_size=8', 'pass --config.batch_size=8'),   # already a flag
+    ('see configs/default.py', 'see configs/default.py'),            # a path, not a key
+    ('the run_config.lr of x', 'the run_config.lr of x'),            # part of another name
+])
+def test_the_command_line_spells_keys_as_flags(message, shown):
+  assert cli.as_flags(message) == shown
