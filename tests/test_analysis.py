@@ -21,11 +21,11 @@ from vit_jax.analysis import inputs
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.errors import UserError
 from vit_jax.models import create_model
+from helpers import ROOT
 
 # One worker runs this module, so its shared fixtures are computed once per session.
 pytestmark = pytest.mark.xdist_group('analysis')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURES = ('embedding_filters', 'posemb_similarity', 'attention_distance', 'attention_rollout')
 
 

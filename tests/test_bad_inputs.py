@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import socket
 import subprocess
 import sys
 from typing import Callable, Dict, List, Optional
@@ -18,10 +17,10 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import pytest
 from PIL import Image
+from helpers import ROOT, free_port
 
 pytestmark = pytest.mark.xdist_group('bad_input_catalogue')  # one worker runs the process pool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = [sys.executable, '-m', 'vit_jax.main']
 TINY = '--config=configs/default.py:model_name=ViT-Ze/4,steps=6,batch_size=16'
 
@@ -148,12 +147,6 @@ CASES = [
 ]
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _png(path, color):
   Image.fromarray(np.full((8, 8, 3), color, np.uint8)).save(path)
 
@@ -214,7 +207,7 @@ def _run(case: Case, resources: dict, workdir) -> tuple:
   (workdir / 'old_run').mkdir()
   (workdir / 'old_run' / 'result.json').write_text('{"accuracy": 0.9}')
   before = _snapshot(workdir)
-  r = dict(resources, workdir=str(workdir), port=_free_port())
+  r = dict(resources, workdir=str(workdir), port=free_port())
   argv = [a.format(**r) for a in case.argv(r)]
   env = dict(os.environ, **(case.env(r) if case.env else {}))
   proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -1,7 +1,6 @@
 """The benchmark in a tiny smoke configuration: every field present and sane (no timed assertion)."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -9,8 +8,8 @@ import pytest
 
 from configs import default
 from vit_jax.benchmarking import compare
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_peak_flops',
           'utilization', 'peak_bytes')
 

@@ -21,8 +21,8 @@ from vit_jax.models import VARIANTS, BiT, create_model, decode_variant
 from vit_jax.models import bit as bit_lib
 from vit_jax.models import cost
 from vit_jax.models import options as options_lib
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNITS = {14: (1, 1, 1, 1), 26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
          152: (3, 8, 36, 3)}
 

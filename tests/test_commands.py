@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from vit_jax.commands import COMMANDS
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NINE = ['train', 'predict', 'export', 'convert', 'analyze', 'fewshot', 'sweep', 'bench', 'launch']
 
 

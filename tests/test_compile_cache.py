@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from vit_jax import compile_cache
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_cache_dir_policy(tmp_path, monkeypatch):

@@ -20,11 +20,11 @@ from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.parallel import targets
 from vit_jax.train import loop
+from helpers import ROOT
 
 # One worker runs this module, so its shared fixtures are computed once per session.
 pytestmark = pytest.mark.xdist_group('compile_targets')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2 ** 30
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from configs import common, default
 from vit_jax.errors import UserError
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _flat_keys(config, prefix=''):

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from vit_jax import hostmem
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLIBC = (2, 36)
 
 

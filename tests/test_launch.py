@@ -1,6 +1,5 @@
 """The Cloud TPU launcher builds exact gcloud commands (tested with --dry_run; no gcloud here)."""
 
-import os
 import shlex
 import subprocess
 import sys
@@ -9,8 +8,8 @@ import pytest
 
 from vit_jax.commands import launch
 from vit_jax.errors import UserError
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ['python3', '-m', 'vit_jax.main', '--config=configs/default.py:steps=5',
          '--workdir=gs://bucket/run one']
 

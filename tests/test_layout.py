@@ -4,7 +4,7 @@ included), and every module of vit_jax/ belongs to a layer."""
 import ast
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from vit_jax.train import lock
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dead_pid() -> int:

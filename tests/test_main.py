@@ -15,8 +15,8 @@ from configs import default
 from vit_jax.data import mnist5k
 from vit_jax.train import loop
 from vit_jax import tasks
+from helpers import ROOT, train_losses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(data_dir, steps=12, **overrides):
@@ -96,11 +96,6 @@ def test_training_learns_mnist5k(tmp_path, data_dir):
   assert result['accuracy'] > 0.3
 
 
-def _train_losses(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [r['loss'] for r in map(json.loads, f) if r['split'] == 'train']
-
-
 def test_gradient_accumulation_run(tmp_path, data_dir):
   """A run whose steps are 2 accumulated micro-batches of 16 trains like the run with whole
   batches of 32: same logged losses, same parameters, same accuracy."""
@@ -111,7 +106,7 @@ def test_gradient_accumulation_run(tmp_path, data_dir):
     config.log_every = 1
     results[accum] = loop.train_and_evaluate(config, str(tmp_path / str(accum)))
   assert results[2]['count'] == 1000
-  np.testing.assert_allclose(_train_losses(tmp_path / '2'), _train_losses(tmp_path / '1'),
+  np.testing.assert_allclose(train_losses(tmp_path / '2'), train_losses(tmp_path / '1'),
                              rtol=1e-5)
   # Adam divides each gradient element by its own scale, so elements whose gradient is ~0 take
   # rounding-sized differences to ~1e-5 (measured 9.7e-6); a step moves parameters by ~1e-3.

@@ -9,7 +9,6 @@ too. A process whose peers never arrive fails within --distributed_timeout with 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,8 +18,8 @@ import numpy as np
 
 from configs import default
 from vit_jax.train import loop
+from helpers import ROOT, free_port, records
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
 CONFIG = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01',
           '--config.warmup_steps=1', '--config.log_every=1', f'--config.eval_every={STEPS}',
@@ -28,18 +27,12 @@ CONFIG = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_
           '--config.progress=False']
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _launch(workdir, data_dir, devices: int, processes: int, *extra):
   env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
   args = [sys.executable, '-m', 'vit_jax.main', *CONFIG, f'--workdir={workdir}',
           f'--config.data_dir={data_dir}', *extra]
   if processes > 1:
-    port = _free_port()
+    port = free_port()
     args += [f'--coordinator_address=127.0.0.1:{port}', f'--num_processes={processes}']
   return [subprocess.Popen(args + ([f'--process_id={i}'] if processes > 1 else []), cwd=ROOT,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -53,20 +46,15 @@ def _wait(procs):
   return outs
 
 
-def _records(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f]
-
-
 def _losses(workdir):
-  return {r['step']: r['loss'] for r in _records(workdir) if r['split'] == 'train'}
+  return {r['step']: r['loss'] for r in records(workdir) if r['split'] == 'train'}
 
 
 def _copy_at_step_3(src, dst):
   """The workdir as it was after step 3: checkpoint 3 only, metrics up to step 3."""
   shutil.copytree(src, dst)
   shutil.rmtree(os.path.join(dst, 'checkpoints', str(STEPS)))
-  kept = [r for r in _records(src) if r['step'] <= 3]
+  kept = [r for r in records(src) if r['step'] <= 3]
   with open(os.path.join(dst, 'metrics.jsonl'), 'w') as f:
     f.writelines(json.dumps(r) + '\n' for r in kept)
 
@@ -85,7 +73,7 @@ def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
   # 2 x 4 from scratch: the same losses; one metrics log and one set of checkpoints.
   got = _losses(two)
   np.testing.assert_allclose([got[s] for s in expected], list(expected.values()), rtol=1e-5)
-  assert [(r['step'], r['split']) for r in _records(two)] == [
+  assert [(r['step'], r['split']) for r in records(two)] == [
       (s, 'train') for s in range(1, STEPS + 1)] + [(STEPS, 'eval')]
   assert sorted(os.listdir(two / 'checkpoints')) == ['3', str(STEPS)]
   finals = [out.strip().splitlines()[-1] for out, _ in outs_two]
@@ -116,7 +104,7 @@ def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
 
 def test_missing_processes_fail_within_the_timeout(tmp_path, data_dir):
   """Process 0 alone (its peer never starts) and process 1 alone (no coordinator) both stop."""
-  port = _free_port()
+  port = free_port()
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
   workdir = tmp_path / 'work'
   workdir.mkdir()

@@ -1,6 +1,5 @@
 """Scale-out on 8 simulated CPU devices: mesh, sharding policy, both parallel paths, memory controls."""
 
-import json
 import shutil
 
 import jax
@@ -21,6 +20,7 @@ from vit_jax.parallel import sharding
 from vit_jax.train import loop
 from vit_jax.train import program
 from vit_jax.tasks import losses
+from helpers import train_losses
 
 
 def _mesh_config(data=-1, fsdp=1, model=1):
@@ -167,11 +167,6 @@ def _config(**overrides):
   return c
 
 
-def _train_losses(workdir):
-  with open(workdir / 'metrics.jsonl') as f:
-    return [r['loss'] for r in map(json.loads, f) if r['split'] == 'train']
-
-
 STRATEGIES = {
     'jit data parallel': {},
     'jit fsdp': {'mesh.data': 1, 'mesh.fsdp': -1},
@@ -197,7 +192,7 @@ def test_every_strategy_trains_like_one_device(tmp_path, data_dir):
 
 def _train_losses_of(workdir, data_dir, overrides, devices):
   loop.train_and_evaluate(_config(data_dir=data_dir, **overrides), str(workdir), devices=devices)
-  return _train_losses(workdir)
+  return train_losses(workdir)
 
 
 @pytest.mark.slow
@@ -211,9 +206,9 @@ def test_restore_under_another_mesh_continues_the_run(tmp_path, data_dir):
   shutil.rmtree(resumed / 'checkpoints' / '6')  # as if the run had stopped after step 3
   loop.train_and_evaluate(_config(data_dir=data_dir, total_steps=6, checkpoint_every=3, **{
       'mesh.data': 1, 'mesh.fsdp': 4, 'mesh.model': 2}), str(resumed))
-  losses = _train_losses(resumed)  # steps 1-3 kept from the log, 4-6 trained under the new mesh
+  losses = train_losses(resumed)  # steps 1-3 kept from the log, 4-6 trained under the new mesh
   assert len(losses) == 6
-  np.testing.assert_allclose(losses, _train_losses(straight), rtol=1e-5)
+  np.testing.assert_allclose(losses, train_losses(straight), rtol=1e-5)
 
 
 def test_parallel_config_errors(tmp_path, data_dir):

@@ -20,11 +20,11 @@ from vit_jax.formats import npz, timm_layout
 from vit_jax.models.spec import ModelSpec, infer_image_size
 from vit_jax.data import image_files, preprocess
 from vit_jax.errors import UserError
+from helpers import ROOT
 
 # One worker runs this module, so its shared fixtures are computed once per session.
 pytestmark = pytest.mark.xdist_group('predict')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 40
 
 

@@ -2,7 +2,6 @@
 options on (mixup, Polyak averaging, periodic few-shot evaluation), then the few-shot CLI on the
 result. (RandAugment in the input pipeline: tests/test_augment.py.)"""
 
-import json
 import os
 import subprocess
 import sys
@@ -14,13 +13,8 @@ from vit_jax import tasks
 from vit_jax.checkpoint import restore
 from vit_jax.serving import bundle as bundle_lib
 from vit_jax.train import loop
+from helpers import ROOT, records
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _records(workdir, split):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [r for r in map(json.loads, f) if r['split'] == split]
 
 
 def _check_export_is_the_trained_model(config, workdir, params, out):
@@ -42,7 +36,7 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
   pre.log_every, pre.eval_every, pre.checkpoint_every = 10, 50, 50
   pre_dir = str(tmp_path / 'mpp')
   result = loop.train_and_evaluate(pre, pre_dir)
-  losses = [r['loss'] for r in _records(pre_dir, 'train')]
+  losses = [r['loss'] for r in records(pre_dir, 'train')]
   assert len(losses) == 5 and losses[-1] < 0.6 * losses[0], losses  # from ~log(8) = 2.08
   assert 0.5 < result['accuracy'] <= 1.0  # patch-colour accuracy on the test images
   params, _ = restore.load_checkpoint(restore.resolve_checkpoint(pre_dir))
@@ -63,7 +57,7 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
   assert not {'mask_token', 'pre_logits'} & set(first)
   assert first['head']['kernel'].shape == (32, 10)
   assert first['Transformer']['posembed_input']['pos_embedding'].shape == (1, 82, 32)
-  fewshot = _records(ft_dir, 'fewshot')
+  fewshot = records(ft_dir, 'fewshot')
   assert [r['step'] for r in fewshot] == [30, 60]
   assert all(0.1 < r['5shot'] <= 1.0 and 0.0 <= r['1shot'] <= 1.0 for r in fewshot)
 

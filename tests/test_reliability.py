@@ -10,7 +10,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,11 +25,11 @@ from vit_jax.errors import UserError
 from vit_jax.train import guards
 from vit_jax.train import logs
 from vit_jax.train import loop
+from helpers import ROOT, free_port
 
 # One worker runs this module, so its shared fixtures are computed once per session.
 pytestmark = pytest.mark.xdist_group('reliability')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 24
 ARGS = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01',
         '--config.warmup_steps=2', '--config.log_every=1', f'--config.eval_every={STEPS}',
@@ -193,15 +192,9 @@ def test_config_drift_is_refused_unless_allowed(tmp_path, data_dir):
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['3', '4']
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, data_dir):
   workdir = tmp_path / 'work'
-  port = _free_port()
+  port = free_port()
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
   procs = [subprocess.Popen(
       [sys.executable, '-m', 'vit_jax.main', *ARGS, f'--workdir={workdir}',

@@ -14,8 +14,8 @@ import pytest
 from vit_jax import sweeps
 from vit_jax.errors import UserError
 from vit_jax.sweeps import report, runner, spec as spec_lib
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _write_spec(tmp_path, data_dir, *, select=True, steps=4, grid=None):
