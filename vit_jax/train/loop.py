@@ -15,6 +15,7 @@ naming the checkpoint that stands (as does a metric log that cannot be written: 
 """
 
 import concurrent.futures
+import dataclasses
 import math
 import sys
 import time
@@ -88,7 +89,7 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
       try:
         start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change)
         logger = logs.MetricLogger(workdir)
-        return _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir)
+        return _run(_Run(prog, ckpt, logger, preemption, workdir), train_fn, state, start_step)
       finally:
         try:
           if logger is not None:
@@ -151,9 +152,20 @@ def run_facts(prog) -> dict:
   return {'num_classes': int(prog.num_classes), 'image_shape': [int(d) for d in prog.image_shape]}
 
 
-def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -> dict:
+@dataclasses.dataclass
+class _Run:
+  """What the loop of one run works with besides its state (made by `train_and_evaluate`)."""
+  prog: program_lib.Program
+  ckpt: train_ckpt.Checkpointer
+  logger: logs.MetricLogger
+  preemption: guards.Preemption
+  workdir: str
+
+
+def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   """The loop; `train_fn` is the train step or the future of its compiled form (awaited once the
   data pipeline has started)."""
+  prog, ckpt, logger = run.prog, run.ckpt, run.logger
   config, mesh, total_steps = prog.config, prog.mesh, prog.total_steps
   eval_data = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
@@ -163,6 +175,7 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
       eval_pp=eval_pp(config))
+  metric_name = tasks.get_task(config).metric_name
   result = None
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
@@ -177,45 +190,40 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
          f'{mesh.devices.size} device(s): {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
+    pending = _PendingLog(logger, progress, guard)
     t_start = time.perf_counter()
     if isinstance(train_fn, concurrent.futures.Future):
       train_fn = train_fn.result()
-    history, to_log = [], None
+    history = []
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
       state, metrics = train_fn(state, batch, prog.dropout_rng)
       guard.check_previous_then_hold(step, metrics)
       history.append(metrics)
-      if to_log is not None:  # read step N-1's metrics only after step N is dispatched
-        _log_train(logger, progress, *to_log, skipped=guard.skipped)
-        to_log = None
+      pending.flush()  # step N-1's metrics are read only after step N is dispatched
       if step == start_step + 1:
         jax.block_until_ready(metrics)
         progress.restart_clock(step)
-      if step % config.log_every == 0 or step == total_steps:
-        to_log, history = (step, history), []
       is_last = step == total_steps
-      stop = preemption.should_stop(step) and not is_last
+      if step % config.log_every == 0 or is_last:
+        pending.hold(step, history)
+        history = []
+      stop = run.preemption.should_stop(step) and not is_last
       if step % config.eval_every == 0 or is_last:
         guard.check_held()
-        if to_log is not None:
-          _log_train(logger, progress, *to_log, skipped=guard.skipped)
-          to_log = None
+        pending.flush()
         result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
         logger.write(step, 'eval', result)
-        _say(f'\nstep {step}: eval {config.eval_split} {tasks.get_task(config).metric_name} '
-             f'{result["accuracy"]:.4f}, loss {result["loss"]:.4f} ({int(result["count"])} '
-             'examples)')
+        _say(f'\nstep {step}: eval {config.eval_split} {metric_name} {result["accuracy"]:.4f}, '
+             f'loss {result["loss"]:.4f} ({int(result["count"])} examples)')
       for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
                                               lambda: polyak.eval_params(state)):
         logger.write(step, name, extra)
         _say(f'step {step}: {name} ' + ' '.join(f'{k} {v:.4f}' for k, v in extra.items()))
       if step % config.checkpoint_every == 0 or is_last or stop:
         guard.check_held()
-        if to_log is not None:  # the log has every step the checkpoint has (log write errors)
-          _log_train(logger, progress, *to_log, skipped=guard.skipped)
-          to_log = None
-        with preemption.saving():  # a second Ctrl-C while it is written waits for it
+        pending.flush()  # the log has every step the checkpoint has (log write errors)
+        with run.preemption.saving():  # a second Ctrl-C while it is written waits for it
           ckpt.save(step, state, config_json, facts)
           if stop:
             ckpt.wait()
@@ -230,14 +238,37 @@ def _run(prog, train_fn, state, start_step, ckpt, logger, preemption, workdir) -
     _say(f'trained steps {start_step + 1}-{total_steps} in {elapsed:.0f} s (compilation, '
          f'evaluation and checkpoints included)')
   else:
-    _say(f'{workdir} already holds the final checkpoint (step {start_step}); evaluating it')
+    _say(f'{run.workdir} already holds the final checkpoint (step {start_step}); evaluating it')
   if result is None:
     result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
   ckpt.wait()
   if jax.process_index() == 0:
-    logs.plot_learning_curve(logs.metrics_path(workdir),
-                             f'{workdir.rstrip("/")}/learning_curve.png')
+    logs.plot_learning_curve(logs.metrics_path(run.workdir),
+                             f'{run.workdir.rstrip("/")}/learning_curve.png')
   return result
+
+
+class _PendingLog:
+  """The train metrics of the last logged step, written one step late (so reading them never
+  stalls the device) or at once before an eval or a checkpoint: the one place they are flushed."""
+
+  def __init__(self, logger, progress, guard):
+    self._logger, self._progress, self._guard = logger, progress, guard
+    self._held = None
+
+  def hold(self, step: int, history: list) -> None:
+    self._held = (step, history)
+
+  def flush(self) -> None:
+    if self._held is None:
+      return
+    step, history = self._held
+    self._held = None
+    metrics = _mean_metrics(history)
+    metrics['skipped'] = float(self._guard.skipped)
+    self._logger.write(step, 'train', metrics)
+    if math.isfinite(metrics['loss']):
+      self._progress.update(step, metrics['loss'])
 
 
 class _NumericsGuard:
@@ -260,14 +291,6 @@ class _NumericsGuard:
       self.skipped += 1
       values = {k: float(metrics[k]) for k in ('loss', 'grad_norm', 'nonfinite')}
       guards.check_finite(step, values, self.last_checkpoint, self.skipped, self.max_skipped)
-
-
-def _log_train(logger, progress, step, history, *, skipped: int):
-  metrics = _mean_metrics(history)
-  metrics['skipped'] = float(skipped)
-  logger.write(step, 'train', metrics)
-  if math.isfinite(metrics['loss']):
-    progress.update(step, metrics['loss'])
 
 
 def _say(message: str) -> None:
