@@ -1,60 +1,90 @@
-"""The Cloud TPU launcher builds exact gcloud commands (tested with --dry_run; no gcloud here)."""
+"""The Cloud TPU launcher's gcloud commands and worker scripts (pure; tests/test_launch_e2e.py
+runs them against a stand-in gcloud)."""
 
+import os
 import shlex
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
-from vit_jax.commands import launch
 from vit_jax.errors import UserError
-from helpers import ROOT
+from vit_jax.launch import remote, source
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ['python3', '-m', 'vit_jax.main', '--config=configs/default.py:steps=5',
          '--workdir=gs://bucket/run one']
 
 
-def test_one_ssh_on_every_worker_runs_the_command_verbatim():
-  (ssh,) = launch.build_commands(tpu='my-v3-32', zone='europe-west4-a', command=TRAIN,
-                                 project='proj')
-  assert ssh[:8] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'my-v3-32',
-                     '--zone=europe-west4-a', '--project=proj']
-  assert ssh[8] == '--worker=all'
-  remote = ssh[9]
-  assert remote.startswith('--command=cd ~/vit_jax && ')
-  # What the worker's shell will run is exactly the argument list given.
-  assert shlex.split(remote[len('--command=cd ~/vit_jax && '):]) == TRAIN
+def test_start_is_one_ssh_on_every_worker_running_the_command_verbatim_detached():
+  plan = remote.Plan('my-v3-32', 'europe-west4-a', 'proj')
+  ssh = plan.start(TRAIN)
+  assert ssh[:9] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'my-v3-32',
+                     '--zone=europe-west4-a', '--project=proj', '--worker=all']
+  script = ssh[9][len('--command='):]
+  assert f'setsid nohup {shlex.join(TRAIN)} > ~/vit_jax_launch/log.txt 2>&1 < /dev/null & ' \
+         f'echo $! > ~/vit_jax_launch/pid' in script
+  assert 'cd ~/vit_jax && ' in script
 
 
-def test_sync_setup_and_detached_log():
-  scp, setup, ssh = launch.build_commands(tpu='t', zone='z', command=TRAIN, sync=True,
-                                          setup=True, log='logs/train 1.log',
-                                          repo_dir='~/code dir', local_dir='/src')
-  assert scp == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', '--recurse', '/src',
-                 't:~/code dir', '--zone=z', '--worker=all']
-  assert setup[-1] == "--command=cd ~/'code dir' && python3 -m pip install --quiet -e '.[tpu]'"
-  words = shlex.split(ssh[-1][len('--command='):])
-  assert words[:4] == ['cd', '~/code dir', '&&', 'nohup']
-  assert words[4:4 + len(TRAIN)] == TRAIN
-  assert words[4 + len(TRAIN):] == ['>', 'logs/train 1.log', '2>&1', '<', '/dev/null', '&']
+def test_quoting_of_directories_with_spaces():
+  plan = remote.Plan('t', 'z', repo_dir='~/code dir', launch_dir='/var/launch here')
+  assert plan.setup()[-1] == (
+      "--command=set -e; cd ~/'code dir'; python3 -m pip install --quiet --no-deps -r "
+      "requirements.lock; python3 -m pip install --quiet --no-deps --require-hashes -r "
+      "requirements-tpu.lock")
+  assert "'/var/launch here/log.txt'" in plan.start(TRAIN)[-1]
+  scp, unpack = plan.sync('/tmp/x/vit_jax_source.tar.gz')
+  assert scp == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', '/tmp/x/vit_jax_source.tar.gz',
+                 't:vit_jax_source.tar.gz', '--zone=z', '--worker=all']
+  assert "mv ~/'code dir.new' ~/'code dir'" in unpack[-1]
 
 
 @pytest.mark.parametrize('kwargs, needle', [
-    (dict(tpu='', zone='z', command=TRAIN), 'pass --tpu=NAME and --zone=ZONE'),
-    (dict(tpu='t', zone='z', command=[]), 'no command to run: put it after --'),
+    (dict(tpu='', zone='z'), 'pass --tpu=NAME and --zone=ZONE'),
+    (dict(tpu='t', zone='z', repo_dir='~'), 'would replace a whole directory tree'),
 ])
 def test_bad_launch_arguments(kwargs, needle):
   with pytest.raises(UserError, match=needle):
-    launch.build_commands(**kwargs)
+    remote.Plan(**kwargs)
 
 
+def test_no_command_and_no_workers():
+  with pytest.raises(UserError, match='no command to run: put it after --'):
+    remote.Plan('t', 'z').start([])
+  with pytest.raises(UserError, match='lists no workers'):
+    remote.worker_count('{"name": "t"}', 't')
+  assert remote.worker_count('{"networkEndpoints": [{}, {}, {}, {}]}', 't') == 4
+
+
+def test_the_archive_holds_the_tracked_files_only(tmp_path):
+  repo = tmp_path / 'repo'
+  (repo / 'pkg').mkdir(parents=True)
+  (repo / 'pkg' / 'a.py').write_text('a = 1\n')
+  (repo / 'README.md').write_text('hi\n')
+  (repo / 'gone.py').write_text('')
+  subprocess.run(['git', 'init', '-q', str(repo)], check=True)
+  subprocess.run(['git', '-C', str(repo), 'add', '.'], check=True)
+  (repo / 'gone.py').unlink()  # tracked, deleted locally: left out
+  (repo / 'runs').mkdir()
+  (repo / 'runs' / 'big.bin').write_text('x')  # untracked: left out
+  (repo / '.venv').mkdir()
+  path = source.write_archive(str(repo), str(tmp_path))
+  with tarfile.open(path) as tar:
+    assert sorted(tar.getnames()) == ['README.md', 'pkg/a.py']
+  with pytest.raises(UserError, match='is not one'):
+    source.tracked_files(str(tmp_path / 'runs_elsewhere'))
+
+
+@pytest.mark.slow
 def test_dry_run_cli_prints_the_commands_and_runs_nothing():
   proc = subprocess.run(
       [sys.executable, '-m', 'vit_jax', 'launch', '--tpu=my-v3-8', '--zone=us-central1-a',
-       '--dry_run', '--', *TRAIN], cwd=ROOT, capture_output=True, text=True, timeout=120)
+       '--dry_run', '--stop', '--', *TRAIN], cwd=ROOT, capture_output=True, text=True,
+      timeout=120)
   assert proc.returncode == 0, proc.stderr
-  (line,) = proc.stdout.strip().splitlines()
-  words = shlex.split(line)
-  assert words[:9] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'my-v3-8',
-                       '--zone=us-central1-a', '--worker=all',
-                       '--command=cd ~/vit_jax && ' + shlex.join(TRAIN)]
+  stop, start = (shlex.split(l) for l in proc.stdout.strip().splitlines())
+  assert stop[:8] == start[:8] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'my-v3-8',
+                                   '--zone=us-central1-a', '--worker=all']
+  assert 'kill -TERM -- -"$p"' in stop[8] and shlex.join(TRAIN) in start[8]

@@ -16,7 +16,7 @@ LAYERS = (
     ('analysis', 'serving'),
     ('evaluate',),
     ('train',),
-    ('benchmarking', 'sweeps'),
+    ('benchmarking', 'sweeps', 'launch'),
     ('cli',),
     ('commands',),
     ('main', '__main__'),

@@ -3,9 +3,11 @@
 Expands the spec's grid of config overrides, runs each run in DIR/grid/<name> (runs finished
 before are skipped, so a killed sweep resumes), picks the best setting (on the dev split when the
 spec asks, as the paper chose its learning rates), reruns it for the final numbers, and writes
-results.csv, results.md, <metric>_vs_<x>.png and best.json to DIR. --dry_run prints the commands.
+results.csv, results.md, <metric>_vs_<x>.png and best.json to DIR. --dry_run prints the commands
+on stdout (other plan lines as `# ` comments, so the output runs as a shell script).
 """
 
+import shlex
 import sys
 
 from absl import flags
@@ -26,7 +28,8 @@ def run(argv) -> int:
   from vit_jax import sweeps  # pylint: disable=g-import-not-at-top
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR for the sweep')
-  say = lambda message: print(message, file=sys.stderr, flush=True)
+  say = plan_line if _DRY_RUN.value else (
+      lambda message: print(message, file=sys.stderr, flush=True))
   summary = sweeps.run_sweep(_SWEEP.value, _WORKDIR.value, launcher=_LAUNCHER.value,
                              parallel=_PARALLEL.value, dry_run=_DRY_RUN.value, say=say)
   if _DRY_RUN.value:
@@ -42,6 +45,12 @@ def run(argv) -> int:
     raise cli.UserError(f'{len(summary["failed"])} run(s) failed: {", ".join(summary["failed"])};'
                         f' see their log.txt, fix, and rerun the same command to retry them')
   return 0
+
+
+def plan_line(message: str) -> None:
+  """A dry run's line on stdout: a run's command as is, any other line as a shell comment."""
+  command = message.startswith(shlex.quote(sys.executable) + ' ')
+  print(message if command else f'# {message}', flush=True)
 
 
 def main():

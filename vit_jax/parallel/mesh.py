@@ -57,16 +57,33 @@ def _on_cloud_tpu_vm() -> bool:
     return False
 
 
+# The flags' values from the environment, when no flag is given (a cluster's launcher sets them
+# per host, so that every host runs the same command line).
+ENV_VARS = ('VIT_JAX_COORDINATOR_ADDRESS', 'VIT_JAX_NUM_PROCESSES', 'VIT_JAX_PROCESS_ID')
+
+
+def _from_environment():
+  address, count, index = (os.environ.get(k) or None for k in ENV_VARS)
+  try:
+    return address, None if count is None else int(count), None if index is None else int(index)
+  except ValueError:
+    raise UserError(f'{ENV_VARS[1]}={count} / {ENV_VARS[2]}={index}: both must be integers') from None
+
+
 def init_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                      process_id: int | None = None, *,
                      timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
   """Starts the JAX distributed runtime when more than one process takes part.
 
-  With --coordinator_address/--num_processes/--process_id it joins that run; with none of them
-  it auto-detects a Cloud TPU VM (every worker of a pod slice) and is a no-op elsewhere. If the
+  With --coordinator_address/--num_processes/--process_id (or, when none is given, the
+  environment variables VIT_JAX_COORDINATOR_ADDRESS, VIT_JAX_NUM_PROCESSES, VIT_JAX_PROCESS_ID)
+  it joins that run; with none of them it auto-detects a Cloud TPU VM (every worker of a pod slice) and is a no-op elsewhere. If the
   other processes do not arrive within `timeout_s`, it fails with a UserError saying so.
   """
   given = [v is not None for v in (coordinator_address, num_processes, process_id)]
+  if not any(given) and any(os.environ.get(k) for k in ENV_VARS):
+    coordinator_address, num_processes, process_id = _from_environment()
+    given = [v is not None for v in (coordinator_address, num_processes, process_id)]
   if not any(given):
     if os.environ.get('VIT_JAX_NO_AUTO_DISTRIBUTED') or not _on_cloud_tpu_vm():
       return

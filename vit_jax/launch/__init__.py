@@ -1,0 +1,103 @@
+"""Cloud TPU VMs: ship the code, install the pinned packages, run one command on every worker.
+
+  python -m vit_jax launch --tpu=NAME --zone=ZONE --sync --setup -- python3 -m vit_jax.main ...
+  python -m vit_jax launch --tpu=NAME --zone=ZONE --status     # alive on each worker? last lines
+  python -m vit_jax launch --tpu=NAME --zone=ZONE --logs       # the last --lines of each log
+  python -m vit_jax launch --tpu=NAME --zone=ZONE --stop       # ends the run on every worker
+
+Steps run in the order stop, sync, setup, start, status, logs, each through `gcloud compute tpus
+tpu-vm` (scp / ssh --worker=all; status and logs go worker by worker, from `describe`). sync ships
+the checkout's tracked files only (source.py) and replaces the code directory on each worker;
+setup pip-installs requirements.lock and the libtpu of requirements-tpu.lock (jax[tpu] of the
+pinned jax); start detaches the command on every worker at once (remote.py). Multi-host JAX needs
+the same command on every worker: `vit_jax.main` finds the slice's coordinator by itself, and a
+worker whose peers never arrive stops after --distributed_timeout with one `error:` line in its
+log.
+"""
+
+import dataclasses
+import shlex
+import subprocess
+import tempfile
+from typing import Callable, List, Optional, Sequence
+
+from vit_jax.errors import UserError
+from vit_jax.launch import source
+from vit_jax.launch.remote import Plan, worker_count
+
+
+@dataclasses.dataclass
+class Steps:
+  sync: bool = False
+  setup: bool = False
+  command: Sequence[str] = ()
+  status: bool = False
+  logs: bool = False
+  stop: bool = False
+  lines: int = 20
+  stop_timeout: int = 60
+
+
+def _call(command: List[str], *, capture: bool = False) -> str:
+  try:
+    result = subprocess.run(command, check=False, text=True,
+                            stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.PIPE if capture else None)
+  except FileNotFoundError:
+    raise UserError('gcloud is not installed here: install the Google Cloud CLI, or use '
+                    '--dry_run and run the printed commands elsewhere') from None
+  if result.returncode:
+    said = ' '.join((result.stderr or '').split())[-300:] if capture else 'see its output above'
+    raise UserError(f'{" ".join(command[:6])} ... failed with exit status {result.returncode} '
+                    f'({said})')
+  return result.stdout or ''
+
+
+def run(plan: Plan, steps: Steps, *, local_dir: str = '.', dry_run: bool = False,
+        say: Callable[[str], None] = print) -> None:
+  """Runs (or, with dry_run, prints) the gcloud commands of `steps` in order."""
+  if not (steps.sync or steps.setup or steps.command or steps.status or steps.logs or steps.stop):
+    raise UserError('nothing to do: pass a command after --, or --sync, --setup, --status, '
+                    '--logs or --stop')
+  if steps.stop:
+    _do(plan.stop(steps.stop_timeout), dry_run, say)
+  if steps.sync:
+    with tempfile.TemporaryDirectory() as tmp:
+      archive = source.write_archive(local_dir, tmp)
+      for command in plan.sync(archive):
+        _do(command, dry_run, say)
+  if steps.setup:
+    _do(plan.setup(), dry_run, say)
+  if steps.command:
+    _do(plan.start(steps.command), dry_run, say)
+  if steps.status or steps.logs:
+    _per_worker(plan, steps, dry_run, say)
+
+
+def _do(command: List[str], dry_run: bool, say) -> None:
+  say(shlex.join(command))
+  if not dry_run:
+    _call(command)
+
+
+def _per_worker(plan: Plan, steps: Steps, dry_run: bool, say) -> None:
+  if dry_run:
+    say(shlex.join(plan.describe()))
+    for make in ([plan.status] if steps.status else []) + ([plan.logs] if steps.logs else []):
+      say(shlex.join(make('I', steps.lines)) + '   # for each worker I')
+    return
+  workers = worker_count(_call(plan.describe(), capture=True), plan.tpu)
+  for i in range(workers):
+    if steps.status:
+      first, *rest = (_call(plan.status(i, steps.lines), capture=True).splitlines()
+                      or ['(no answer)'])
+      say(f'worker {i}: {first}')
+      for line in rest:
+        say(f'  {line}')
+    if steps.logs:
+      say(f'== worker {i}: {plan.log}')
+      for line in _call(plan.logs(i, steps.lines), capture=True).splitlines():
+        say(line)
+
+
+__all__ = ['Plan', 'Steps', 'run', 'source']
