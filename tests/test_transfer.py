@@ -12,6 +12,7 @@ from vit_jax import models
 from vit_jax import parallel
 from vit_jax import tasks
 from vit_jax.formats import npz as npz_lib
+from vit_jax.models import posemb_resize
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.train import optim, program
@@ -28,7 +29,7 @@ def test_bilinear_equals_the_originals_scipy_zoom_order_1(old, new):
   rng = np.random.default_rng(0)
   grid = rng.normal(size=old + (3,))
   posemb = np.concatenate([rng.normal(size=(1, 3)), grid.reshape(-1, 3)])[None]
-  out = transfer.resize_posemb(posemb, old, new, has_cls=True, method='bilinear')
+  out = posemb_resize.resize_posemb(posemb, old, new, has_cls=True, method='bilinear')
   # The original code (facts sheet section 5): scipy.ndimage.zoom(grid, (new/old, new/old, 1),
   # order=1) on the grid; zooming by the size ratio gives exactly the requested output shape.
   zoom = (new[0] / old[0], new[1] / old[1], 1)
@@ -42,39 +43,39 @@ def test_known_grid_values():
   # A 2x2 grid upsampled to 3x3 (corner-aligned): corners kept, edges the mean of two corners,
   # the centre the mean of all four.
   grid = np.array([[0., 4.], [8., 12.]])[..., None]
-  out = transfer.resize_posemb(grid.reshape(1, 4, 1), (2, 2), (3, 3), has_cls=False)
+  out = posemb_resize.resize_posemb(grid.reshape(1, 4, 1), (2, 2), (3, 3), has_cls=False)
   np.testing.assert_allclose(out.reshape(3, 3), [[0, 2, 4], [4, 6, 8], [8, 10, 12]])
   # 5 rows -> 3 rows: rows 0, 2, 4 are sampled exactly.
   rows = np.arange(5.)[:, None, None] * np.ones((1, 2, 1))
-  down = transfer.resize_posemb(rows.reshape(1, 10, 1), (5, 2), (3, 2), has_cls=False)
+  down = posemb_resize.resize_posemb(rows.reshape(1, 10, 1), (5, 2), (3, 2), has_cls=False)
   np.testing.assert_allclose(down.reshape(3, 2), [[0, 0], [2, 2], [4, 4]])
 
 
 def test_bicubic_interpolates_and_reproduces_quadratics():
-  w = transfer.interpolation_matrix(5, 9, 'bicubic')
+  w = posemb_resize.interpolation_matrix(5, 9, 'bicubic')
   np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)  # partition of unity
   np.testing.assert_allclose(w[::2], np.eye(5), atol=1e-12)  # old nodes are sampled exactly
   # Keys' kernel (a = -0.5) reproduces polynomials up to degree 2 where no edge sample repeats.
   x_old = np.arange(8.)
   values = 0.5 * x_old ** 2 - 3 * x_old + 1
-  w = transfer.interpolation_matrix(8, 15, 'bicubic')
+  w = posemb_resize.interpolation_matrix(8, 15, 'bicubic')
   x_new = np.arange(15) * 7 / 14
   inner = (x_new >= 1) & (x_new <= 6)
   np.testing.assert_allclose((w @ values)[inner], (0.5 * x_new ** 2 - 3 * x_new + 1)[inner],
                              atol=1e-9)
   # On a curved grid, bicubic differs from bilinear (which is exact only for linear functions).
-  lin = transfer.interpolation_matrix(8, 15, 'bilinear') @ values
+  lin = posemb_resize.interpolation_matrix(8, 15, 'bilinear') @ values
   assert np.max(np.abs(lin - w @ values)) > 0.01
 
 
 def test_resize_errors():
   with pytest.raises(UserError, match='bilinear, bicubic'):
-    transfer.interpolation_matrix(3, 4, 'nearest')
+    posemb_resize.interpolation_matrix(3, 4, 'nearest')
   with pytest.raises(UserError, match='not 1 \\+ 3x3'):
-    transfer.resize_posemb(np.zeros((1, 9, 2)), (3, 3), (4, 4), has_cls=True)
+    posemb_resize.resize_posemb(np.zeros((1, 9, 2)), (3, 3), (4, 4), has_cls=True)
   with pytest.raises(UserError, match='not a square'):
-    transfer.square_grid(12)
-  assert transfer.square_grid(49) == (7, 7)
+    posemb_resize.square_grid(12)
+  assert posemb_resize.square_grid(49) == (7, 7)
 
 
 # ---------------------------------------------------------------- which params transfer
@@ -146,7 +147,7 @@ def test_initialise_state_from_npz_resets_head_and_optimizer(tmp_path):
   assert source_name == path
   np.testing.assert_array_equal(state.params['head']['kernel'], 0.0)  # re-initialised: zeros
   np.testing.assert_array_equal(state.params['embedding']['kernel'], params['embedding']['kernel'])
-  expected = transfer.resize_posemb(params['Transformer']['posembed_input']['pos_embedding'],
+  expected = posemb_resize.resize_posemb(params['Transformer']['posembed_input']['pos_embedding'],
                                     (7, 7), (9, 9), has_cls=True)
   np.testing.assert_allclose(state.params['Transformer']['posembed_input']['pos_embedding'],
                              expected, rtol=1e-6)

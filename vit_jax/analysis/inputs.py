@@ -37,12 +37,17 @@ def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np
   return image_files.load(paths, spec, channels)
 
 
-def eval_images(config, num_images: int, data_dir: Optional[str] = None):
-  """The first `num_images` eval images of the run's dataset and their labels (as evaluated)."""
+def eval_images(config, num_images: int, data_dir: Optional[str] = None,
+                image_size: Optional[int] = None):
+  """The first `num_images` eval images of the run's dataset and their labels (as evaluated;
+  at `image_size` if given, a resize before the crop scaled with it)."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  pp = config_pp.eval_pp(config)
+  if image_size and image_size != pp['image_size']:
+    pp = dict(pp, image_size=image_size, resize=round(pp['resize'] * image_size / pp['image_size']))
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
-      batch_size=num_images, pp=config_pp.eval_pp(config), cache=False)
+      batch_size=num_images, pp=pp, cache=False)
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

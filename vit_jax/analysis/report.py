@@ -19,6 +19,7 @@ from vit_jax.analysis import inputs as inputs_lib
 from vit_jax.analysis import plots
 from vit_jax.errors import UserError
 from vit_jax.models import VisionTransformer
+from vit_jax.models import posemb_resize
 from vit_jax.models import resnet as resnet_lib
 
 FIGURES = ('embedding_filters', 'posemb_similarity', 'attention_distance', 'attention_rollout')
@@ -26,8 +27,10 @@ FIGURES = ('embedding_filters', 'posemb_similarity', 'attention_distance', 'atte
 
 def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] = None,
                  images: Sequence[str] = (), num_images: int = 16, data_dir: Optional[str] = None,
-                 num_components: int = 28) -> dict:
-  """Writes `<out>/<figure>.{png,npz}` and `<out>/summary.json`; returns the summary."""
+                 num_components: int = 28, image_size: Optional[int] = None) -> dict:
+  """Writes `<out>/<figure>.{png,npz}` and `<out>/summary.json`; returns the summary. With
+  `image_size`, the model runs at that size (its position embedding resized as `config.init`
+  does) on images resized to it."""
   if not out:
     raise UserError('missing --out: pass --out=DIR for the figures')
   if num_images < 1:
@@ -40,12 +43,14 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
   if not isinstance(model, VisionTransformer):
     raise UserError(f'{config.model_name} is a {type(model).__name__}, without the attention and '
                     'position embeddings these figures show: analyse a ViT or hybrid run')
-  size = int(config.image_size)
+  size = int(image_size or config.image_size)
+  if size != config.image_size:
+    params = posemb_resize.params_at_image_size(params, model, int(config.image_size), size)
   if images:
     x = inputs_lib.load_image_files(images, size, inputs_lib.input_channels(params))
     labels, names = None, [os.path.basename(p) for p in images]
   else:
-    x, labels = inputs_lib.eval_images(config, num_images, data_dir)
+    x, labels = inputs_lib.eval_images(config, num_images, data_dir, image_size=size)
     names = None
   try:
     os.makedirs(out, exist_ok=True)
@@ -57,7 +62,7 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
   stride = (size / grid[0], size / grid[1])  # pixels per patch (hybrids: effective stride)
   has_cls = attention_lib.has_cls_token(model)
   what = f'{config.model_name} ({model.classifier}) at step {step_dir.name}'
-  summary = {'checkpoint': str(step_dir), 'model_name': config.model_name,
+  summary = {'checkpoint': str(step_dir), 'model_name': config.model_name, 'image_size': size,
              'classifier': model.classifier, 'grid': list(grid), 'patch_pixels': list(stride),
              'num_images': int(len(x)), 'figures': {}}
 

@@ -10,7 +10,8 @@ A bundle is a directory:
 
 `Bundle` is also what `predict`, `export` and `convert` load from any source (`resolve`): a training
 run's workdir (model and preprocessing from its stored config, class names from its dataset), a
-bundle, or a params file (.npz or .safetensors) plus a model name.
+bundle, or a params file (.npz or .safetensors) plus a model name. Any of them runs at another
+image size (`at_image_size`: the position embedding resized as `config.init` does).
 """
 
 import dataclasses
@@ -24,6 +25,7 @@ from vit_jax.formats import files
 from vit_jax.formats import npz
 from vit_jax.formats import timm_layout
 from vit_jax.checkpoint import restore
+from vit_jax.models import posemb_resize
 from vit_jax.models.spec import ModelSpec, infer_image_size, input_channels
 from vit_jax import tasks
 from vit_jax.data import config_pp
@@ -148,20 +150,40 @@ def from_params_file(path: str, *, model_name: Optional[str] = None,
       raise UserError(f'{path} holds params only: pass the model it was trained as '
                       '(--model, e.g. ViT-B/16)')
     opts = {**infer_options(params), **dict(options or {})}
-    size = image_size or infer_image_size(params, model_name, opts)
+    learned = 'posembed_input' in params.get('Transformer', {})
+    size = infer_image_size(params, model_name, opts) if learned or not image_size else image_size
     if 'head' not in params:
       raise UserError(f'{path} has no head/ params: a classifier is needed to predict')
     spec = ModelSpec(model_name, int(np.shape(params['head']['kernel'])[-1]), opts, size,
                      input_channels(params))
   else:
-    spec = dataclasses.replace(stored, image_size=image_size or stored.image_size)
+    spec = stored
   if class_names is None:
     class_names = stored_names or _index_names(spec.num_classes)
   if len(class_names) != spec.num_classes:
     raise UserError(f'{len(class_names)} class names for a model with {spec.num_classes} '
                     'classes: give one name per class')
-  return Bundle(spec=spec, params=fitted(spec, params, path), class_names=tuple(class_names),
-                source={'checkpoint': path})
+  bundle = Bundle(spec=spec, params=fitted(spec, params, path), class_names=tuple(class_names),
+                  source={'checkpoint': path})
+  return at_image_size(bundle, image_size) if image_size else bundle
+
+
+def at_image_size(bundle: Bundle, image_size: int) -> Bundle:
+  """`bundle` for images of `image_size`: the learned position embedding resized to the new
+  patch grid, exactly as `config.init` transfers it (bilinear, models/posemb_resize.py); a resize
+  before a crop scales with it."""
+  old = bundle.spec.image_size
+  if image_size == old:
+    return bundle
+  if image_size < 1:
+    raise UserError(f'--image_size={image_size}: pass a positive number of pixels')
+  spec = dataclasses.replace(bundle.spec, image_size=int(image_size))
+  params = posemb_resize.params_at_image_size(bundle.params, spec.build(), old,
+                                              spec.image_size)
+  resize = round(bundle.resize * image_size / old) if bundle.resize else None
+  return dataclasses.replace(bundle, spec=spec, resize=resize,
+                             params=fitted(spec, params, f'at {image_size}x{image_size}'),
+                             source={**bundle.source, 'resized_from': old})
 
 
 def save(bundle: Bundle, out: str) -> None:
@@ -257,7 +279,4 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
       raise UserError(f'--class_names has {len(names)} names for a model with '
                       f'{result.spec.num_classes} classes: give one name per class')
     result.class_names = names
-  if image_size and image_size != result.spec.image_size:
-    raise UserError(f'--image_size={image_size} differs from the model\'s {result.spec.image_size}'
-                    ': drop --image_size (it is only for params files)')
-  return result
+  return at_image_size(result, image_size) if image_size else result

@@ -9,20 +9,16 @@ the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; facts s
               it is loaded and must have the same width
   mask_token  dropped (masked patch prediction pre-training only)
   posemb      resized when the patch grids differ: the cls row (if any) is kept, the grid rows
-              are interpolated in 2-D (`resize_posemb`), non-square grids included
+              are interpolated in 2-D (`models.posemb_resize.resize_posemb`, which predict,
+              bundles and the analyses use too), non-square grids included
 
 A parameter of the new model missing from the checkpoint, or with another shape, is a UserError
-naming it. The pure pieces (`interpolation_matrix`, `resize_posemb`, `transfer_params`) work on
-numpy arrays; `initialise_state` is what the trainer calls once, at step 0 of a new run.
-
-Interpolation (`method`) samples the old grid at corner-aligned positions: new index i of n_new
-sits at old coordinate i * (n_old - 1) / (n_new - 1), as scipy.ndimage.zoom(order=1) in the
-original code (facts sheet section 5). 'bilinear' is linear in each axis, equal to that zoom;
-'bicubic' is Keys cubic convolution (a = -0.5) at the same positions, edge rows repeated.
+naming it. `transfer_params` works on numpy arrays; `initialise_state` is what the trainer calls
+once, at step 0 of a new run.
 """
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import jax
 import numpy as np
@@ -30,70 +26,14 @@ from etils import epath
 
 from vit_jax import models
 from vit_jax.models import layout
+from vit_jax.models.posemb_resize import Grid, resize_posemb, square_grid
 from vit_jax.formats import npz as npz_lib
 from vit_jax.checkpoint import restore
 from vit_jax.errors import UserError
 
-METHODS = ('bilinear', 'bicubic')
 HEAD = 'head/'
 PRE_LOGITS = 'pre_logits/'
 PRETRAIN_ONLY = ('mask_token',)  # parameters that exist only for a pre-training objective
-Grid = Tuple[int, int]
-
-
-# ---------------------------------------------------------------------------------------------
-# Position-embedding resize (pure numpy).
-
-
-def _keys_cubic(s: np.ndarray, a: float = -0.5) -> np.ndarray:
-  s = np.abs(s)
-  near = ((a + 2) * s - (a + 3)) * s * s + 1
-  far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
-  return np.where(s <= 1, near, np.where(s < 2, far, 0.0))
-
-
-def interpolation_matrix(n_old: int, n_new: int, method: str = 'bilinear') -> np.ndarray:
-  """[n_new, n_old] float64 weights: resized = W @ values along one axis (corner-aligned)."""
-  if method not in METHODS:
-    raise UserError(f'unknown posemb resize method {method!r}: use config.init_posemb_resize= '
-                    f'one of {", ".join(METHODS)}')
-  if n_old < 1 or n_new < 1:
-    raise UserError(f'cannot resize a position-embedding grid from {n_old} to {n_new} rows')
-  if n_old == n_new:
-    return np.eye(n_new)
-  pos = np.arange(n_new) * ((n_old - 1) / (n_new - 1)) if n_new > 1 else np.zeros(1)
-  weights = np.zeros((n_new, n_old))
-  rows = np.arange(n_new)
-  if method == 'bilinear' or n_old == 1:
-    left = np.clip(np.floor(pos).astype(int), 0, max(n_old - 2, 0))
-    frac = pos - left
-    np.add.at(weights, (rows, left), 1.0 - frac)
-    np.add.at(weights, (rows, np.minimum(left + 1, n_old - 1)), frac)
-    return weights
-  base = np.floor(pos).astype(int)
-  for k in (-1, 0, 1, 2):
-    idx = base + k
-    np.add.at(weights, (rows, np.clip(idx, 0, n_old - 1)), _keys_cubic(pos - idx))
-  return weights
-
-
-def resize_posemb(posemb: np.ndarray, old_grid: Grid, new_grid: Grid, *, has_cls: bool,
-                  method: str = 'bilinear') -> np.ndarray:
-  """[1, (1+) gh*gw, D] -> [1, (1+) gh'*gw', D]: the cls row kept, the grid interpolated in 2-D.
-
-  Tokens are in row-major grid order (row gh, column gw), as the patch embedding flattens them.
-  """
-  posemb = np.asarray(posemb)
-  tokens, width = posemb.shape[1], posemb.shape[2]
-  (gh, gw), (nh, nw) = tuple(old_grid), tuple(new_grid)
-  if tokens != int(has_cls) + gh * gw:
-    raise UserError(f'the position embedding has {tokens} tokens, not {int(has_cls)} + {gh}x{gw}'
-                    f' for its grid: the checkpoint does not match the model it claims to be')
-  cls, grid = posemb[:, :int(has_cls)], posemb[0, int(has_cls):].reshape(gh, gw, width)
-  rows, cols = interpolation_matrix(gh, nh, method), interpolation_matrix(gw, nw, method)
-  resized = np.einsum('ai,ijd,bj->abd', rows, grid.astype(np.float64), cols)
-  resized = resized.reshape(1, nh * nw, width).astype(posemb.dtype)
-  return np.concatenate([cls, resized], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,15 +86,6 @@ def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has
                          key.startswith(PRE_LOGITS) else ''))
     out[key] = value.astype(spec.dtype)
   return out
-
-
-def square_grid(num_patches: int) -> Grid:
-  side = int(round(num_patches ** 0.5))
-  if side * side != num_patches:
-    raise UserError(f'cannot tell the patch grid of a position embedding with {num_patches} '
-                    f'patches (not a square): start from a training checkpoint, whose config '
-                    f'gives the grid')
-  return side, side
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,5 +158,4 @@ def initialise_state(init: str, state, *, model, image_size: int, method: str, t
   return state.replace(params=params, opt_state=opt_state), pretrained.source
 
 
-__all__ = ['METHODS', 'Pretrained', 'initialise_state', 'interpolation_matrix', 'load_pretrained',
-           'resize_posemb', 'square_grid', 'transfer_params']
+__all__ = ['Pretrained', 'initialise_state', 'load_pretrained', 'transfer_params']
