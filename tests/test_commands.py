@@ -10,7 +10,8 @@ import sys
 from vit_jax.commands import COMMANDS
 from helpers import ROOT
 
-NINE = ['train', 'predict', 'export', 'convert', 'analyze', 'fewshot', 'sweep', 'bench', 'launch']
+NAMES = ['train', 'predict', 'export', 'convert', 'analyze', 'fewshot', 'sweep', 'bench', 'launch',
+         'weights']
 
 
 def _run(*args):
@@ -19,9 +20,9 @@ def _run(*args):
 
 
 def test_every_command_module_imports_into_one_process():
-  modules = [importlib.import_module(f'vit_jax.commands.{name}') for name in NINE]
+  modules = [importlib.import_module(f'vit_jax.commands.{name}') for name in NAMES]
   assert all(callable(m.main) for m in modules)
-  assert list(COMMANDS) == NINE
+  assert list(COMMANDS) == NAMES
 
 
 def test_help_lists_every_command_with_one_line():
@@ -29,7 +30,7 @@ def test_help_lists_every_command_with_one_line():
     proc = _run(*args)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    for name in NINE:
+    for name in NAMES:
       (line,) = [l for l in lines if l.split()[:1] == [name]]
       assert len(line.split()) > 2, line  # the name and a description
 
@@ -39,7 +40,7 @@ def test_unknown_command_is_one_error_line():
   assert proc.returncode == 2
   (line,) = proc.stderr.splitlines()
   assert line.startswith('error: ') and 'no_such_command' in line
-  assert all(name in line for name in NINE)
+  assert all(name in line for name in NAMES)
 
 
 def test_train_without_config_is_one_error_line(tmp_path):

@@ -13,6 +13,7 @@ from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve
 from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
 from vit_jax import tasks
 from vit_jax.data import config_pp
+from vit_jax.errors import UserError
 from vit_jax.models import layout
 
 
@@ -28,6 +29,29 @@ def load_model(step_dir, *, averaged: bool = False):
   params, config = load_checkpoint(step_dir, averaged=averaged)
   model = build_model(config, params)
   return model, layout.for_model(params, model), config
+
+
+def load_params_file(source: str, model_name: Optional[str] = None):
+  """(model, params, ModelSpec) of an .npz params file or official weights by name (downloaded
+  once): the variant from the name or `model_name`, options and size from the params."""
+  from vit_jax.formats import npz, weights  # pylint: disable=g-import-not-at-top
+  from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options  # pylint: disable=g-import-not-at-top
+  if weights.is_name(source):
+    model_name = model_name or weights.lookup(source).model_name
+    source = weights.fetch(source)
+  if not model_name:
+    raise UserError(f'--checkpoint={source} holds params only: pass the model it was trained as '
+                    '(--model, e.g. ViT-B/16)')
+  params = npz.load_npz(source)
+  if 'head' not in params:
+    raise UserError(f'{source} has no head/ params: the attention rollout needs a classifier')
+  options = infer_options(params)
+  spec = ModelSpec(model_name, int(np.shape(params['head']['kernel'])[-1]), options,
+                   infer_image_size(params, model_name, options), input_channels(params))
+  model = spec.build()
+  params = npz.fit_to_model(params, model, (spec.image_size, spec.image_size, spec.channels),
+                            name=f'{model_name} ({source})')
+  return model, params, spec
 
 
 def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np.ndarray:
@@ -54,4 +78,4 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None,
 
 
 __all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint', 'build_model', 'load_model',
-           'input_channels', 'load_image_files', 'eval_images']
+           'input_channels', 'load_params_file', 'load_image_files', 'eval_images']

@@ -18,6 +18,7 @@ from vit_jax.analysis import embedding as embedding_lib
 from vit_jax.analysis import inputs as inputs_lib
 from vit_jax.analysis import plots
 from vit_jax.errors import UserError
+from vit_jax.formats import weights
 from vit_jax.models import VisionTransformer
 from vit_jax.models import posemb_resize
 from vit_jax.models import resnet as resnet_lib
@@ -27,10 +28,12 @@ FIGURES = ('embedding_filters', 'posemb_similarity', 'attention_distance', 'atte
 
 def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] = None,
                  images: Sequence[str] = (), num_images: int = 16, data_dir: Optional[str] = None,
-                 num_components: int = 28, image_size: Optional[int] = None) -> dict:
+                 num_components: int = 28, image_size: Optional[int] = None,
+                 model: Optional[str] = None) -> dict:
   """Writes `<out>/<figure>.{png,npz}` and `<out>/summary.json`; returns the summary. With
   `image_size`, the model runs at that size (its position embedding resized as `config.init`
-  does) on images resized to it."""
+  does) on images resized to it. `checkpoint` may also be an .npz params file (with `model`, its
+  variant) or official weights by name (`ViT-B/16@imagenet21k`): then `images` are needed."""
   if not out:
     raise UserError('missing --out: pass --out=DIR for the figures')
   if num_images < 1:
@@ -38,14 +41,26 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
   if os.path.exists(out) and not os.path.isdir(out):
     raise UserError(f'--out={out} is a file, and the figures go into a directory: pass a new or '
                     'existing directory')
-  step_dir = inputs_lib.resolve_checkpoint(workdir, checkpoint)
-  model, params, config = inputs_lib.load_model(step_dir)
+  if checkpoint and (weights.is_name(checkpoint) or str(checkpoint).endswith('.npz')):
+    if workdir:
+      raise UserError(f'--checkpoint={checkpoint} is a params file: drop --workdir')
+    if not images:
+      raise UserError(f'--checkpoint={checkpoint} comes without a dataset: pass image files '
+                      '(PNG/JPEG) as arguments for the attention figures')
+    model, params, spec = inputs_lib.load_params_file(checkpoint, model)
+    config, source = None, checkpoint
+    model_name, trained_size, at = spec.model_name, spec.image_size, checkpoint
+  else:
+    step_dir = inputs_lib.resolve_checkpoint(workdir, checkpoint)
+    model, params, config = inputs_lib.load_model(step_dir)
+    source, model_name, trained_size = str(step_dir), config.model_name, int(config.image_size)
+    at = f'step {step_dir.name}'
   if not isinstance(model, VisionTransformer):
-    raise UserError(f'{config.model_name} is a {type(model).__name__}, without the attention and '
+    raise UserError(f'{model_name} is a {type(model).__name__}, without the attention and '
                     'position embeddings these figures show: analyse a ViT or hybrid run')
-  size = int(image_size or config.image_size)
-  if size != config.image_size:
-    params = posemb_resize.params_at_image_size(params, model, int(config.image_size), size)
+  size = int(image_size or trained_size)
+  if size != trained_size:
+    params = posemb_resize.params_at_image_size(params, model, trained_size, size)
   if images:
     x = inputs_lib.load_image_files(images, size, inputs_lib.input_channels(params))
     labels, names = None, [os.path.basename(p) for p in images]
@@ -61,8 +76,8 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
   grid = attention_lib.token_grid(model, size)
   stride = (size / grid[0], size / grid[1])  # pixels per patch (hybrids: effective stride)
   has_cls = attention_lib.has_cls_token(model)
-  what = f'{config.model_name} ({model.classifier}) at step {step_dir.name}'
-  summary = {'checkpoint': str(step_dir), 'model_name': config.model_name, 'image_size': size,
+  what = f'{model_name} ({model.classifier}) at {at}'
+  summary = {'checkpoint': source, 'model_name': model_name, 'image_size': size,
              'classifier': model.classifier, 'grid': list(grid), 'patch_pixels': list(stride),
              'num_images': int(len(x)), 'figures': {}}
 

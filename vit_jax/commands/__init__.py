@@ -16,6 +16,7 @@ COMMANDS = {
     'sweep': 'run a hyperparameter sweep (grid, best setting, final runs, tables, plots)',
     'bench': 'time a train/infer step or the input pipeline (optionally against timm)',
     'launch': 'run one command on every worker of a Cloud TPU VM',
+    'weights': 'list (or --fetch) official pre-trained weights by name',
 }
 
 __all__ = ['COMMANDS']

@@ -4,9 +4,10 @@ Writes to OUT: embedding_filters, posemb_similarity, attention_distance, attenti
 .png and the .npz of its arrays) and summary.json. Positional arguments are PNG/JPEG files for the
 attention figures (resized to the model's input size and channels); without them the first
 --num_images eval images of the run's dataset are used. --checkpoint is a step number or a step
-directory; by default the newest step in the workdir. The model and preprocessing come from the
-config stored with the checkpoint; --image_size runs it at another resolution (the position
-embedding resized as `config.init` resizes it).
+directory (by default the newest step in the workdir), or, with image files, an .npz params file
+(--model=VARIANT) or official weights by name (--checkpoint=ViT-B/16@imagenet21k+imagenet2012).
+A run's model and preprocessing come from the config stored with its checkpoint; --image_size runs
+the model at another resolution (the position embedding resized as `config.init` resizes it).
 """
 
 import os
@@ -23,6 +24,7 @@ _OUT = flag_groups.out()
 _NUM_IMAGES = flags.DEFINE_integer('num_images', 16, 'Eval images used without image arguments.')
 _DATA_DIR = flag_groups.data_dir()
 _IMAGE_SIZE = flag_groups.image_size()
+_MODEL = flag_groups.model()
 
 
 def run(argv) -> int:
@@ -30,7 +32,7 @@ def run(argv) -> int:
   summary = report.write_report(workdir=_WORKDIR.value, out=_OUT.value,
                                 checkpoint=_CHECKPOINT.value, images=argv[1:],
                                 num_images=_NUM_IMAGES.value, data_dir=_DATA_DIR.value,
-                                image_size=_IMAGE_SIZE.value)
+                                image_size=_IMAGE_SIZE.value, model=_MODEL.value)
   for name, info in summary['figures'].items():
     where = os.path.join(_OUT.value, info['png']) if 'png' in info else None
     print(f'{name}: {where or "skipped (" + info["skipped"] + ")"}')
@@ -39,6 +41,8 @@ def run(argv) -> int:
 
 def main():
   flag_groups.adapt('out', help='Directory for the PNG figures and .npz arrays.')
+  flag_groups.adapt('checkpoint', help='Step number or step directory of --workdir; or an .npz '
+                    'params file (with --model) or official weights by name, with image files.')
   flag_groups.adapt('image_size', help="Run the model at this input size (position embedding "
                     "resized as config.init does); default: the run's.")
   cli.run_main(run, required_flags=('out',))

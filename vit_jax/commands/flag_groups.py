@@ -11,9 +11,13 @@ The model source of predict, export and convert (`model_source()`):
 
   --workdir=DIR [--checkpoint=STEP|STEP_DIR]     a training run (newest step by default)
   --bundle=DIR                                   an exported inference bundle
-  --checkpoint=FILE.npz|FILE.safetensors --model=NAME [--model_options=k=v,...] [--image_size=S]
+  --checkpoint=FILE.npz|FILE.safetensors --model=NAME [--model_options=k=v,...]
                                                  a params file (a .safetensors written by this
                                                  project needs no --model)
+  --checkpoint=ViT-B/16@imagenet21k+imagenet2012 official weights by name (downloaded once;
+                                                 python -m vit_jax weights lists them)
+  --image_size=S                                 run any of them at S x S pixels (the position
+                                                 embedding resized as config.init does)
   --class_names=FILE                             one class name per line (overrides the source's)
 """
 
@@ -144,8 +148,9 @@ def model_source() -> ModelSource:
 
 
 MODEL_SOURCE_HELP = {
-    'checkpoint': 'Step number or step directory of --workdir, or a params file (.npz in any '
-                  'official layout, or timm .safetensors).',
+    'checkpoint': 'Step number or step directory of --workdir, a params file (.npz in any '
+                  'official layout, or timm .safetensors), or official weights by name, e.g. '
+                  'ViT-B/16@imagenet21k+imagenet2012 (python -m vit_jax weights lists them).',
     'data_dir': "tfds data_dir for the run's class names; default: the run's config.",
 }
 

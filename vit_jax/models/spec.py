@@ -80,6 +80,17 @@ def input_channels(params) -> int:
                   'it is not the param tree of a model of this codebase')
 
 
+def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
+  """create_model options that a released params file implies: classifier (cls token or not),
+  representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
+  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else 'gap'}
+  if 'pre_logits' in params:
+    options['representation_size'] = int(np.shape(params['pre_logits']['kernel'])[-1])
+  if 'posembed_input' not in params.get('Transformer', {}):
+    options['posemb'] = 'sincos2d'
+  return options
+
+
 def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any]] = None) -> int:
   """The square input size that gives the token count of a learned position embedding."""
   posemb = params.get('Transformer', {}).get('posembed_input', {}).get('pos_embedding')

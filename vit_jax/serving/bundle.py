@@ -24,9 +24,10 @@ import numpy as np
 from vit_jax.formats import files
 from vit_jax.formats import npz
 from vit_jax.formats import timm_layout
+from vit_jax.formats import weights
 from vit_jax.checkpoint import restore
 from vit_jax.models import posemb_resize
-from vit_jax.models.spec import ModelSpec, infer_image_size, input_channels
+from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options, input_channels
 from vit_jax import tasks
 from vit_jax.data import config_pp
 from vit_jax.errors import UserError
@@ -106,17 +107,6 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                 crop=pp['crop'], resize=pp['resize'],
                 decode_channels=spec.channels if config.pp.channels is None else 3,
                 output=task.output, source=source)
-
-
-def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
-  """create_model options that a released params file implies: classifier (cls token or not),
-  representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
-  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else 'gap'}
-  if 'pre_logits' in params:
-    options['representation_size'] = int(np.shape(params['pre_logits']['kernel'])[-1])
-  if 'posembed_input' not in params.get('Transformer', {}):
-    options['posemb'] = 'sincos2d'
-  return options
 
 
 def from_params_file(path: str, *, model_name: Optional[str] = None,
@@ -247,10 +237,14 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
             options: Optional[Mapping[str, Any]] = None, image_size: Optional[int] = None,
             class_names: Optional[str] = None, data_dir: Optional[str] = None) -> Bundle:
   """The Bundle named by the CLI source flags: --bundle, --checkpoint FILE.npz|.safetensors (with
-  --model unless the file says), or --workdir [--checkpoint STEP|STEP_DIR]."""
+  --model unless the file says) or official weights by name (--checkpoint=ViT-B/16@imagenet21k),
+  or --workdir [--checkpoint STEP|STEP_DIR]."""
   if not (workdir or checkpoint or bundle):
     raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
                     '--checkpoint=FILE.npz --model=NAME')
+  if weights.is_name(checkpoint):  # official weights by name: their file, their variant
+    model = model or weights.lookup(checkpoint).model_name
+    checkpoint = weights.fetch(checkpoint)
   names = read_class_names(class_names) if class_names else None
   is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)
   if bundle:

@@ -1,7 +1,8 @@
 """Starting a run from a pre-trained checkpoint (`config.init`): the paper's transfer rules.
 
 `config.init` names a training workdir (its newest checkpoint), one checkpoint step directory
-(`<workdir>/checkpoints/<step>`) or an .npz file in any layout `load_npz` reads. Every parameter of
+(`<workdir>/checkpoints/<step>`), an .npz file in any layout `load_npz` reads, or official weights
+by name (`ViT-B/16@imagenet21k`; `python -m vit_jax weights` lists them). Every parameter of
 the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; facts sheet sections 3, 5):
 
   head        the new model's own freshly initialised head (zero kernel) for the new class count
@@ -28,6 +29,7 @@ from vit_jax import models
 from vit_jax.models import layout
 from vit_jax.models.posemb_resize import Grid, resize_posemb, square_grid
 from vit_jax.formats import npz as npz_lib
+from vit_jax.formats import weights
 from vit_jax.checkpoint import restore
 from vit_jax.errors import UserError
 
@@ -100,7 +102,11 @@ class Pretrained:
 
 
 def load_pretrained(init: str) -> Pretrained:
-  """Reads the params of an .npz, a checkpoint step directory or a workdir's newest checkpoint."""
+  """Reads the params of an .npz, official weights by name (`ViT-B/16@imagenet21k`: downloaded
+  once, formats/weights.py), a checkpoint step directory or a workdir's newest checkpoint."""
+  if weights.is_name(init):
+    path = weights.fetch(init)
+    return Pretrained(npz_lib.load_npz(path), None, f'{init} ({path})')
   if init.endswith('.npz'):
     return Pretrained(npz_lib.load_npz(init), None, init)
   path = epath.Path(init)

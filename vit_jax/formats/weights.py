@@ -1,0 +1,189 @@
+"""Official pre-trained weights by name: `ViT-B/16@imagenet21k` -> a local copy of the released
+file, downloaded once.
+
+  ViT-{B/16,B/32,L/16,L/32,H/14}, R50+ViT-B/16 @imagenet21k    gs://vit_models/imagenet21k/...
+  ViT-{B/16,B/32,L/16,L/32}, R50+ViT-B/16 @imagenet21k+imagenet2012 (fine-tuned at 384 px;
+    ViT-B/16 and ViT-L/16 also @imagenet21k+imagenet2012-224)  gs://vit_models/imagenet21k+imagenet2012/
+  the AugReg paper's recommended models (the original README's table; AR Table 3):
+    NAME@augreg-i21k (pre-trained 300 epochs on ImageNet-21k) and NAME@augreg-i21k+imagenet2012
+    (then fine-tuned at 384 px) for ViT-Ti/16, S/16, S/32, B/16, B/32, L/16, R+ViT-Ti/16,
+    R26+ViT-S/32, R50+ViT-L/32                                  gs://vit_models/augreg/...
+
+Files are fetched from $VIT_JAX_WEIGHTS_URL (default https://storage.googleapis.com/vit_models, the
+public address of gs://vit_models; a file:// URL points at a local mirror) into $VIT_JAX_WEIGHTS_DIR
+(default ~/.cache/vit_jax/weights), at the bucket's relative path, and later used from there without
+the network. A download is written to a hidden temporary file and renamed only once complete: its
+size must equal the Content-Length the server announced and it must be a whole .npz (zip) file, so
+a killed or cut download never leaves a file that looks complete. Without a network, one error line
+names the file's address and where to put it by hand.
+"""
+
+import dataclasses
+import os
+import shutil
+import urllib.error
+import urllib.request
+import zipfile
+from typing import Dict, Optional
+
+from vit_jax.errors import UserError
+from vit_jax.formats import files
+
+URL_VAR, DIR_VAR = 'VIT_JAX_WEIGHTS_URL', 'VIT_JAX_WEIGHTS_DIR'
+DEFAULT_URL = 'https://storage.googleapis.com/vit_models'
+BUCKET = 'gs://vit_models'
+TIMEOUT_S = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+  name: str        # e.g. ViT-B/16@imagenet21k
+  path: str        # relative to the bucket, e.g. imagenet21k/ViT-B_16.npz
+  model_name: str  # the variant of this codebase it is
+  note: str        # what it is trained on, at what resolution
+
+
+def _file_stem(model: str) -> str:
+  return model.replace('/', '_')  # ViT-B/16 -> ViT-B_16, R50+ViT-B/16 -> R50+ViT-B_16
+
+
+def _augreg_stem(model: str) -> str:
+  # R50+ViT-L/32 -> R50_L_32, R+ViT-Ti/16 -> R_Ti_16, ViT-B/16 -> B_16
+  hybrid, _, vit = model.rpartition('+')
+  return (f'{hybrid}_' if hybrid else '') + vit[len('ViT-'):].replace('/', '_')
+
+
+# AugReg: the recommended i21k upstream (augmentation, weight decay, dropout, stochastic depth)
+# and the learning rate of its ImageNet fine-tuning (the original README's table).
+_AUGREG = {
+    'ViT-L/16': ('strong1', '0.1', '0.0', '0.0', '0.01'),
+    'ViT-B/16': ('medium1', '0.1', '0.0', '0.0', '0.03'),
+    'ViT-S/16': ('light1', '0.03', '0.0', '0.0', '0.03'),
+    'R50+ViT-L/32': ('medium1', '0.1', '0.1', '0.1', '0.01'),
+    'R26+ViT-S/32': ('light1', '0.1', '0.0', '0.0', '0.01'),
+    'ViT-Ti/16': ('none', '0.03', '0.0', '0.0', '0.03'),
+    'ViT-B/32': ('light1', '0.1', '0.0', '0.0', '0.01'),
+    'ViT-S/32': ('none', '0.1', '0.0', '0.0', '0.01'),
+    'R+ViT-Ti/16': ('none', '0.03', '0.0', '0.0', '0.03'),
+}
+
+
+def _registry() -> Dict[str, Weights]:
+  out = {}
+
+  def add(name, path, model, note):
+    out[name] = Weights(name, path, model, note)
+
+  for model in ('ViT-B/16', 'ViT-B/32', 'ViT-L/16', 'ViT-L/32', 'ViT-H/14', 'R50+ViT-B/16'):
+    add(f'{model}@imagenet21k', f'imagenet21k/{_file_stem(model)}.npz', model,
+        'ImageNet-21k, 224 px, 21843 classes (with pre_logits)')
+  for model in ('ViT-B/16', 'ViT-B/32', 'ViT-L/16', 'ViT-L/32', 'R50+ViT-B/16'):
+    add(f'{model}@imagenet21k+imagenet2012', f'imagenet21k+imagenet2012/{_file_stem(model)}.npz',
+        model, 'ImageNet-21k, fine-tuned on ImageNet at 384 px, 1000 classes')
+  for model in ('ViT-B/16', 'ViT-L/16'):
+    add(f'{model}@imagenet21k+imagenet2012-224',
+        f'imagenet21k+imagenet2012/{_file_stem(model)}-224.npz', model,
+        'ImageNet-21k, fine-tuned on ImageNet at 224 px, 1000 classes')
+  for model, (aug, wd, do, sd, lr) in _AUGREG.items():
+    stem = f'{_augreg_stem(model)}-i21k-300ep-lr_0.001-aug_{aug}-wd_{wd}-do_{do}-sd_{sd}'
+    add(f'{model}@augreg-i21k', f'augreg/{stem}.npz', model,
+        'AugReg: ImageNet-21k 300 epochs, 224 px, 21843 classes')
+    add(f'{model}@augreg-i21k+imagenet2012',
+        f'augreg/{stem}--imagenet2012-steps_20k-lr_{lr}-res_384.npz', model,
+        'AugReg: then fine-tuned on ImageNet at 384 px, 1000 classes')
+  return out
+
+
+KNOWN = _registry()
+
+
+def is_name(text: Optional[str]) -> bool:
+  """True for text that names weights (`MODEL@SOURCE`), known or not (then `lookup` says so)."""
+  return bool(text) and '@' in text and not os.path.exists(text) and '://' not in text
+
+
+def lookup(name: str) -> Weights:
+  if name not in KNOWN:
+    model = name.partition('@')[0]
+    close = sorted(n for n in KNOWN if n.startswith(model + '@')) or sorted(KNOWN)[:4]
+    raise UserError(f'unknown weights {name!r}: known names include {", ".join(close)} '
+                    f'(python -m vit_jax weights lists all {len(KNOWN)})')
+  return KNOWN[name]
+
+
+def base_url() -> str:
+  return os.environ.get(URL_VAR, DEFAULT_URL).rstrip('/')
+
+
+def cache_dir() -> str:
+  return os.path.expanduser(os.environ.get(DIR_VAR) or '~/.cache/vit_jax/weights')
+
+
+def local_path(weights: Weights) -> str:
+  return os.path.join(cache_dir(), *weights.path.split('/'))
+
+
+def url(weights: Weights) -> str:
+  return f'{base_url()}/{weights.path}'
+
+
+def fetch(name: str) -> str:
+  """The local path of the weights `name`, downloaded first if they are not in the cache."""
+  weights = lookup(name)
+  path = local_path(weights)
+  if os.path.isfile(path):
+    return path
+  address = url(weights)
+  by_hand = (f'download {address} (gs: {BUCKET}/{weights.path}) by hand to {path}, or point '
+             f'{URL_VAR} at a mirror')
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+  except OSError as e:
+    raise UserError(f'cannot create the weights cache {os.path.dirname(path)} ({e.strerror or e})'
+                    f': set {DIR_VAR} to a writable directory') from None
+  try:
+    with urllib.request.urlopen(address, timeout=TIMEOUT_S) as response:
+      expected = response.headers.get('Content-Length')
+      files.atomic_write(path, lambda f: _copy_checked(response, f, expected, address))
+  except UserError:
+    raise
+  except (urllib.error.URLError, OSError, ValueError) as e:
+    reason = getattr(e, 'reason', None) or getattr(e, 'strerror', None) or e
+    raise UserError(f'cannot download {name} ({reason}): {by_hand}') from None
+  return path
+
+
+def _copy_checked(response, f, expected: Optional[str], address: str) -> None:
+  """Streams the download into `f`; a short or broken file raises, so it is never renamed."""
+  shutil.copyfileobj(response, f, length=1 << 20)
+  f.flush()
+  got = f.tell()
+  if expected is not None and got != int(expected):
+    raise UserError(f'the download of {address} stopped after {got} of {expected} bytes '
+                    '(nothing was kept): run the command again')
+  if not zipfile.is_zipfile(f.name):
+    raise UserError(f'{address} is not an .npz (zip) file ({got} bytes): check {URL_VAR}')
+
+
+def resolve(text: Optional[str]) -> Optional[str]:
+  """`text` itself, or the local file of the weights it names (downloaded once)."""
+  return fetch(text) if is_name(text) else text
+
+
+def model_name(text: Optional[str]) -> Optional[str]:
+  """The variant that the weights `text` names are, or None when `text` is not a name."""
+  return lookup(text).model_name if is_name(text) else None
+
+
+def listing() -> str:
+  """The known names, their files and where each is (or would be) cached."""
+  lines = []
+  for w in KNOWN.values():
+    here = 'cached' if os.path.isfile(local_path(w)) else 'not downloaded'
+    lines.append(f'{w.name:40s} {w.note}; {BUCKET}/{w.path} ({here})')
+  lines.append(f'cache: {cache_dir()} (${DIR_VAR}); source: {base_url()} (${URL_VAR})')
+  return '\n'.join(lines)
+
+
+__all__ = ['KNOWN', 'Weights', 'base_url', 'cache_dir', 'fetch', 'is_name', 'listing',
+           'local_path', 'lookup', 'model_name', 'resolve', 'url']
