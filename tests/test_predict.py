@@ -123,7 +123,11 @@ def test_cli_export_then_predict_json(run, tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'export', f'--workdir={run["workdir"]}',
                          f'--out={out}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.strip() == f'wrote {out}: ViT-Ze/4, 3 classes, 28x28x3'
+  assert proc.stdout.strip().splitlines() == [
+      f'wrote {out}: ViT-Ze/4, 3 classes, 28x28x3',
+      f'wrote {out / "saved_model"}: TensorFlow SavedModel, serving_default: images uint8 '
+      '[batch, 28, 28, 3] -> probabilities']
+  _check_saved_model_with_tensorflow_alone(out, run, tmp_path)
   paths = list(run['images'])
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'predict', f'--bundle={out}', '--json',
                          '--top_k=2', *paths], cwd=ROOT, capture_output=True, text=True,
@@ -133,6 +137,49 @@ def test_cli_export_then_predict_json(run, tmp_path):
   assert [r['file'] for r in results] == paths
   assert [r['top'][0]['class'] for r in results] == [run['images'][p] for p in paths]
   assert all(len(r['top']) == 2 for r in results)
+
+
+# Run by a Python where jax, flax and vit_jax cannot be imported (TensorFlow imports jax when it
+# is installed, if it can: blocked here, it must do without).
+TF_ONLY = '''
+import sys
+class Block:
+  def find_spec(self, name, path=None, target=None):
+    if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'vit_jax'):
+      raise ImportError(f'{name} is blocked: TensorFlow alone must serve the model')
+sys.meta_path.insert(0, Block())
+import numpy as np
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+out = loaded.signatures['serving_default'](images=tf.constant(np.load(sys.argv[2])))
+np.savez(sys.argv[3], **{k: v.numpy() for k, v in out.items()})
+assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'vit_jax')]
+'''
+
+
+def _check_saved_model_with_tensorflow_alone(out, run, tmp_path):
+  """The SavedModel, loaded by TensorFlow alone, gives our probabilities and logits for the
+  fresh images (as uint8 at the model's size) and the classes predict gives."""
+  bundle = bundle_lib.load(str(out))
+  spec = bundle.eval_spec()
+  paths = list(run['images'])
+  floats = np.stack([image_files.load_one(p, spec, bundle.decode_channels) for p in paths])
+  pixels = np.clip(np.round(floats * 127.5 + 127.5), 0, 255).astype(np.uint8)
+  np.save(tmp_path / 'pixels.npy', pixels)
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+  proc = subprocess.run([sys.executable, '-c', TF_ONLY, str(out / 'saved_model'),
+                         str(tmp_path / 'pixels.npy'), str(tmp_path / 'tf_out.npz')],
+                        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  got = np.load(tmp_path / 'tf_out.npz')
+  x = (pixels.astype(np.float32) - 127.5) / 127.5
+  logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, x, train=False))
+  np.testing.assert_allclose(got['logits'], logits, rtol=1e-5, atol=1e-5)
+  e = np.exp(logits - logits.max(-1, keepdims=True))
+  np.testing.assert_allclose(got['probabilities'], e / e.sum(-1, keepdims=True), rtol=1e-5,
+                             atol=1e-6)
+  assert [bundle.class_names[i] for i in got['probabilities'].argmax(-1)] == \
+      [run['images'][p] for p in paths]
 
 
 def test_user_errors(run, tmp_path):
