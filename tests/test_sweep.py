@@ -4,6 +4,7 @@ stopping one (signals forwarded to its trainers, none left running, one sweep pe
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -284,3 +285,21 @@ def test_second_sweep_on_the_same_directory_is_refused(tmp_path, data_dir):
   finally:
     held.release()
   assert not (tmp_path / 'sweep' / 'grid').exists()
+
+
+def test_dry_run_prints_the_commands_on_stdout_as_a_script(tmp_path, data_dir):
+  spec = _write_spec(tmp_path, data_dir)
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'sweep', f'--sweep={spec}',
+                         f'--workdir={tmp_path / "sweep"}', '--dry_run'], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  commands = [shlex.split(l) for l in lines if not l.startswith('# ')]
+  assert len(commands) == 4 and all(c[:3] == [sys.executable, '-m', 'vit_jax.main']
+                                    for c in commands)
+  assert sorted(c[4] for c in commands) == sorted(
+      f'--workdir={tmp_path / "sweep" / "grid" / n}' for n in
+      ('lr_0.001-seed_0', 'lr_0.001-seed_1', 'lr_0.01-seed_0', 'lr_0.01-seed_1'))
+  assert lines[-1].startswith('# then 2 final run(s) of the best setting')
+  assert 'vit_jax.main' not in proc.stderr
+  assert not (tmp_path / 'sweep').exists()  # a dry run writes nothing
