@@ -1,7 +1,8 @@
 """Fine-tuning: the paper's Table 4 (ImageNet, CIFAR-10/100, Pets, Flowers, VTAB-1k) and mnist5k.
 
 Run (datasets prepared as tfds datasets in --config.data_dir; INIT = a pre-training workdir, a
-checkpoint step directory or an official .npz):
+checkpoint step directory, an official .npz, or official weights by name, e.g.
+ViT-B/16@imagenet21k: python -m vit_jax weights lists them):
   python -m vit_jax.main --config=configs/finetune.py:model=B/16,dataset=cifar10 \
       --config.init=INIT --workdir=DIR
   python -m vit_jax.main --config=configs/finetune.py:model=B/16,dataset=cifar10,dev=true,lr=0.003

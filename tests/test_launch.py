@@ -30,8 +30,11 @@ def test_start_is_one_ssh_on_every_worker_running_the_command_verbatim_detached(
 
 def test_quoting_of_directories_with_spaces():
   plan = remote.Plan('t', 'z', repo_dir='~/code dir', launch_dir='/var/launch here')
-  assert plan.setup()[-1] == (
-      "--command=set -e; cd ~/'code dir'; python3 -m pip install --quiet --no-deps -r "
+  script = plan.setup()[-1]
+  assert script.startswith('--command=set -e; python3 -c "import sys; sys.exit(sys.version_info '
+                           '< (3, 11))" || { echo "error: $(python3 --version 2>&1) on')
+  assert script.endswith(
+      "cd ~/'code dir'; python3 -m pip install --quiet --no-deps -r "
       "requirements.lock; python3 -m pip install --quiet --no-deps --require-hashes -r "
       "requirements-tpu.lock")
   assert "'/var/launch here/log.txt'" in plan.start(TRAIN)[-1]
@@ -48,6 +51,21 @@ def test_quoting_of_directories_with_spaces():
 def test_bad_launch_arguments(kwargs, needle):
   with pytest.raises(UserError, match=needle):
     remote.Plan(**kwargs)
+
+
+def test_setup_refuses_a_python_older_than_the_pins(tmp_path):
+  fake = tmp_path / 'python3.10'
+  fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo Python 3.10.12; exit 0; fi\n'
+                  'exit 1\n')  # `-c "...version_info < (3, 11)..."` is true: exit status 1
+  fake.chmod(0o755)
+  script = remote.Plan('t', 'z', python=str(fake)).setup_script()
+  proc = subprocess.run(['bash', '-c', script], capture_output=True, text=True, cwd=tmp_path)
+  assert proc.returncode == 4
+  assert proc.stderr.startswith('error: Python 3.10.12 on ') and proc.stderr.rstrip().endswith(
+      'the pinned jax needs Python >= 3.11: install one and pass --python=python3.11')
+  ok = remote.Plan('t', 'z', repo_dir=str(tmp_path / 'nowhere'), python=sys.executable)
+  proc = subprocess.run(['bash', '-c', ok.setup_script()], capture_output=True, text=True)
+  assert proc.returncode == 1 and 'nowhere' in proc.stderr  # past the check: cd fails
 
 
 def test_no_command_and_no_workers():

@@ -25,6 +25,8 @@ _PROJECT = flags.DEFINE_string('project', None, 'Google Cloud project (default: 
 _REPO = flags.DEFINE_string('repo_dir', '~/vit_jax', 'Where the code lives on each worker.')
 _LAUNCH_DIR = flags.DEFINE_string('launch_dir', '~/vit_jax_launch',
                                   "The run's pid and log.txt on each worker (outside the code).")
+_PYTHON = flags.DEFINE_string('python', 'python3', 'The Python that --setup installs into on each '
+                              'worker (>= 3.11); use the same one in the command.')
 _SYNC = flags.DEFINE_bool('sync', False, "First ship this checkout's tracked files to --repo_dir.")
 _SETUP = flags.DEFINE_bool('setup', False, 'Then pip-install the pinned locks on every worker.')
 _STATUS = flags.DEFINE_bool('status', False, 'Is the run alive on each worker (last log lines).')
@@ -37,7 +39,8 @@ _DRY_RUN = flag_groups.dry_run()
 
 def run(argv) -> int:
   from vit_jax import launch  # pylint: disable=g-import-not-at-top
-  plan = launch.Plan(_TPU.value, _ZONE.value, _PROJECT.value, _REPO.value, _LAUNCH_DIR.value)
+  plan = launch.Plan(_TPU.value, _ZONE.value, _PROJECT.value, _REPO.value, _LAUNCH_DIR.value,
+                     _PYTHON.value)
   steps = launch.Steps(sync=_SYNC.value, setup=_SETUP.value, command=argv[1:],
                        status=_STATUS.value, logs=_LOGS.value, stop=_STOP.value,
                        lines=_LINES.value, stop_timeout=_STOP_TIMEOUT.value)

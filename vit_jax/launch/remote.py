@@ -17,6 +17,7 @@ from vit_jax.launch.source import ARCHIVE
 
 GCLOUD = ('gcloud', 'compute', 'tpus', 'tpu-vm')
 LOCKS = ('requirements.lock', 'requirements-tpu.lock')  # the CPU-tested pins; jax[tpu]'s libtpu
+PYTHON_MIN = (3, 11)  # Requires-Python of the pinned jax 0.10.2 / jaxlib / flax
 
 
 def remote_path(path: str) -> str:
@@ -31,7 +32,8 @@ class Plan:
   """The commands for one TPU VM (`tpu` in `zone`) with the code in `repo_dir` on each worker."""
 
   def __init__(self, tpu: str, zone: str, project: Optional[str] = None,
-               repo_dir: str = '~/vit_jax', launch_dir: str = '~/vit_jax_launch'):
+               repo_dir: str = '~/vit_jax', launch_dir: str = '~/vit_jax_launch',
+               python: str = 'python3'):
     if not tpu or not zone:
       raise UserError('pass --tpu=NAME and --zone=ZONE of the Cloud TPU VM')
     if repo_dir.rstrip('/') in ('', '~', '.', '/'):
@@ -41,6 +43,7 @@ class Plan:
     self.repo = repo_dir.rstrip('/')
     self.launch = launch_dir.rstrip('/')
     self.pid, self.log = f'{self.launch}/pid', f'{self.launch}/log.txt'
+    self.python = python
 
   # -- gcloud argument lists ---------------------------------------------------------------------
 
@@ -93,8 +96,14 @@ class Plan:
             f'rm -rf {old} ~/{ARCHIVE}')
 
   def setup_script(self) -> str:
-    pip = 'python3 -m pip install --quiet --no-deps'
-    return (f'set -e; cd {remote_path(self.repo)}; {pip} -r {LOCKS[0]}; '
+    python = shlex.quote(self.python)
+    pip = f'{python} -m pip install --quiet --no-deps'
+    # The pins need Python >= 3.11 (jax 0.10.2's Requires-Python); say so before pip fails.
+    check = (f'{python} -c "import sys; sys.exit(sys.version_info < {PYTHON_MIN})" || {{ echo '
+             f'"error: $({python} --version 2>&1) on $(hostname): the pinned jax needs Python '
+             f'>= {PYTHON_MIN[0]}.{PYTHON_MIN[1]}: install one and pass --python=python3.11" >&2;'
+             f' exit 4; }}; ')
+    return (f'set -e; {check}cd {remote_path(self.repo)}; {pip} -r {LOCKS[0]}; '
             f'{pip} --require-hashes -r {LOCKS[1]}')
 
   def start_script(self, command: Sequence[str]) -> str:
@@ -134,4 +143,4 @@ def worker_count(describe_json: str, tpu: str) -> int:
   return len(endpoints)
 
 
-__all__ = ['GCLOUD', 'LOCKS', 'Plan', 'remote_path', 'worker_count']
+__all__ = ['GCLOUD', 'LOCKS', 'PYTHON_MIN', 'Plan', 'remote_path', 'worker_count']
