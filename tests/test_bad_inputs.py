@@ -129,6 +129,12 @@ CASES = [
          ['unknown key(s) grd']),
     Case('launch: no command', _cli('launch', '--tpu=t', '--zone=z', '--dry_run'),
          ['no command to run']),
+    Case('weights: unknown name', _cli('weights', '--fetch=ViT-B/16@jft'),
+         ["unknown weights 'ViT-B/16@jft'", 'ViT-B/16@imagenet21k', 'python -m vit_jax weights']),
+    Case('predict: a size the patch does not divide',
+         _cli('predict', '--checkpoint={ze_npz}', '--model=ViT-Ze/4', '--image_size=30',
+              '{image}'),
+         ["--image_size=30 is not a multiple of the model's 4-pixel patches"]),
     # Config files that cannot be loaded (issue 19).
     Case('config file missing', _config_file('{tmp}/no_such_config.py'),
          ['the --config file', 'no_such_config.py does not exist', 'configs/default.py']),

@@ -57,8 +57,8 @@ def run(plan: Plan, steps: Steps, *, local_dir: str = '.', dry_run: bool = False
         say: Callable[[str], None] = print) -> None:
   """Runs (or, with dry_run, prints) the gcloud commands of `steps` in order."""
   if not (steps.sync or steps.setup or steps.command or steps.status or steps.logs or steps.stop):
-    raise UserError('nothing to do: pass a command after --, or --sync, --setup, --status, '
-                    '--logs or --stop')
+    raise UserError('no command to run and nothing else to do: put the command after --, or '
+                    'pass --sync, --setup, --status, --logs or --stop')
   if steps.stop:
     _do(plan.stop(steps.stop_timeout), dry_run, say)
   if steps.sync:
