@@ -91,8 +91,13 @@ def test_the_archive_holds_the_tracked_files_only(tmp_path):
   path = source.write_archive(str(repo), str(tmp_path))
   with tarfile.open(path) as tar:
     assert sorted(tar.getnames()) == ['README.md', 'pkg/a.py']
-  with pytest.raises(UserError, match='is not one'):
-    source.tracked_files(str(tmp_path / 'runs_elsewhere'))
+  os.remove(path)  # from a subdirectory: still the whole checkout
+  with tarfile.open(source.write_archive(str(repo / 'pkg'), str(tmp_path))) as tar:
+    assert sorted(tar.getnames()) == ['README.md', 'pkg/a.py']
+  plain = tmp_path / 'plain'
+  plain.mkdir()
+  with pytest.raises(UserError, match=f'and {plain} is not in one'):
+    source.tracked_files(str(plain))
 
 
 @pytest.mark.slow

@@ -89,15 +89,22 @@ def _per_worker(plan: Plan, steps: Steps, dry_run: bool, say) -> None:
   workers = worker_count(_call(plan.describe(), capture=True), plan.tpu)
   for i in range(workers):
     if steps.status:
-      first, *rest = (_call(plan.status(i, steps.lines), capture=True).splitlines()
-                      or ['(no answer)'])
+      first, *rest = _answer(plan.status(i, steps.lines)).splitlines() or ['(no answer)']
       say(f'worker {i}: {first}')
       for line in rest:
         say(f'  {line}')
     if steps.logs:
       say(f'== worker {i}: {plan.log}')
-      for line in _call(plan.logs(i, steps.lines), capture=True).splitlines():
+      for line in _answer(plan.logs(i, steps.lines)).splitlines():
         say(line)
+
+
+def _answer(command: List[str]) -> str:
+  """A worker's answer, or why there is none (one unreachable worker does not hide the rest)."""
+  try:
+    return _call(command, capture=True)
+  except UserError as e:
+    return f'no answer: {e}'
 
 
 __all__ = ['Plan', 'Steps', 'run', 'source']

@@ -14,26 +14,36 @@ from vit_jax.errors import UserError
 ARCHIVE = 'vit_jax_source.tar.gz'
 
 
+def repository_root(path: str) -> str:
+  """The top directory of the git checkout that holds `path`."""
+  return _git(path, 'rev-parse', '--show-toplevel').decode().strip()
+
+
 def tracked_files(root: str) -> List[str]:
   """The checkout's tracked files that exist, relative to `root` (sorted)."""
-  try:
-    out = subprocess.run(['git', '-C', root, 'ls-files', '-z'], check=True, capture_output=True)
-  except FileNotFoundError:
-    raise UserError('--sync ships the tracked files of a git checkout, and git is not '
-                    'installed here: install git') from None
-  except subprocess.CalledProcessError as e:
-    text = ' '.join(e.stderr.decode(errors='replace').split())[:200]
-    raise UserError(f'--sync ships the tracked files of a git checkout, and {root} is not one '
-                    f'({text}): run the launcher from the repository root') from None
-  names = [n for n in out.stdout.decode().split('\0') if n]
+  names = [n for n in _git(root, 'ls-files', '-z').decode().split('\0') if n]
   files = sorted(n for n in names if os.path.isfile(os.path.join(root, n)))
   if not files:
     raise UserError(f'{root} has no tracked files to ship: commit (or git add) the code first')
   return files
 
 
-def write_archive(root: str, dest_dir: str) -> str:
-  """A .tar.gz of `tracked_files(root)` in `dest_dir`; returns its path."""
+def _git(where: str, *args: str) -> bytes:
+  try:
+    return subprocess.run(['git', '-C', where, *args], check=True, capture_output=True).stdout
+  except FileNotFoundError:
+    raise UserError('--sync ships the tracked files of a git checkout, and git is not '
+                    'installed here: install git') from None
+  except subprocess.CalledProcessError as e:
+    text = ' '.join(e.stderr.decode(errors='replace').split())[:200]
+    raise UserError(f'--sync ships the tracked files of a git checkout, and {where} is not in one '
+                    f'({text}): run the launcher inside the repository') from None
+
+
+def write_archive(where: str, dest_dir: str) -> str:
+  """A .tar.gz in `dest_dir` of the tracked files of the checkout that holds `where` (from its
+  top directory, wherever inside it `where` is); returns its path."""
+  root = repository_root(where)
   path = os.path.join(dest_dir, ARCHIVE)
   with tarfile.open(path, 'w:gz') as tar:
     for name in tracked_files(root):
@@ -41,4 +51,4 @@ def write_archive(root: str, dest_dir: str) -> str:
   return path
 
 
-__all__ = ['ARCHIVE', 'tracked_files', 'write_archive']
+__all__ = ['ARCHIVE', 'repository_root', 'tracked_files', 'write_archive']
