@@ -11,8 +11,8 @@ import pytest
 
 from vit_jax.errors import UserError
 from vit_jax.launch import remote, source
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ['python3', '-m', 'vit_jax.main', '--config=configs/default.py:steps=5',
          '--workdir=gs://bucket/run one']
 

@@ -9,7 +9,6 @@ makes the launcher fail and the other worker exit with one `error:` line.
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -17,20 +16,14 @@ import time
 import pytest
 
 from vit_jax.launch import source
+from helpers import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ['python3', '-m', 'vit_jax.main',
          '--config=configs/default.py:model_name=ViT-Ze/4,steps=100000,batch_size=32,lr=0.01',
          '--config.warmup_steps=1', '--config.log_every=1', '--config.eval_every=100000',
          '--config.checkpoint_every=100000', '--config.progress=False']
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -51,7 +44,7 @@ def tpu(tmp_path):
   for f in ('gcloud', 'python3'):
     os.chmod(bin_dir / f, 0o755)
   env = dict(os.environ, PATH=f'{bin_dir}:{os.environ["PATH"]}', FAKE_TPU_ROOT=str(root),
-             FAKE_TPU_WORKERS='2', FAKE_TPU_COORDINATOR=f'127.0.0.1:{_free_port()}',
+             FAKE_TPU_WORKERS='2', FAKE_TPU_COORDINATOR=f'127.0.0.1:{free_port()}',
              XLA_FLAGS='--xla_force_host_platform_device_count=2')
 
   def launch(*args, down=''):

@@ -25,8 +25,8 @@ from vit_jax.formats import npz, weights
 from vit_jax.models import create_model, decode_variant
 from vit_jax.serving import bundle as bundle_lib
 from vit_jax.train import transfer
+from helpers import ROOT, free_port
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B16 = 'ViT-B/16@imagenet21k'
 
 
@@ -97,30 +97,17 @@ def test_downloaded_once_then_used_offline(mirror, tmp_path):
 
 
 def test_no_network_is_one_line_naming_the_address_and_the_place(tmp_path, monkeypatch):
-  with socket_closed() as port:
-    monkeypatch.setenv(weights.URL_VAR, f'http://127.0.0.1:{port}/vit_models')
-    monkeypatch.setenv(weights.DIR_VAR, str(tmp_path / 'cache'))
-    with pytest.raises(UserError) as e:
-      weights.fetch('ViT-L/16@imagenet21k+imagenet2012')
+  port = free_port()  # nothing listens there: the connection is refused
+  monkeypatch.setenv(weights.URL_VAR, f'http://127.0.0.1:{port}/vit_models')
+  monkeypatch.setenv(weights.DIR_VAR, str(tmp_path / 'cache'))
+  with pytest.raises(UserError) as e:
+    weights.fetch('ViT-L/16@imagenet21k+imagenet2012')
   text = str(e.value)
   assert text.startswith('cannot download ViT-L/16@imagenet21k+imagenet2012 (')
   assert (f'download http://127.0.0.1:{port}/vit_models/imagenet21k+imagenet2012/ViT-L_16.npz '
           f'(gs: gs://vit_models/imagenet21k+imagenet2012/ViT-L_16.npz) by hand to '
           f'{tmp_path}/cache/imagenet21k+imagenet2012/ViT-L_16.npz') in text
   assert '\n' not in text and _cache_files(tmp_path) == []
-
-
-class socket_closed:  # pylint: disable=invalid-name
-  """A local port with nothing listening (a connection is refused)."""
-
-  def __enter__(self):
-    import socket  # pylint: disable=g-import-not-at-top
-    with socket.socket() as s:
-      s.bind(('127.0.0.1', 0))
-      return s.getsockname()[1]
-
-  def __exit__(self, *exc):
-    return False
 
 
 class _Server:
@@ -200,10 +187,9 @@ def test_cli_lists_the_names_and_fails_in_one_line_offline(tmp_path):
   assert len(lines) == len(weights.KNOWN) + 1
   assert lines[0].startswith('ViT-B/16@imagenet21k ') and 'gs://vit_models/imagenet21k/ViT-B_16.npz' \
       in lines[0] and lines[0].endswith('(not downloaded)')
-  with socket_closed() as port:
-    env[weights.URL_VAR] = f'http://127.0.0.1:{port}'
-    proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'weights', f'--fetch={B16}'],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  env[weights.URL_VAR] = f'http://127.0.0.1:{free_port()}'
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'weights', f'--fetch={B16}'],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   (line,) = [l for l in proc.stderr.splitlines() if l.strip()]
   assert line.startswith(f'error: cannot download {B16} (') and 'by hand to' in line
