@@ -84,11 +84,6 @@ def _model(module, name):
   return choices
 
 
-def _posemb_resize():
-  from vit_jax.train import transfer  # pylint: disable=g-import-not-at-top
-  return transfer.METHODS
-
-
 # key -> () -> the valid values (None in a config = the key's default, not checked).
 CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('loss', _tasks),
@@ -102,7 +97,7 @@ CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('model.attention', _model('attention', 'ATTENTIONS')),
     ('model.posemb', _model('vit', 'POSEMBS')),
     ('model.remat', _model('vit', 'REMAT_POLICIES')),
-    ('init_posemb_resize', _posemb_resize),
+    ('init_posemb_resize', _model('posemb_resize', 'METHODS')),
 )
 
 
