@@ -23,6 +23,7 @@ Setting = Tuple[Tuple[str, Any], ...]
 class Row:
   setting: Setting
   metrics: List[float]
+  pruned: int = 0  # runs of this setting that the pruner stopped (not in the mean)
 
   @property
   def mean(self) -> float:
@@ -43,6 +44,7 @@ def aggregate(outcomes) -> List[Row]:
     row = rows.setdefault(setting, Row(setting, []))
     if outcome.metric is not None and outcome.status in ('done', 'skipped'):
       row.metrics.append(outcome.metric)
+    row.pruned += outcome.status == 'pruned'
   return list(rows.values())
 
 
@@ -61,14 +63,15 @@ def best_settings(rows: Sequence[Row], group: Optional[str]) -> List[Setting]:
 
 def _fmt(row: Row) -> str:
   if not row.metrics:
-    return 'failed'
+    return 'pruned' if row.pruned else 'failed'
+  pruned = f', {row.pruned} pruned' if row.pruned else ''
   if len(row.metrics) == 1:
-    return f'{100 * row.mean:.2f}'
-  return f'{100 * row.mean:.2f} ± {100 * row.std:.2f} (n={len(row.metrics)})'
+    return f'{100 * row.mean:.2f}' + (f' (n=1{pruned})' if pruned else '')
+  return f'{100 * row.mean:.2f} ± {100 * row.std:.2f} (n={len(row.metrics)}{pruned})'
 
 
 def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
-  keys = [k for k in sweep.grid if k != SEED]
+  keys = [k for k in sweep.keys if k != SEED]
   seeds = sweep.grid.get(SEED)
   unit = f'{sweep.metric} in % (mean ± std over seeds {seeds})' if seeds else f'{sweep.metric} in %'
   phase = 'dev split' if sweep.select else 'eval split'
@@ -91,7 +94,7 @@ def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
 
 
 def write_csv(path: str, sweep: Sweep, outcomes) -> None:
-  keys = list(sweep.grid)
+  keys = sweep.keys
   with open(path, 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['phase', 'run'] + keys + [sweep.metric, 'status', 'seconds'])
@@ -105,7 +108,7 @@ def plot(path: str, sweep: Sweep, rows: Sequence[Row]) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  others = [k for k in sweep.grid if k not in (SEED, sweep.x)]
+  others = [k for k in sweep.keys if k not in (SEED, sweep.x)]
   lines: Dict[Tuple, List[Row]] = {}
   for row in rows:
     if row.metrics:
