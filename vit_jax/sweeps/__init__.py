@@ -9,7 +9,6 @@ the best (a second study) -> tables and a plot (report.py).
 """
 
 import concurrent.futures
-import os
 from typing import Callable, Optional
 
 from vit_jax.sweeps import report
@@ -42,7 +41,7 @@ def run_sweep(spec_path: str, workdir: str, *, launcher: str = 'process', parall
   from vit_jax.train import lock as lock_lib  # pylint: disable=g-import-not-at-top
   url = study_lib.storage_url(workdir, storage)
   exclusive = storage is None
-  os.makedirs(workdir, exist_ok=True)
+  runner.gfile().makedirs(workdir)
   held = lock_lib.WorkdirLock(workdir).acquire() if exclusive else None  # one sweep per dir
   try:
     store = study_lib.open_storage(url, heartbeat_s)

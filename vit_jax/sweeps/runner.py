@@ -62,12 +62,29 @@ def run_dir(root: str, run: Run) -> str:
   return os.path.join(root, run.name)
 
 
+def gfile():
+  """tf.io.gfile: a sweep's workdir may be local or a bucket (gs://), as the trainer's."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
 def read_result(root: str, run: Run) -> Optional[dict]:
   path = os.path.join(run_dir(root, run), RESULT)
-  if not os.path.exists(path):
+  if not gfile().exists(path):
     return None
-  with open(path) as f:
+  with gfile().GFile(path) as f:
     return json.load(f)
+
+
+def log_path(workdir: str) -> str:
+  """Where a run's trainer output goes: `<run workdir>/log.txt`; for a bucket, a local file
+  (copied to the bucket after each attempt), since a subprocess writes to a local file."""
+  if '://' not in workdir:
+    return os.path.join(workdir, 'log.txt')
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  key = hashlib.sha1(workdir.encode()).hexdigest()[:16]
+  return os.path.join(tempfile.gettempdir(), 'vit_jax_sweep_logs', key, 'log.txt')
 
 
 def final_eval(run_workdir: str) -> Optional[dict]:
@@ -173,7 +190,7 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
             reporter=None, lock_wait_s: float = 0.0) -> Outcome:
   """Trains one run to its end (or until `reporter.poll()` says to prune it)."""
   from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
-  os.makedirs(workdir, exist_ok=True)
+  gfile().makedirs(workdir)
   holder = lock.holder(workdir)
   deadline = time.monotonic() + lock_wait_s
   while holder is not None and time.monotonic() < deadline and not trainers.stopping:
@@ -186,8 +203,11 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
   start = time.perf_counter()
   poll = reporter.poll if reporter is not None else None
   if launcher == 'process':
-    with open(os.path.join(workdir, 'log.txt'), 'a') as log:
+    os.makedirs(os.path.dirname(log_path(workdir)), exist_ok=True)
+    with open(log_path(workdir), 'a') as log:
       status = trainers.run(command(sweep, run, workdir), log, poll)
+    if log_path(workdir) != os.path.join(workdir, 'log.txt'):
+      gfile().copy(log_path(workdir), os.path.join(workdir, 'log.txt'), overwrite=True)
     if status is None:
       return Outcome(run, 'stopped', error='not started: the sweep was stopped')
     preempted = status == 0 and _last_line(workdir).startswith('preempted:')
@@ -209,7 +229,7 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
   if record is None or sweep.metric not in record:
     return Outcome(run, 'failed', error=f'no eval record with {sweep.metric!r} in metrics.jsonl')
   metric = float(record[sweep.metric])
-  with open(os.path.join(workdir, RESULT), 'w') as f:
+  with gfile().GFile(os.path.join(workdir, RESULT), 'w') as f:
     json.dump({'metric': metric, 'seconds': seconds, 'step': record['step'],
                'values': dict(run.values), 'overrides': dict(run.overrides)}, f, indent=1)
   return Outcome(run, 'done', metric, seconds)
@@ -277,7 +297,7 @@ def _train_inline(sweep: Sweep, run: Run, workdir: str) -> dict:
 
 
 def _last_line(workdir: str) -> str:
-  with open(os.path.join(workdir, 'log.txt')) as f:
+  with open(log_path(workdir)) as f:
     lines = [l.strip() for l in f.read().splitlines() if l.strip()]
   return lines[-1] if lines else 'no output'
 

