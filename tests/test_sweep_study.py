@@ -191,3 +191,53 @@ def test_unreachable_database_is_one_error_line(tmp_path, data_dir):
   assert lines[0].endswith('check the URL and that the server runs and accepts connections '
                            'from this host')
   assert 'secret' not in proc.stderr and not os.path.exists(f'{tmp_path}/w/grid')
+
+
+def test_storage_errors_say_what_to_pass(tmp_path, data_dir):
+  from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import study  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match=r'--storage=not a url is not a database URL .*postgresql://'):
+    study.open_storage('not a url', 60)
+  with pytest.raises(UserError, match=r'cannot use the study database mysql://u:\*\*\*@h/db '
+                     r'\(ModuleNotFoundError: .*another database needs its Python driver'):
+    study.open_storage('mysql://u:pw@h/db', 60)
+  with pytest.raises(UserError, match='--workdir=gs://b/s is not on this machine.*--storage=URL'):
+    study.storage_url('gs://b/s', None)
+  assert study.storage_url(str(tmp_path), None) == f'sqlite:///{tmp_path}/study.db'
+  spec = _spec(tmp_path, data_dir, steps=2, grid={'lr': [0.001]})
+  with pytest.raises(UserError, match='--heartbeat=0: a running trial beats every N >= 1 s'):
+    sweeps.run_sweep(spec, str(tmp_path / 'w'), heartbeat_s=0)
+  assert not (tmp_path / 'w').exists()
+
+
+def test_reporter_reports_evaluations_that_are_not_the_last_in_step_order(tmp_path):
+  from vit_jax.sweeps import worker  # pylint: disable=g-import-not-at-top
+
+  class Trial:
+    def __init__(self):
+      self.reports = []
+
+    def report(self, value, step):
+      self.reports.append((step, value))
+
+    def should_prune(self):
+      return self.reports[-1][1] < 0.5
+
+  log = tmp_path / 'metrics.jsonl'
+  write = lambda *records: log.write_text(''.join(json.dumps(r) + '\n' for r in records))
+  ev = lambda step, acc: {'step': step, 'split': 'eval', 'accuracy': acc}
+  tr = lambda step: {'step': step, 'split': 'train', 'loss': 1.0}
+  trial = Trial()
+  reporter = worker.Reporter(trial, str(tmp_path), 'accuracy')
+  assert not reporter.poll()  # no metrics file yet
+  write(tr(10), ev(20, 0.6))
+  assert not reporter.poll() and trial.reports == []  # step 20 may be the last evaluation
+  write(tr(10), ev(20, 0.6), tr(30), ev(40, 0.7), 'no record')  # a line not a record: skipped
+  assert not reporter.poll() and trial.reports == [(20, 0.6)]
+  assert not reporter.poll(ended=True) and trial.reports == [(20, 0.6)]  # 40 is the value
+  trial = Trial()
+  reporter = worker.Reporter(trial, str(tmp_path), 'accuracy')
+  write(ev(20, 0.6), ev(40, 0.4), ev(60, 0.9), tr(70))
+  assert reporter.poll() and reporter.pruned == (40, 0.4)
+  assert trial.reports == [(20, 0.6), (40, 0.4)]  # nothing after the pruning decision
+  assert reporter.poll(ended=True) and trial.reports == [(20, 0.6), (40, 0.4)]

@@ -93,6 +93,7 @@ def open_storage(url: str, heartbeat_s: int):
       last = e
       time.sleep(0.5 * (attempt + 1))
     except (ImportError, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as e:
+      e = e.__cause__ or e.__context__ or e  # Optuna's ImportError wraps the missing module's
       raise UserError(f'cannot use the study database {_shown(url)} ({type(e).__name__}: '
                       f'{_first_line(e)}): PostgreSQL (postgresql://) and SQLite work as '
                       f'installed; another database needs its Python driver') from None
@@ -118,9 +119,10 @@ def sampler(sweep: Sweep, runs: Optional[List[Run]]):
   return optuna.samplers.TPESampler(seed=0)
 
 
-def pruner(sweep: Sweep):
+def pruner(sweep: Sweep, final: bool = False):
+  """The spec's pruner for the search; the final runs (the chosen setting's numbers) run out."""
   optuna = _optuna()
-  if not sweep.pruner:
+  if not sweep.pruner or final:
     return optuna.pruners.NopPruner()
   options = {k: v for k, v in sweep.pruner.items() if k != 'name'}
   cls = getattr(optuna.pruners, PRUNERS[sweep.pruner['name']])
@@ -137,7 +139,8 @@ def open_study(storage, name: str, sweep: Sweep, final_runs: Optional[List[Run]]
   for attempt in range(3):
     try:
       return optuna.create_study(storage=storage, study_name=study_name, direction='maximize',
-                                 sampler=sampler(sweep, final_runs), pruner=pruner(sweep),
+                                 sampler=sampler(sweep, final_runs),
+                                 pruner=pruner(sweep, final=final_runs is not None),
                                  load_if_exists=True)
     except Exception:  # pylint: disable=broad-except  # two workers creating it at once
       if attempt == 2:

@@ -151,8 +151,11 @@ def _can_take(phase: Phase, trials) -> Optional[bool]:
   if any(t.state == state.WAITING for t in trials):
     return True
   per_run = study_lib.runs_of(trials)
-  fresh_left = (any(r.name not in per_run for r in phase.runs) if phase.runs is not None
-                else len(per_run) < phase.budget)
+  if phase.runs is not None:
+    fresh_left = any(r.name not in per_run for r in phase.runs)
+  else:  # a sampler that keeps proposing taken runs (a small discrete space) ends it too
+    duplicates = sum('duplicate_of' in t.user_attrs for t in trials)
+    fresh_left = len(per_run) < phase.budget and duplicates < phase.budget
   if fresh_left:
     return True
   return False if any(t.state == state.RUNNING for t in trials) else None
