@@ -80,10 +80,13 @@ def open_storage(url: str, heartbeat_s: int):
   last = None
   for attempt in range(3):  # workers that create the tables at once may collide: try again
     try:
-      return optuna.storages.RDBStorage(
+      storage = optuna.storages.RDBStorage(
           url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
           heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
               max_retry=MAX_RETRY))
+      if dialect == 'sqlite':
+        _sqlite_wal(storage.engine)
+      return storage
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as e:
       last = e
       if 'refused' in str(e) or 'could not translate' in str(e) or 'timeout' in str(e):
@@ -99,6 +102,23 @@ def open_storage(url: str, heartbeat_s: int):
                       f'installed; another database needs its Python driver') from None
   raise UserError(f'cannot reach the study database {_shown(url)} ({_first_line(last)}): check '
                   f'the URL and that the server runs and accepts connections from this host')
+
+
+def _sqlite_wal(engine) -> None:
+  """SQLite in write-ahead-log mode with synchronous=NORMAL: a commit no longer waits for the
+  disk (one fsync per commit made the bookkeeping ~0.9 s per trial on a busy disk); a killed
+  process still loses nothing committed, only a power cut could lose the last commits."""
+  import sqlalchemy  # pylint: disable=g-import-not-at-top
+
+  def pragmas(connection, record):
+    del record
+    cursor = connection.cursor()
+    cursor.execute('PRAGMA journal_mode=WAL')
+    cursor.execute('PRAGMA synchronous=NORMAL')
+    cursor.close()
+
+  sqlalchemy.event.listen(engine, 'connect', pragmas)
+  engine.dispose()  # the connections opened before use the pragmas too
 
 
 def _first_line(e) -> str:
