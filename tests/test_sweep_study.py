@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,7 @@ import time
 import pytest
 
 from vit_jax import sweeps
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+from helpers import ROOT, free_port, records
 
 
 @contextlib.contextmanager
@@ -46,7 +38,7 @@ def _postgres():
     nobody = pwd.getpwnam('nobody')
     os.chown(home, nobody.pw_uid, nobody.pw_gid)
     user = {'user': nobody.pw_uid, 'group': nobody.pw_gid}
-  data, port = os.path.join(home, 'data'), _free_port()
+  data, port = os.path.join(home, 'data'), free_port()
   run = lambda *args: subprocess.run(args, check=True, capture_output=True, cwd=home, **user)
   run(f'{bin_dir}/initdb', '-N', '-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8')
   run(f'{bin_dir}/pg_ctl', '-D', data, '-w', '-l', os.path.join(home, 'log'), '-o',
@@ -128,7 +120,7 @@ def test_two_workers_on_postgres_finish_the_grid_once_after_a_kill_9(tmp_path, d
   assert [(r['run'], r['status']) for r in rows] == [
       ('grid/lr_0.001', 'done'), ('grid/lr_0.003', 'done'), ('grid/lr_0.01', 'done')]
   for r in rows:  # the table's metric is the run's own final evaluation
-    record = json.loads((workdir / r['run'] / 'metrics.jsonl').read_text().splitlines()[-1])
+    record = records(workdir / r['run'])[-1]
     assert record['step'] == 60 and float(r['accuracy']) == record['accuracy']
   assert '| lr | accuracy |' in out
 
@@ -146,8 +138,7 @@ def test_a_pruned_run_stops_keeps_its_checkpoint_and_shows_as_pruned(tmp_path, d
   assert steps and 20 < steps[-1] < 400  # stopped early, saved where it stopped
   with open(workdir / 'results.csv') as f:
     [row] = list(csv.DictReader(f))
-  evals = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
-  first = [r for r in evals if r['split'] == 'eval'][0]
+  first = records(run, 'eval')[0]
   assert row['status'] == 'pruned' and float(row['accuracy']) == first['accuracy']
   assert '| 0.003 | pruned |' in summary['table'] and summary['best'] == []
   import optuna  # pylint: disable=g-import-not-at-top
@@ -178,7 +169,7 @@ def test_ranges_are_sampled_within_bounds_and_tabled(tmp_path, data_dir):
 
 def test_unreachable_database_is_one_error_line(tmp_path, data_dir):
   spec = _spec(tmp_path, data_dir, steps=2, grid={'lr': [0.001]})
-  port = _free_port()  # nothing listens there
+  port = free_port()  # nothing listens there
   proc = subprocess.run(
       [sys.executable, '-m', 'vit_jax', 'sweep', f'--sweep={spec}', f'--workdir={tmp_path}/w',
        f'--storage=postgresql://postgres:secret@127.0.0.1:{port}/db'],
@@ -224,7 +215,7 @@ def test_reporter_reports_evaluations_that_are_not_the_last_in_step_order(tmp_pa
       return self.reports[-1][1] < 0.5
 
   log = tmp_path / 'metrics.jsonl'
-  write = lambda *records: log.write_text(''.join(json.dumps(r) + '\n' for r in records))
+  write = lambda *lines: log.write_text(''.join(json.dumps(r) + '\n' for r in lines))
   ev = lambda step, acc: {'step': step, 'split': 'eval', 'accuracy': acc}
   tr = lambda step: {'step': step, 'split': 'train', 'loss': 1.0}
   trial = Trial()
