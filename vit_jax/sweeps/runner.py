@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.sweeps.spec import Run, Sweep
