@@ -232,3 +232,28 @@ def test_reporter_reports_evaluations_that_are_not_the_last_in_step_order(tmp_pa
   assert reporter.poll() and reporter.pruned == (40, 0.4)
   assert trial.reports == [(20, 0.6), (40, 0.4)]  # nothing after the pruning decision
   assert reporter.poll(ended=True) and trial.reports == [(20, 0.6), (40, 0.4)]
+
+
+def test_tables_and_results_go_through_gfile_for_a_bucket_workdir(tmp_path):
+  """A gs:// workdir: the tables, the plot and a run's result are written and read through
+  tf.io.gfile (here its in-memory file system, ram://); the trainer's log goes to a local file."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import report, runner, spec as spec_lib  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 's.py'
+  path.write_text("def get_sweep():\n  return {'config': 'c.py', 'grid': {'lr': [0.1, 0.3]}}\n")
+  sweep = spec_lib.load(str(path))
+  outcomes = [runner.Outcome(r, 'done', m, 1.0) for r, m in zip(sweep.grid_runs(), (0.5, 0.7))]
+  root = f'ram://{tmp_path.name}/sweep'
+  report.write(root, sweep, outcomes, [], report.best_settings(report.aggregate(outcomes), None))
+  assert sorted(tf.io.gfile.listdir(root)) == ['accuracy_vs_lr.png', 'best.json', 'results.csv',
+                                               'results.md']
+  with tf.io.gfile.GFile(f'{root}/results.md') as f:
+    assert '| 0.3 | **70.00** |' in f.read()
+  run = sweep.grid_runs()[0]
+  assert runner.read_result(root, run) is None
+  tf.io.gfile.makedirs(runner.run_dir(root, run))
+  with tf.io.gfile.GFile(f'{runner.run_dir(root, run)}/{runner.RESULT}', 'w') as f:
+    f.write('{"metric": 0.5}')
+  assert runner.read_result(root, run) == {'metric': 0.5}
+  log = runner.log_path(runner.run_dir(root, run))
+  assert log.startswith(tempfile.gettempdir()) and log.endswith('log.txt')
