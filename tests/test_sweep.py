@@ -258,6 +258,12 @@ def test_sigterm_to_the_sweep_is_forwarded_and_its_runs_save(tmp_path, data_dir)
     assert step in os.listdir(run / 'checkpoints')
     assert not (run / 'run.lock').exists() and not (run / runner.RESULT).exists()
   assert 'Traceback' not in out and not (workdir / 'results.csv').exists()
+  # Both runs are queued again (for a rerun, or another worker, to resume from the checkpoint).
+  import optuna  # pylint: disable=g-import-not-at-top
+  waiting = optuna.load_study(study_name=str(workdir), storage=f'sqlite:///{workdir}/study.db'
+                              ).get_trials(states=(optuna.trial.TrialState.WAITING,))
+  assert sorted(t.user_attrs['run'] for t in waiting) == [r.relative_to(workdir).as_posix()
+                                                          for r in runs]
 
 
 def test_kill_9_of_the_sweep_stops_its_trainer_with_a_checkpoint(tmp_path, data_dir):

@@ -230,6 +230,9 @@ def _run_trial(phase, root, storage, trial, run, *, launcher, trainers, heartbea
     study_tell = dict(state=state.FAIL)
     say(f'{label}: {outcome.status} ({outcome.error})')
   tell(phase.study, trial, **study_tell)
+  if outcome.status == 'stopped':  # this worker was stopped (preempted): the run goes back in
+    # the queue, for another worker (or this sweep's rerun) to resume from its checkpoint
+    phase.study.enqueue_trial(study_lib.params_of(run, phase.final), user_attrs={'run': run.name})
 
 
 def tell(study, trial, **kwargs) -> None:
