@@ -27,7 +27,8 @@ import pytest  # pylint: disable=g-import-not-at-top
 # @pytest.mark.slow (each measured at 1 CPU-second or more: VIT_JAX_TEST_CPU_LOG below).
 SLOW_MODULES = frozenset({
     'test_bad_inputs', 'test_benchmark', 'test_compile_targets', 'test_main', 'test_multiprocess',
-    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_sweep'})
+    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_sweep',
+    'test_sweep_study'})
 SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
 

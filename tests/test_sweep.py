@@ -61,7 +61,19 @@ def test_spec_expansion_and_errors(tmp_path, data_dir):
                        ('def get_sweep():\n  return {"config": "c.py", "grid": {"lr": [1]}, '
                         '"x": "wd"}', 'must be one of the grid keys'),
                        ('def get_sweep():\n  return {"config": "c.py", "grd": {}}',
-                        r'unknown key\(s\) grd')]:
+                        r'unknown key\(s\) grd'),
+                       ('def get_sweep():\n  return {"config": "c.py", "grid": {"w": [(1, 2)]}}',
+                        r"value\(s\) \[\(1, 2\)\] that are not a str.*name them in \"variants\""),
+                       ('def get_sweep():\n  return {"config": "c.py", "ranges": {"lr": '
+                        '{"low": 0.1, "high": 1}}}', 'give "trials"'),
+                       ('def get_sweep():\n  return {"config": "c.py", "trials": 3, "ranges": '
+                        '{"lr": {"low": 0, "high": 1, "log": True}}}', r'"log": True \(then L > 0\)'),
+                       ('def get_sweep():\n  return {"config": "c.py", "grid": {"lr": [1]}, '
+                        '"trials": 3}', '"trials" in .* needs "ranges"'),
+                       ('def get_sweep():\n  return {"config": "c.py", "grid": {"lr": [1]}, '
+                        '"pruner": "best"}', 'NAME one of median, percentile, halving'),
+                       ('def get_sweep():\n  return {"config": "c.py", "trials": 3, "ranges": '
+                        '{"lr": {"low": 0, "high": 1}}, "sampler": "cma"}', 'unknown sampler')]:
     bad.write_text(text)
     with pytest.raises(UserError, match=needle):
       spec_lib.load(str(bad))
@@ -112,6 +124,15 @@ def test_sweep_runs_chooses_on_dev_and_writes_table_and_plot(tmp_path, data_dir)
   assert len(marked) == 1 and marked[0].startswith(f'| {best_lr} | **') and 'Final runs' in table
   with open(workdir / 'accuracy_vs_lr.png', 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  # The study (study.db in the workdir): one COMPLETE trial per run, the grid's values as params.
+  import optuna  # pylint: disable=g-import-not-at-top
+  storage = f'sqlite:///{workdir}/study.db'
+  grid = optuna.load_study(study_name=str(workdir), storage=storage).get_trials()
+  assert sorted((t.params['lr'], t.params['seed'], t.state.name, t.value) for t in grid) == sorted(
+      (float(r['lr']), int(r['seed']), 'COMPLETE', float(r['accuracy'])) for r in rows[:4])
+  final = optuna.load_study(study_name=f'{workdir}/final', storage=storage).get_trials()
+  assert sorted((t.user_attrs['run'], t.value) for t in final) == sorted(
+      (r['run'], float(r['accuracy'])) for r in rows[4:])
   # A rerun finds every run finished and trains nothing.
   said = []
   sweeps.run_sweep(spec, str(workdir), launcher='inline', say=said.append)
@@ -238,6 +259,12 @@ def test_sigterm_to_the_sweep_is_forwarded_and_its_runs_save(tmp_path, data_dir)
     assert step in os.listdir(run / 'checkpoints')
     assert not (run / 'run.lock').exists() and not (run / runner.RESULT).exists()
   assert 'Traceback' not in out and not (workdir / 'results.csv').exists()
+  # Both runs are queued again (for a rerun, or another worker, to resume from the checkpoint).
+  import optuna  # pylint: disable=g-import-not-at-top
+  waiting = optuna.load_study(study_name=str(workdir), storage=f'sqlite:///{workdir}/study.db'
+                              ).get_trials(states=(optuna.trial.TrialState.WAITING,))
+  assert sorted(t.user_attrs['run'] for t in waiting) == [r.relative_to(workdir).as_posix()
+                                                          for r in runs]
 
 
 def test_kill_9_of_the_sweep_stops_its_trainer_with_a_checkpoint(tmp_path, data_dir):
@@ -259,18 +286,19 @@ def test_rerun_finds_a_trainer_still_holding_a_run_and_says_so(tmp_path, data_di
   """A trainer of an earlier sweep still runs in a run's workdir (here: this process holds its
   lock): the run is not started a second time, and the line names the holder."""
   from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
-  sweep = spec_lib.load(_long_spec(tmp_path, data_dir, runs=1))
+  spec = _long_spec(tmp_path, data_dir, runs=1)
   root = tmp_path / 'sweep'
   (root / 'grid' / 'lr_0.001').mkdir(parents=True)
   held = lock.WorkdirLock(str(root / 'grid' / 'lr_0.001')).acquire()
+  said = []
   try:
-    [outcome] = runner.execute(sweep, sweep.grid_runs(), str(root), say=lambda m: None)
+    summary = sweeps.run_sweep(spec, str(root), say=said.append, lock_wait_s=0)
   finally:
     held.release()
-  assert outcome.status == 'failed'
-  assert outcome.error == (f'its workdir is in use by {held._me.describe()} (a trainer left '
-                           'running by an earlier sweep?): wait for it or stop it, then rerun the '
-                           'same command')
+  assert summary['failed'] == ['grid/lr_0.001']
+  assert said[-1] == ('[1/1] grid/lr_0.001: failed (its workdir is in use by '
+                      f'{held._me.describe()} (a trainer left running by an earlier sweep?): '
+                      'wait for it or stop it, then rerun the same command)')
   assert not (root / 'grid' / 'lr_0.001' / 'log.txt').exists()  # no trainer was started
 
 

@@ -8,6 +8,7 @@
 
 import csv
 import dataclasses
+import io
 import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -23,6 +24,7 @@ Setting = Tuple[Tuple[str, Any], ...]
 class Row:
   setting: Setting
   metrics: List[float]
+  pruned: int = 0  # runs of this setting that the pruner stopped (not in the mean)
 
   @property
   def mean(self) -> float:
@@ -43,6 +45,7 @@ def aggregate(outcomes) -> List[Row]:
     row = rows.setdefault(setting, Row(setting, []))
     if outcome.metric is not None and outcome.status in ('done', 'skipped'):
       row.metrics.append(outcome.metric)
+    row.pruned += outcome.status == 'pruned'
   return list(rows.values())
 
 
@@ -61,14 +64,15 @@ def best_settings(rows: Sequence[Row], group: Optional[str]) -> List[Setting]:
 
 def _fmt(row: Row) -> str:
   if not row.metrics:
-    return 'failed'
+    return 'pruned' if row.pruned else 'failed'
+  pruned = f', {row.pruned} pruned' if row.pruned else ''
   if len(row.metrics) == 1:
-    return f'{100 * row.mean:.2f}'
-  return f'{100 * row.mean:.2f} ± {100 * row.std:.2f} (n={len(row.metrics)})'
+    return f'{100 * row.mean:.2f}' + (f' (n=1{pruned})' if pruned else '')
+  return f'{100 * row.mean:.2f} ± {100 * row.std:.2f} (n={len(row.metrics)}{pruned})'
 
 
 def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
-  keys = [k for k in sweep.grid if k != SEED]
+  keys = [k for k in sweep.keys if k != SEED]
   seeds = sweep.grid.get(SEED)
   unit = f'{sweep.metric} in % (mean ± std over seeds {seeds})' if seeds else f'{sweep.metric} in %'
   phase = 'dev split' if sweep.select else 'eval split'
@@ -90,14 +94,21 @@ def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _gfile():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # the workdir may be gs://
+  return tf.io.gfile
+
+
 def write_csv(path: str, sweep: Sweep, outcomes) -> None:
-  keys = list(sweep.grid)
-  with open(path, 'w', newline='') as f:
-    writer = csv.writer(f)
-    writer.writerow(['phase', 'run'] + keys + [sweep.metric, 'status', 'seconds'])
-    for o in outcomes:
-      writer.writerow([o.run.phase, o.run.name] + [o.run.value(k) for k in keys] +
-                      [o.metric, o.status, None if o.seconds is None else round(o.seconds, 1)])
+  keys = sweep.keys
+  text = io.StringIO(newline='')
+  writer = csv.writer(text)
+  writer.writerow(['phase', 'run'] + keys + [sweep.metric, 'status', 'seconds'])
+  for o in outcomes:
+    writer.writerow([o.run.phase, o.run.name] + [o.run.value(k) for k in keys] +
+                    [o.metric, o.status, None if o.seconds is None else round(o.seconds, 1)])
+  with _gfile().GFile(path, 'w') as f:
+    f.write(text.getvalue())
 
 
 def plot(path: str, sweep: Sweep, rows: Sequence[Row]) -> None:
@@ -105,7 +116,7 @@ def plot(path: str, sweep: Sweep, rows: Sequence[Row]) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  others = [k for k in sweep.grid if k not in (SEED, sweep.x)]
+  others = [k for k in sweep.keys if k not in (SEED, sweep.x)]
   lines: Dict[Tuple, List[Row]] = {}
   for row in rows:
     if row.metrics:
@@ -128,7 +139,8 @@ def plot(path: str, sweep: Sweep, rows: Sequence[Row]) -> None:
     ax.legend()
   ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(sweep.path))) or sweep.path)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  with _gfile().GFile(path, 'wb') as f:
+    fig.savefig(f, dpi=100, format='png')
   plt.close(fig)
 
 
@@ -136,7 +148,7 @@ def write(root: str, sweep: Sweep, grid_outcomes, final_outcomes, best) -> Dict[
   grid_rows, final_rows = aggregate(grid_outcomes), aggregate(final_outcomes)
   write_csv(os.path.join(root, 'results.csv'), sweep, list(grid_outcomes) + list(final_outcomes))
   table = markdown(sweep, grid_rows, final_rows, best)
-  with open(os.path.join(root, 'results.md'), 'w') as f:
+  with _gfile().GFile(os.path.join(root, 'results.md'), 'w') as f:
     f.write(table)
   png = os.path.join(root, f'{sweep.metric}_vs_{sweep.x.split(".")[-1]}.png')
   plot(png, sweep, grid_rows)
@@ -148,7 +160,7 @@ def write(root: str, sweep: Sweep, grid_outcomes, final_outcomes, best) -> Dict[
       'final': [{**dict(r.setting), 'mean': r.mean, 'std': r.std, 'n': len(r.metrics)}
                 for r in final_rows],
   }
-  with open(os.path.join(root, 'best.json'), 'w') as f:
+  with _gfile().GFile(os.path.join(root, 'best.json'), 'w') as f:
     json.dump(summary, f, indent=1, default=str)
   summary['table'], summary['plot'] = table, png
   return summary

@@ -1,19 +1,20 @@
-"""Running a sweep: each run in `<workdir>/<phase>/<name>/`, finished runs skipped.
+"""Running one run of a sweep in `<workdir>/<phase>/<name>/` (the study decides which: worker.py).
 
-A run is finished when its `sweep_result.json` exists (written after the trainer returned), so a
-killed sweep rerun with the same command skips them; an unfinished run resumes from its own
-checkpoint (the trainer's resume). Runs go through `python -m vit_jax.main` (the train command) in
-a subprocess (`launcher='process'`, output in the run's `log.txt`), or in this process (`'inline'`).
+A run goes through `python -m vit_jax.main` (the train command) in a subprocess
+(`launcher='process'`, output in the run's `log.txt`), or in this process (`'inline'`); an
+unfinished run resumes from its own checkpoint (the trainer's resume). A finished run writes
+`sweep_result.json` (its metric, time and values), which a dry run reads to list what is left.
 
 Stopping: SIGTERM or SIGINT to the sweep is forwarded to its trainers (each in its own session,
 so a terminal's Ctrl-C reaches them only this way, once); they save a checkpoint and exit, the
 sweep waits for them, starts no other run, and reports the runs as 'stopped'. A trainer also
 gets a SIGTERM when the sweep dies without a word (kill -9): `guards.stop_with_parent`. A run
-whose workdir is held by a live trainer (one left running by an earlier sweep) is not started
-a second time: it fails with a line naming that trainer.
+whose workdir is held by a live trainer (one left running by an earlier sweep, or the trainer of
+a killed worker still saving) is waited for up to `lock_wait_s`, then fails with a line naming
+that trainer. A pruned run is stopped the same way (SIGTERM; inline: the same signal to this
+process, which the trainer takes as a preemption) and keeps its checkpoint.
 """
 
-import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -23,22 +24,25 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.sweeps.spec import Run, Sweep
 
 RESULT = 'sweep_result.json'
+POLL_S = 0.5      # how often a running trainer's metrics are read
+LOCK_WAIT_S = 120  # how long a run waits for its workdir's lock (a killed worker's trainer saving)
 LAUNCHERS = ('process', 'inline')
 
 
 @dataclasses.dataclass
 class Outcome:
   run: Run
-  status: str                     # done | skipped (done before) | failed | stopped
-  metric: Optional[float] = None
+  status: str                     # done | pruned | failed | stopped | planned
+  metric: Optional[float] = None  # pruned: the metric of the evaluation it was pruned after
   seconds: Optional[float] = None
   error: Optional[str] = None
+  step: Optional[int] = None      # pruned: the step of that evaluation
 
 
 def command(sweep: Sweep, run: Run, workdir: str) -> List[str]:
@@ -58,12 +62,29 @@ def run_dir(root: str, run: Run) -> str:
   return os.path.join(root, run.name)
 
 
+def gfile():
+  """tf.io.gfile: a sweep's workdir may be local or a bucket (gs://), as the trainer's."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
 def read_result(root: str, run: Run) -> Optional[dict]:
   path = os.path.join(run_dir(root, run), RESULT)
-  if not os.path.exists(path):
+  if not gfile().exists(path):
     return None
-  with open(path) as f:
+  with gfile().GFile(path) as f:
     return json.load(f)
+
+
+def log_path(workdir: str) -> str:
+  """Where a run's trainer output goes: `<run workdir>/log.txt`; for a bucket, a local file
+  (copied to the bucket after each attempt), since a subprocess writes to a local file."""
+  if '://' not in workdir:
+    return os.path.join(workdir, 'log.txt')
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  key = hashlib.sha1(workdir.encode()).hexdigest()[:16]
+  return os.path.join(tempfile.gettempdir(), 'vit_jax_sweep_logs', key, 'log.txt')
 
 
 def final_eval(run_workdir: str) -> Optional[dict]:
@@ -81,49 +102,17 @@ def check_launch(launcher: str, parallel: int) -> None:
     raise UserError(f'--parallel={parallel}: the number of runs at once must be at least 1')
 
 
-def execute(sweep: Sweep, runs: List[Run], root: str, *, launcher: str = 'process',
-            parallel: int = 1, dry_run: bool = False,
-            say: Callable[[str], None] = print) -> List[Outcome]:
-  """Runs what is not finished yet; returns one Outcome per run, in order."""
-  check_launch(launcher, parallel)
-  outcomes: Dict[int, Outcome] = {}
-  todo = []
+def plan(sweep: Sweep, runs: List[Run], root: str, say: Callable[[str], None] = print) -> None:
+  """A dry run: the runs finished before (their sweep_result.json), and the commands of the
+  others."""
   for i, run in enumerate(runs):
     done = read_result(root, run)
     if done is not None:
-      outcomes[i] = Outcome(run, 'skipped', done.get('metric'), done.get('seconds'))
       say(f'[{i + 1}/{len(runs)}] {run.name}: finished before ({sweep.metric} '
           f'{done.get("metric")}), skipped')
-    else:
-      todo.append(i)
-  if dry_run:
-    for i in todo:
-      say(' '.join(_quote(a) for a in command(sweep, runs[i], run_dir(root, runs[i]))))
-    return [outcomes[i] if i in outcomes else Outcome(runs[i], 'planned') for i in
-            range(len(runs))]
-
-  with _Trainers() as trainers:
-    def one(i):
-      run = runs[i]
-      if trainers.stopping:
-        return i, Outcome(run, 'stopped', error='not started: the sweep was stopped')
-      say(f'[{i + 1}/{len(runs)}] {run.name}: running')
-      outcome = _run_one(sweep, run, run_dir(root, run), launcher, trainers)
-      if outcome.status == 'stopped':
-        trainers.stopping = True
-      say(f'[{i + 1}/{len(runs)}] {run.name}: {outcome.status}'
-          + (f', {sweep.metric} {outcome.metric:.4f} in {outcome.seconds:.0f} s'
-             if outcome.status == 'done' else f' ({outcome.error})'))
-      return i, outcome
-
-    if launcher == 'inline' or parallel <= 1:  # inline runs stay in the main thread (signals)
-      for i in todo:
-        outcomes[i] = one(i)[1]
-    else:
-      with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-        for i, outcome in pool.map(one, todo):
-          outcomes[i] = outcome
-  return [outcomes[i] for i in range(len(runs))]
+  for run in runs:
+    if read_result(root, run) is None:
+      say(' '.join(_quote(a) for a in command(sweep, run, run_dir(root, run))))
 
 
 class _Trainers:
@@ -132,6 +121,7 @@ class _Trainers:
 
   def __init__(self):
     self.stopping = False
+    self._own_signals = 0  # SIGTERMs this process sent itself to stop an inline run (pruning)
     self._procs = set()
     self._guard = threading.Lock()
     self._previous = {}
@@ -144,12 +134,29 @@ class _Trainers:
 
   def _forward(self, signum, frame):
     del frame
+    with self._guard:
+      if self._own_signals and signum == signal.SIGTERM:  # an inline run's pruning, come late
+        self._own_signals -= 1
+        return
     self.stopping = True
     for proc in list(self._procs):
       proc.send_signal(signum)
 
-  def run(self, argv: List[str], log) -> Optional[int]:
-    """Runs one trainer to its end; its exit status (None: not started, the sweep stops)."""
+  def stop_inline(self) -> None:
+    """Stops the run training in this process (pruning): a SIGTERM to this process, which the
+    trainer's preemption handler takes; should it come after the run's end, it is ignored."""
+    with self._guard:
+      self._own_signals += 1
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  def taken_inline(self) -> None:
+    with self._guard:
+      self._own_signals = max(0, self._own_signals - 1)
+
+  def run(self, argv: List[str], log, poll: Optional[Callable[[], bool]] = None) -> Optional[int]:
+    """Runs one trainer to its end; its exit status (None: not started, the sweep stops). While
+    it runs, `poll()` is called every POLL_S seconds; once it returns True the trainer gets a
+    SIGTERM (it saves a checkpoint and stops)."""
     from vit_jax.train import guards  # pylint: disable=g-import-not-at-top
     with self._guard:
       if self.stopping:
@@ -160,7 +167,14 @@ class _Trainers:
     if self.stopping:  # a signal came while it started
       proc.send_signal(signal.SIGTERM)
     try:
-      return proc.wait()
+      signalled = False
+      while True:
+        try:
+          return proc.wait(timeout=POLL_S if poll else None)
+        except subprocess.TimeoutExpired:
+          if not signalled and poll():
+            proc.send_signal(signal.SIGTERM)
+            signalled = True
     finally:
       self._procs.discard(proc)
 
@@ -172,39 +186,83 @@ class _Trainers:
       signal.signal(sig, handler)
 
 
-def _run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trainers) -> Outcome:
+def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trainers, *,
+            reporter=None, lock_wait_s: float = 0.0) -> Outcome:
+  """Trains one run to its end (or until `reporter.poll()` says to prune it)."""
   from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
-  os.makedirs(workdir, exist_ok=True)
+  gfile().makedirs(workdir)
   holder = lock.holder(workdir)
+  deadline = time.monotonic() + lock_wait_s
+  while holder is not None and time.monotonic() < deadline and not trainers.stopping:
+    time.sleep(POLL_S)
+    holder = lock.holder(workdir)
   if holder is not None:
     return Outcome(run, 'failed', error=f'its workdir is in use by {holder.describe()} (a '
                    'trainer left running by an earlier sweep?): wait for it or stop it, then '
                    'rerun the same command')
   start = time.perf_counter()
+  poll = reporter.poll if reporter is not None else None
   if launcher == 'process':
-    with open(os.path.join(workdir, 'log.txt'), 'a') as log:
-      status = trainers.run(command(sweep, run, workdir), log)
+    os.makedirs(os.path.dirname(log_path(workdir)), exist_ok=True)
+    with open(log_path(workdir), 'a') as log:
+      status = trainers.run(command(sweep, run, workdir), log, poll)
+    if log_path(workdir) != os.path.join(workdir, 'log.txt'):
+      gfile().copy(log_path(workdir), os.path.join(workdir, 'log.txt'), overwrite=True)
     if status is None:
       return Outcome(run, 'stopped', error='not started: the sweep was stopped')
-    if status == 0 and _last_line(workdir).startswith('preempted:'):
-      return Outcome(run, 'stopped', error=_last_line(workdir))
-    if status:
-      return Outcome(run, 'failed', error=f'exit status {status}: {_last_line(workdir)}')
+    preempted = status == 0 and _last_line(workdir).startswith('preempted:')
+    error = (f'exit status {status}: {_last_line(workdir)}' if status else
+             _last_line(workdir) if preempted else None)
   else:
-    try:
-      if _train_inline(sweep, run, workdir).get('preempted'):
-        return Outcome(run, 'stopped', error='preempted: its checkpoint is saved')
-    except UserError as e:
-      return Outcome(run, 'failed', error=str(e))
+    error, preempted = _run_inline(sweep, run, workdir, trainers, poll)
   seconds = time.perf_counter() - start
+  if reporter is not None and not (error or preempted):
+    reporter.poll(ended=True)  # the evaluations not reported yet (the last one is the value)
+  if reporter is not None and reporter.pruned is not None:
+    step, value = reporter.pruned
+    return Outcome(run, 'pruned', value, seconds, step=step)
+  if preempted:
+    return Outcome(run, 'stopped', error=error)
+  if error:
+    return Outcome(run, 'failed', error=error)
   record = final_eval(workdir)
   if record is None or sweep.metric not in record:
     return Outcome(run, 'failed', error=f'no eval record with {sweep.metric!r} in metrics.jsonl')
   metric = float(record[sweep.metric])
-  with open(os.path.join(workdir, RESULT), 'w') as f:
+  with gfile().GFile(os.path.join(workdir, RESULT), 'w') as f:
     json.dump({'metric': metric, 'seconds': seconds, 'step': record['step'],
                'values': dict(run.values), 'overrides': dict(run.overrides)}, f, indent=1)
   return Outcome(run, 'done', metric, seconds)
+
+
+def _run_inline(sweep: Sweep, run: Run, workdir: str, trainers: _Trainers, poll):
+  """(error, preempted) of training in this process; `poll` is watched from a thread."""
+  done = threading.Event()
+
+  sent = []
+
+  def watch():
+    while not done.wait(POLL_S):
+      if poll():
+        sent.append(True)
+        trainers.stop_inline()
+        return
+
+  watcher = threading.Thread(target=watch, name='prune_watch', daemon=True) if poll else None
+  if watcher is not None:
+    watcher.start()
+  preempted, error = False, None
+  try:
+    preempted = bool(_train_inline(sweep, run, workdir).get('preempted'))
+  except UserError as e:
+    error = str(e)
+  finally:
+    done.set()
+    if watcher is not None:
+      watcher.join()
+  if sent and preempted:  # the trainer took the pruning's signal: none is left to come
+    trainers.taken_inline()
+  return error or ('preempted: its checkpoint is saved' if preempted else None), preempted
 
 
 def load_config(config_arg: str):
@@ -239,7 +297,7 @@ def _train_inline(sweep: Sweep, run: Run, workdir: str) -> dict:
 
 
 def _last_line(workdir: str) -> str:
-  with open(os.path.join(workdir, 'log.txt')) as f:
+  with open(log_path(workdir)) as f:
     lines = [l.strip() for l in f.read().splitlines() if l.strip()]
   return lines[-1] if lines else 'no output'
 
@@ -249,5 +307,5 @@ def _quote(arg: str) -> str:
   return shlex.quote(arg)
 
 
-__all__ = ['Outcome', 'execute', 'check_launch', 'command', 'run_dir', 'read_result', 'final_eval',
-           'load_config', 'apply_overrides', 'RESULT', 'LAUNCHERS']
+__all__ = ['Outcome', 'plan', 'run_one', 'check_launch', 'command', 'run_dir', 'read_result',
+           'final_eval', 'load_config', 'apply_overrides', 'RESULT', 'LAUNCHERS']

@@ -16,12 +16,23 @@
             'dev': {'train_split': 'train[:90%]', 'eval_split': 'train[90%:]'},
             'final': {},                             # the best setting, rerun with these values
         },
+        'ranges': {'lr': {'low': 1e-4, 'high': 0.1, 'log': True}},  # optional: sampled keys
+        'trials': 20,                                # with ranges: how many runs to sample
+        'sampler': 'tpe',                            # with ranges: tpe (default) or random
+        'pruner': {'name': 'median', 'n_startup_trials': 5},  # optional: stop runs behind
     }
 
 Keys are config keys (dotted for nested ones), or names listed in 'variants'. A string value may
 name the run's values in braces ('{seed}': its seed). 'seed' is special: runs that differ only in
 the seed are replicates, averaged (mean and std) in the tables and for the choice of the best.
 Without 'select', every grid run is a final run and the best setting is reported as well.
+
+Without 'ranges' the runs are the grid's combinations (Optuna's grid sampler: the same runs, in
+the same sub-workdirs, as the plain grid). With 'ranges' (each {'low', 'high'} and optionally
+'log': True and 'int': True), 'trials' runs are sampled: the range keys from their ranges, the
+grid keys from their lists (seed included), by Optuna's TPE or random sampler. 'pruner' names
+one of PRUNERS with its keyword arguments for Optuna's class: each periodic evaluation's metric
+is reported to it, and a run it stops keeps its checkpoint and is marked pruned.
 """
 
 import dataclasses
@@ -33,7 +44,14 @@ from typing import Any, Dict, List, Optional, Tuple
 from vit_jax.errors import UserError
 
 SEED = 'seed'
-KEYS = {'config', 'overrides', 'grid', 'variants', 'metric', 'x', 'group', 'select'}
+KEYS = {'config', 'overrides', 'grid', 'variants', 'metric', 'x', 'group', 'select', 'ranges',
+        'trials', 'sampler', 'pruner'}
+SAMPLERS = ('tpe', 'random')
+# name -> Optuna class in optuna.pruners
+PRUNERS = {'median': 'MedianPruner', 'percentile': 'PercentilePruner',
+           'halving': 'SuccessiveHalvingPruner', 'hyperband': 'HyperbandPruner',
+           'threshold': 'ThresholdPruner', 'patient': 'PatientPruner', 'wilcoxon': 'WilcoxonPruner'}
+GRID_TYPES = (str, int, float, bool, type(None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +85,20 @@ class Sweep:
   group: Optional[str]
   select: Optional[Dict[str, Dict[str, Any]]]
   variants: Dict[str, Dict[str, Dict[str, Any]]] = dataclasses.field(default_factory=dict)
+  ranges: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+  trials: Optional[int] = None
+  sampler: str = 'tpe'
+  pruner: Optional[Dict[str, Any]] = None  # {'name': one of PRUNERS, **its keyword arguments}
+
+  @property
+  def keys(self) -> List[str]:
+    """The swept keys, in the order of run names: the grid's, then the ranges'."""
+    return list(self.grid) + [k for k in self.ranges if k not in self.grid]
+
+  def grid_run(self, values: Dict[str, Any]) -> Run:
+    """The search run of the swept values `values` (a grid point or a sampled point)."""
+    ordered = tuple((k, values[k]) for k in self.keys)
+    return Run('grid', ordered, self._overrides((self.select or {}).get('dev', {}), ordered))
 
   def _overrides(self, phase_values, values) -> Tuple[Tuple[str, Any], ...]:
     swept = {}
@@ -78,13 +110,12 @@ class Sweep:
                  for k, v in merged)
 
   def grid_runs(self) -> List[Run]:
-    phase_values = (self.select or {}).get('dev', {})
+    """Every combination of the grid (with ranges: none, the runs are sampled)."""
+    if self.ranges:
+      return []
     keys = list(self.grid)
-    runs = []
-    for combo in itertools.product(*(self.grid[k] for k in keys)):
-      values = tuple(zip(keys, combo))
-      runs.append(Run('grid', values, self._overrides(phase_values, values)))
-    return runs
+    return [self.grid_run(dict(zip(keys, combo)))
+            for combo in itertools.product(*(self.grid[k] for k in keys))]
 
   def final_runs(self, best_settings: List[Tuple[Tuple[str, Any], ...]]) -> List[Run]:
     """The best setting(s) rerun with the 'final' values, once per seed of the grid."""
@@ -131,12 +162,27 @@ def load(path: str) -> Sweep:
     raise UserError(f'unknown key(s) {", ".join(unknown)} in the sweep spec {path}: valid are '
                     f'{", ".join(sorted(KEYS))}')
   grid = raw.get('grid') or {}
-  if not raw.get('config') or not grid:
+  ranges = _ranges(raw.get('ranges') or {}, path)
+  if not raw.get('config') or not (grid or ranges):
     raise UserError(f'the sweep spec {path} needs a "config" (the --config value) and a '
-                    f'non-empty "grid" of config keys to lists of values')
+                    f'non-empty "grid" of config keys to lists of values (or "ranges")')
   for key, values in grid.items():
     if not isinstance(values, (list, tuple)) or not values:
       raise UserError(f'grid key {key!r} in {path} needs a non-empty list of values')
+    odd = [v for v in values if not isinstance(v, GRID_TYPES)]
+    if odd:
+      raise UserError(f'grid key {key!r} in {path} has value(s) {odd[:2]} that are not a str, '
+                      f'int, float, bool or None: name them in "variants" instead')
+  trials = raw.get('trials')
+  if ranges and (not isinstance(trials, int) or trials < 1):
+    raise UserError(f'the sweep spec {path} has "ranges": give "trials", the number of runs to '
+                    f'sample (a positive int)')
+  if not ranges and trials is not None:
+    raise UserError(f'"trials" in {path} needs "ranges": a grid runs each combination once')
+  sampler = raw.get('sampler') or 'tpe'
+  if sampler not in SAMPLERS:
+    raise UserError(f'unknown sampler {sampler!r} in {path}: use {" or ".join(SAMPLERS)}')
+  pruner = _pruner(raw.get('pruner'), path)
   select = raw.get('select')
   if select is not None and (not isinstance(select, dict) or set(select) - {'dev', 'final'}):
     raise UserError(f'"select" in {path} takes {{"dev": {{...}}, "final": {{...}}}}: the config '
@@ -149,14 +195,40 @@ def load(path: str) -> Sweep:
     missing = [v for v in grid[key] if v not in table]
     if missing:
       raise UserError(f'variants[{key!r}] in {path} has no overrides for {missing}')
-  x = raw.get('x') or next((k for k in grid if k != SEED), next(iter(grid)))
+  swept = [k for k in grid if k != SEED] + list(ranges) + [k for k in grid if k == SEED]
+  x = raw.get('x') or swept[0]
   group = raw.get('group')
   for key in [x] + ([group] if group else []):
-    if key not in grid:
-      raise UserError(f'"{key}" in {path} must be one of the grid keys: {", ".join(grid)}')
+    if key not in swept:
+      raise UserError(f'"{key}" in {path} must be one of the grid keys: {", ".join(swept)}')
   return Sweep(path=path, config=raw['config'], overrides=dict(raw.get('overrides') or {}),
                grid={k: list(v) for k, v in grid.items()}, metric=raw.get('metric', 'accuracy'),
-               x=x, group=group, select=select, variants=variants)
+               x=x, group=group, select=select, variants=variants, ranges=ranges, trials=trials,
+               sampler=sampler, pruner=pruner)
 
 
-__all__ = ['Run', 'Sweep', 'load', 'SEED']
+def _ranges(raw, path: str) -> Dict[str, Dict[str, Any]]:
+  out = {}
+  for key, bounds in dict(raw).items():
+    ok = isinstance(bounds, dict) and not set(bounds) - {'low', 'high', 'log', 'int'}
+    low, high = (bounds.get('low'), bounds.get('high')) if ok else (None, None)
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+    if not ok or not low < high or (bounds.get('log') and low <= 0):
+      raise UserError(f'range {key!r} in {path} takes {{"low": L, "high": H}} with L < H, and '
+                      f'optionally "log": True (then L > 0) and "int": True; got {bounds!r}')
+    out[key] = {'low': low, 'high': high, 'log': bool(bounds.get('log')),
+                'int': bool(bounds.get('int'))}
+  return out
+
+
+def _pruner(raw, path: str) -> Optional[Dict[str, Any]]:
+  if raw is None or raw == 'none':
+    return None
+  options = {'name': raw} if isinstance(raw, str) else dict(raw) if isinstance(raw, dict) else {}
+  if options.get('name') not in PRUNERS:
+    raise UserError(f'"pruner" in {path} takes a name or {{"name": NAME, **options}} with NAME '
+                    f'one of {", ".join(PRUNERS)} (Optuna\'s pruners); got {raw!r}')
+  return options
+
+
+__all__ = ['Run', 'Sweep', 'load', 'SEED', 'PRUNERS', 'SAMPLERS']
