@@ -50,7 +50,7 @@ def tpu(tmp_path):
   def launch(*args, down=''):
     return subprocess.run(
         [sys.executable, '-m', 'vit_jax', 'launch', '--tpu=fake-v4-16', '--zone=z',
-         '--stop_timeout=30', *args], cwd=ROOT, env=dict(env, FAKE_TPU_DOWN=down),
+         '--stop_timeout=120', *args], cwd=ROOT, env=dict(env, FAKE_TPU_DOWN=down),
         capture_output=True, text=True, timeout=300)
   yield launch, root
   launch('--stop')  # whatever the test's outcome: no run is left behind
