@@ -193,3 +193,18 @@ def test_cli_lists_the_names_and_fails_in_one_line_offline(tmp_path):
   assert proc.returncode == 2
   (line,) = [l for l in proc.stderr.splitlines() if l.strip()]
   assert line.startswith(f'error: cannot download {B16} (') and 'by hand to' in line
+
+
+@pytest.mark.slow
+def test_analyze_official_weights_by_name_on_image_files(mirror, tmp_path):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from vit_jax import analysis  # pylint: disable=g-import-not-at-top
+  png = str(tmp_path / 'a.png')
+  Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 30, 3), np.uint8)).save(png)
+  with pytest.raises(UserError, match='comes without a dataset: pass image files'):
+    analysis.write_report(workdir=None, out=str(tmp_path / 'f'), checkpoint=B16, model='ViT-Ze/4')
+  summary = analysis.write_report(workdir=None, out=str(tmp_path / 'f'), checkpoint=B16,
+                                  model='ViT-Ze/4', images=[png], image_size=32)
+  assert (summary['checkpoint'], summary['model_name'], summary['grid']) == \
+      (B16, 'ViT-Ze/4', [8, 8])
+  assert (tmp_path / 'f' / 'attention_rollout.png').stat().st_size > 1000
