@@ -2,7 +2,7 @@
 
 `make test` does not collect this directory (--ignore=tests/interop). timm 1.0.31 imports
 torchvision at module level; with no CPU torchvision wheel for torch 2.13 here, a stand-in is
-installed first (see vit_jax/benchmarking/torchvision_stub.py). The measured max relative logit errors are printed in
+installed first (tests/interop/torchvision_stub.py). The measured max relative logit errors are printed in
 the terminal summary.
 """
 
@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vit_jax.benchmarking import torchvision_stub  # pylint: disable=g-import-not-at-top,wrong-import-position
+import torchvision_stub  # pylint: disable=g-import-not-at-top,wrong-import-position
 from parity_figures import FIGURES  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 torchvision_stub.install()

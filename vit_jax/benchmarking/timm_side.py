@@ -15,10 +15,13 @@ from vit_jax.errors import UserError
 def _import_torch_and_timm():
   try:
     import torch  # pylint: disable=g-import-not-at-top
-    from vit_jax.benchmarking import torchvision_stub  # pylint: disable=g-import-not-at-top
-    torchvision_stub.install()
     import timm  # pylint: disable=g-import-not-at-top
   except ImportError as e:
+    if getattr(e, 'name', '') and e.name.split('.')[0] == 'torchvision':
+      raise UserError('--compare=timm: timm imports torchvision, which is not installed: pip '
+                      'install the torchvision build of your torch, or, where there is none (no '
+                      'CPU wheel for torch 2.13), put the test stand-in first: '
+                      'PYTHONPATH=tests/interop/stubs') from None
     raise UserError(f'--compare=timm needs torch and timm ({e}): run `make test-interop` once, '
                     f'which installs them into .venv') from None
   return torch, timm

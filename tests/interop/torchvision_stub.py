@@ -25,7 +25,7 @@ _INTERPOLATION = enum.Enum('InterpolationMode', {
 
 def _unavailable(qualname: str) -> type:
   def fail(*args, **kwargs):
-    raise RuntimeError(f'{qualname} is a stand-in (vit_jax/benchmarking/torchvision_stub.py): this code '
+    raise RuntimeError(f'{qualname} is a stand-in (tests/interop/torchvision_stub.py): this code '
                        'path needs the real torchvision')
   return type(qualname.rsplit('.', 1)[-1], (), {'__init__': fail, '__call__': fail})
 
@@ -44,13 +44,15 @@ def _module(name: str) -> types.ModuleType:
   return module
 
 
-def install() -> bool:
-  """Puts the stand-in into sys.modules unless a real torchvision is importable; True if it did."""
-  try:
-    import torchvision  # pylint: disable=g-import-not-at-top,unused-import
-    return False
-  except ImportError:
-    pass
+def install(force: bool = False) -> bool:
+  """Puts the stand-in into sys.modules unless a real torchvision is importable (or `force`);
+  True if it did."""
+  if not force:
+    try:
+      import torchvision  # pylint: disable=g-import-not-at-top,unused-import
+      return False
+    except ImportError:
+      pass
   for name in MODULES:
     sys.modules[name] = _module(name)
   sys.modules['torchvision.transforms'].InterpolationMode = _INTERPOLATION
