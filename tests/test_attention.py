@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs import default
+from configs import mnist5k
 from vit_jax import analysis
 from vit_jax.benchmarking import ours
 from vit_jax.errors import UserError
@@ -226,7 +226,7 @@ def test_flash_train_step_compiles_for_tpu_v3(tpu_v3_2x2, mesh_model, dtype):
   """ViT-Ze/4 at 28 px (50 tokens, padded to 128), global batch 16 on 8 v3 cores: data
   parallel (8 x 1) and data x model (4 x 2, one head per core); with bf16 compute the kernel
   runs in float32 on v3 (FLASH_FLOAT32_CHIPS: Mosaic does not compile its bf16 matmuls there)."""
-  config = default.get_config()
+  config = mnist5k.get_config()
   ours.set_benchmark_values(config, 'ViT-Ze/4', 16, 28, dtype)
   config.mesh.data, config.mesh.model = -1, mesh_model
   config.model.attention = 'flash'
@@ -261,7 +261,7 @@ def test_a_runs_model_spec_leaves_the_kernel_to_where_it_runs():
   host (tasks.model_spec drops the kernel; the model resolves `auto` there)."""
   x = _images(2)
   params = _params('ViT-Ze/4', x)
-  config = default.get_config()
+  config = mnist5k.get_config()
   config.model_name, config.model.attention = 'ViT-Ze/4', 'flash'
   model = tasks.model_spec(config, params).build()
   assert model.attention == 'auto'

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import default
+from configs import mnist5k
 from vit_jax import data as data_lib
 from vit_jax.data import config_pp, folder, image_files, preprocess
 from vit_jax.errors import UserError
@@ -25,7 +25,7 @@ from vit_jax.train import logs, loop, program
 
 
 def _config(data_dir, **overrides):
-  c = default.get_config('model_name=ViT-Ze/4,steps=6,batch_size=16')
+  c = mnist5k.get_config('model_name=ViT-Ze/4,steps=6,batch_size=16')
   c.data_dir, c.warmup_steps, c.progress = data_dir, 1, False
   c.log_every, c.checkpoint_every, c.eval_every = 1, 2, 6
   for key, value in overrides.items():

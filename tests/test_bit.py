@@ -425,7 +425,7 @@ def test_xla_flops_match_the_closed_form():
 def test_main_trains_a_bit(tmp_path, data_dir):
   proc = subprocess.run(
       [sys.executable, '-m', 'vit_jax.main',
-       '--config=configs/default.py:model_name=BiT-R14x0.5,steps=6,batch_size=32,lr=3e-3',
+       '--config=configs/mnist5k.py:model_name=BiT-R14x0.5,steps=6,batch_size=32,lr=3e-3',
        f'--workdir={tmp_path}', f'--config.data_dir={data_dir}', '--config.warmup_steps=1',
        '--config.log_every=3', '--config.eval_every=6', '--config.progress=False',
        '--config.model.classifier=gap'],  # accepted: what a ResNet does anyway

@@ -44,7 +44,7 @@ def _compile_only(tmp_path, run, **env):
                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
                  JAX_DEBUG_LOG_MODULES='jax._src.compiler', **env)
   environ.pop('XDG_CACHE_HOME', None)
-  command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py:steps=1000',
+  command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/mnist5k.py:steps=1000',
              '--config.model_name=ViT-Ze/4', '--config.compile_only=True',
              '--config.dataset=imagenet2012', f'--config.data_dir={tmp_path}/no_data',
              '--config.num_classes=10',

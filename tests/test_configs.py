@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from configs import common, default
+from configs import common, default, mnist5k
 from vit_jax.errors import UserError
 from helpers import ROOT
 
@@ -24,11 +24,23 @@ def test_every_key_is_documented_in_configs_readme():
   assert not missing, f'undocumented config keys: {missing}'
 
 
-def test_default_config_adds_no_keys_and_parses_arguments():
-  assert sorted(_flat_keys(default.get_config())) == sorted(_flat_keys(common.base_config()))
-  c = default.get_config('model_name=ViT-Ze/4,steps=7,batch_size=16,lr=0.5')
+@pytest.mark.parametrize('module', [default, mnist5k], ids=['default', 'mnist5k'])
+def test_mnist5k_configs_add_no_keys_and_parse_arguments(module):
+  assert sorted(_flat_keys(module.get_config())) == sorted(_flat_keys(common.base_config()))
+  c = module.get_config('model_name=ViT-Ze/4,steps=7,batch_size=16,lr=0.5')
   assert (c.model_name, c.total_steps, c.batch_size, c.lr) == ('ViT-Ze/4', 7, 16, 0.5)
   assert isinstance(c.total_steps, int) and isinstance(c.lr, float)
+
+
+def test_default_is_the_mnist5k_recipe_plus_its_vit_settings():
+  """make train's recipe differs from the base (experiments, benchmarks) only where it says."""
+  ours, base = default.get_config().to_dict(), mnist5k.get_config().to_dict()
+  changed = {k for k in _flat_keys(default.get_config())
+             if common.get_value(default.get_config(), k) != common.get_value(mnist5k.get_config(), k)}
+  assert changed == {'model_name', 'total_steps', 'batch_size', 'lr', 'model.posemb',
+                     'label_smoothing', 'polyak_decay', 'eval_every', 'checkpoint_every'}
+  assert (ours['model_name'], base['model_name']) == ('ViT-Mu/7', 'ViT-Mu/4')
+  assert base['model']['posemb'] == 'learned' and base['polyak_decay'] == 0.0
 
 
 @pytest.mark.parametrize('arg, needle', [

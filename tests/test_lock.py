@@ -39,7 +39,7 @@ def test_second_run_on_a_held_workdir_exits_at_once_naming_the_holder(tmp_path, 
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, '-m', 'vit_jax.main',
-         '--config=configs/default.py:model_name=ViT-Ze/4,steps=4,batch_size=16',
+         '--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps=4,batch_size=16',
          f'--workdir={workdir}', f'--config.data_dir={data_dir}'],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start

@@ -11,7 +11,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import default
+from configs import mnist5k as mnist5k_config
 from vit_jax.data import mnist5k
 from vit_jax.train import loop
 from vit_jax import tasks
@@ -20,7 +20,7 @@ from helpers import ROOT, train_losses
 
 
 def _config(data_dir, steps=12, **overrides):
-  c = default.get_config(f'model_name=ViT-Ze/4,steps={steps},batch_size=32,lr=3e-3')
+  c = mnist5k_config.get_config(f'model_name=ViT-Ze/4,steps={steps},batch_size=32,lr=3e-3')
   c.data_dir = data_dir
   c.warmup_steps = 2
   c.eval_every = 6

@@ -21,7 +21,7 @@ from vit_jax.train import loop
 from helpers import ROOT, free_port, records
 
 STEPS = 6
-CONFIG = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01',
+CONFIG = [f'--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01',
           '--config.warmup_steps=1', '--config.log_every=1', f'--config.eval_every={STEPS}',
           '--config.checkpoint_every=3', '--config.data_sharding=global',
           '--config.progress=False']

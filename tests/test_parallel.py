@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs import common
-from configs import default
+from configs import mnist5k
 from vit_jax import models
 from vit_jax.benchmarking import ours
 from vit_jax.errors import UserError
@@ -160,7 +160,7 @@ def test_activation_rules():
 
 
 def _config(**overrides):
-  c = default.get_config('model_name=ViT-Ze/4,steps=10,batch_size=32,lr=0.01')
+  c = mnist5k.get_config('model_name=ViT-Ze/4,steps=10,batch_size=32,lr=0.01')
   c.warmup_steps, c.log_every, c.eval_every, c.checkpoint_every = 2, 1, 10, 10
   c.progress = False
   common.apply(c, overrides)
@@ -290,7 +290,7 @@ def test_remat_policies_keep_gradients_and_recompute():
 def test_train_step_compiled_in_background_is_the_jitted_step():
   """The trainer's overlapped compile (Program.compile_train_step_in_background) gives the
   jitted step's exact state and metrics, here on a data x model mesh of 4 devices."""
-  config = default.get_config()
+  config = mnist5k.get_config()
   ours.set_benchmark_values(config, 'ViT-Ze/4', 8, 28, 'float32')
   config.mesh.data, config.mesh.model = 2, 2
   prog = program.build_program(config, jax.devices()[:4], require_dataset=False)

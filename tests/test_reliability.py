@@ -31,7 +31,7 @@ from helpers import ROOT, free_port
 pytestmark = pytest.mark.xdist_group('reliability')
 
 STEPS = 24
-ARGS = [f'--config=configs/default.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01',
+ARGS = [f'--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01',
         '--config.warmup_steps=2', '--config.log_every=1', f'--config.eval_every={STEPS}',
         '--config.progress=False', '--config.model.dropout_rate=0.1']
 

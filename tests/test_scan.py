@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import common
-from configs import default
+from configs import mnist5k
 from vit_jax import analysis
 from vit_jax.serving import inference
 from vit_jax.serving import bundle as bundle_lib
@@ -264,7 +264,7 @@ def test_layout_refuses_mixed_or_gapped_trees():
 
 
 def _run_config(data_dir, scan, **overrides):
-  config = default.get_config('model_name=ViT-Ze/4,steps=6,batch_size=32,lr=0.01')
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=6,batch_size=32,lr=0.01')
   config.warmup_steps, config.log_every, config.eval_every, config.checkpoint_every = 2, 1, 6, 3
   config.progress, config.data_dir, config.model.scan = False, data_dir, scan
   common.apply(config, overrides)

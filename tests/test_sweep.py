@@ -27,7 +27,7 @@ def _write_spec(tmp_path, data_dir, *, select=True, steps=4, grid=None):
   path.write_text(f'''
 def get_sweep():
   return {{
-      'config': 'configs/default.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
+      'config': 'configs/mnist5k.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
       'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
                     'eval_every': {steps}, 'eval_batch_size': 400}},
       'grid': {grid!r},
@@ -50,7 +50,7 @@ def test_spec_expansion_and_errors(tmp_path, data_dir):
   assert [r.name for r in final] == ['final/lr_0.01-seed_0', 'final/lr_0.01-seed_1']
   assert 'eval_split' not in dict(final[0].overrides)  # the final runs report on the test split
   assert runner.command(sweep, runs[1], '/w')[3:] == [
-      '--config=configs/default.py:model_name=ViT-Ze/4,steps=4,batch_size=32', '--workdir=/w',
+      '--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps=4,batch_size=32', '--workdir=/w',
       '--config.warmup_steps=1', f'--config.data_dir={data_dir}', '--config.progress=False',
       '--config.eval_every=4', '--config.eval_batch_size=400', '--config.train_split=train[:90%]',
       '--config.eval_split=train[90%:]', '--config.lr=0.001', '--config.seed=1']

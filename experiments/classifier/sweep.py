@@ -9,7 +9,7 @@ python -m vit_jax sweep --sweep=experiments/classifier/sweep.py --workdir=runs/e
 
 def get_sweep():
   return {
-      'config': 'configs/default.py:steps=300',
+      'config': 'configs/mnist5k.py:steps=300',
       'overrides': {'progress': False},
       'grid': {'model.classifier': ['token', 'gap'], 'lr': [0.001, 0.003, 0.01],
                'seed': [0, 1]},

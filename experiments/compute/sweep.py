@@ -16,7 +16,7 @@ def family(model: str) -> str:
 
 def get_sweep():
   return {
-      'config': 'configs/default.py:steps=400',
+      'config': 'configs/mnist5k.py:steps=400',
       'overrides': {'progress': False, 'eval_every': 400},
       'grid': {'model_name': list(MODELS), 'seed': [0]},
   }

@@ -14,7 +14,7 @@ SIZES = {'500': 'train[:500]', '1000': 'train[:1000]', '2500': 'train[:2500]',
 
 def get_sweep():
   return {
-      'config': 'configs/default.py:steps=400',
+      'config': 'configs/mnist5k.py:steps=400',
       'overrides': {'progress': False, 'eval_split': 'test[50%:]', 'eval_every': 400},
       'grid': {'model': ['ViT-Mu/4', 'R+ViT-Mu/4', 'BiT-R50x0.5'],
                'examples': list(SIZES), 'seed': [0]},

@@ -10,7 +10,7 @@ python -m vit_jax sweep --sweep=experiments/hybrid/sweep.py --workdir=runs/exper
 
 def get_sweep():
   return {
-      'config': 'configs/default.py',
+      'config': 'configs/mnist5k.py',
       'overrides': {'progress': False},
       'grid': {'model': ['ViT-Mu/4', 'R+ViT-Mu/4'], 'seed': [0, 1]},
       'variants': {'model': {

@@ -6,7 +6,7 @@ python -m vit_jax sweep --sweep=experiments/posemb/sweep.py --workdir=runs/exper
 
 def get_sweep():
   return {
-      'config': 'configs/default.py:steps=800',  # the make-train recipe (ViT-Mu/4), half the steps
+      'config': 'configs/mnist5k.py:steps=800',  # the mnist5k base recipe (ViT-Mu/4), half the steps
       'overrides': {'progress': False},
       'grid': {'model.posemb': ['none', 'learned', 'sincos2d'], 'seed': [0, 1]},
   }

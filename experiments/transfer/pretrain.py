@@ -7,7 +7,7 @@ python -m vit_jax sweep --sweep=experiments/transfer/pretrain.py \
 
 def get_sweep():
   return {
-      'config': 'configs/default.py:steps=400',  # the make-train recipe, a quarter of the steps
+      'config': 'configs/mnist5k.py:steps=400',  # the mnist5k base recipe, a quarter of the steps
       'overrides': {'progress': False},
       'grid': {'seed': [0, 1]},
   }

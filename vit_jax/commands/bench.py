@@ -9,7 +9,8 @@ peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_
 --compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
 alternately with ours and prints the ratio (needs `make test-interop`). --profile adds where the
 time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
-The base config is --config (default configs/default.py), as for `python -m vit_jax train`.
+The base config is --config (default configs/mnist5k.py: no Polyak averaging or other extras of
+`make train`'s recipe, so the step is the plain trainer's).
 """
 
 import json
@@ -39,7 +40,7 @@ _JSON = flag_groups.json_output()
 
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
-    'config': ('configs/default.py', 'Base config file.'),
+    'config': ('configs/mnist5k.py', 'Base config file.'),
     'model': ('ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.'),
     'batch_size': (8, 'Batch size.'),
     'image_size': (224, 'Input resolution (pixels).'),
