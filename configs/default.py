@@ -3,7 +3,7 @@
 Run (what `make train` does):
   python -m vit_jax.main --config=configs/default.py --workdir=runs/default
 
-ViT-Mu/7 (6 layers, width 64, 4 heads, 7x7 patches: 16 patches + cls, 303,946 parameters) for 3,000
+ViT-Mu/7 (6 layers, width 64, 4 heads, 7x7 patches: 16 patches + cls, 303,946 parameters) for 2,400
 steps of batch 64 (38 epochs), Adam lr 3e-3 (100 warmup steps, cosine decay), fixed 2-D sin-cos
 position embeddings, label smoothing 0.1, evaluated on the Polyak average of the parameters
 (decay 0.995); data and augmentation as configs/mnist5k.py (random 2-pixel shifts).
