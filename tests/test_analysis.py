@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import default
+from configs import mnist5k
 from vit_jax import analysis
 from vit_jax.analysis import inputs
 from vit_jax.checkpoint import train_ckpt
@@ -214,7 +214,7 @@ def test_attention_weights_of_a_model():
 
 
 def _save_checkpoint(workdir, model_name, classifier, data_dir, step=3):
-  config = default.get_config(f'model_name={model_name}')
+  config = mnist5k.get_config(f'model_name={model_name}')
   config.model.classifier = classifier
   config.data_dir = data_dir
   params = _init(create_model(model_name, num_classes=10, classifier=classifier))
@@ -308,7 +308,7 @@ def short_run(tmp_path_factory, data_dir):
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (workdir / 'checkpoints' / str(SHORT_STEPS)).is_dir():
       from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
-      config = default.get_config(f'model_name=ViT-Mu/4,steps={SHORT_STEPS},batch_size=64')
+      config = mnist5k.get_config(f'model_name=ViT-Mu/4,steps={SHORT_STEPS},batch_size=64')
       config.data_dir = data_dir
       config.warmup_steps = 10
       config.eval_every = config.checkpoint_every = config.log_every = SHORT_STEPS

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from configs import default
+from configs import mnist5k
 from vit_jax.benchmarking import compare
 from helpers import ROOT
 
@@ -16,7 +16,7 @@ FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_p
 
 @pytest.mark.parametrize('mode', ['train', 'infer'])
 def test_train_and_infer_report_every_field(mode):
-  result = compare.run_benchmark(default.get_config(), model='ViT-Ze/4', batch_size=8,
+  result = compare.run_benchmark(mnist5k.get_config(), model='ViT-Ze/4', batch_size=8,
                                  image_size=28, mode=mode, dtype='float32', steps=3,
                                  profile=True)
   for field in FIELDS:
@@ -45,7 +45,7 @@ def test_train_and_infer_report_every_field(mode):
 
 
 def test_input_pipeline_and_cli_json(tmp_path, data_dir):
-  result = compare.run_benchmark(default.get_config(), model='ViT-Ze/4', batch_size=16,
+  result = compare.run_benchmark(mnist5k.get_config(), model='ViT-Ze/4', batch_size=16,
                                  image_size=28, mode='input', dtype='float32', steps=5,
                                  input_data='mnist5k', data_dir=data_dir)
   assert result['img_per_s'] > 0 and result['input_data'] == 'mnist5k'

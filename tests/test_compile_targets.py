@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from configs import common
-from configs import default
+from configs import mnist5k
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.parallel import targets
@@ -83,7 +83,7 @@ def test_libtpu_is_installed_for_the_suite():
 
 
 def _config(**overrides):
-  c = default.get_config('model_name=ViT-Mu/4,steps=1000,batch_size=64')
+  c = mnist5k.get_config('model_name=ViT-Mu/4,steps=1000,batch_size=64')
   c.dataset, c.num_classes, c.pp.channels = 'imagenet2012', 1000, 3
   c.data_dir = '/nonexistent/tfds'  # not prepared anywhere: compile-only needs no data
   c.compile_for = 'v3-8'

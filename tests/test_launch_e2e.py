@@ -21,7 +21,7 @@ from helpers import ROOT, free_port
 pytestmark = pytest.mark.slow
 
 TRAIN = ['python3', '-m', 'vit_jax.main',
-         '--config=configs/default.py:model_name=ViT-Ze/4,steps=100000,batch_size=32,lr=0.01',
+         '--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps=100000,batch_size=32,lr=0.01',
          '--config.warmup_steps=1', '--config.log_every=1', '--config.eval_every=100000',
          '--config.checkpoint_every=100000', '--config.progress=False']
 

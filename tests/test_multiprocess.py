@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from configs import default
+from configs import mnist5k
 from vit_jax.train import loop
 from helpers import ROOT, free_port, records
 
@@ -92,7 +92,7 @@ def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
   # ... and on a single device (in this process: a mesh of 1 of its 8 devices).
   resumed_one = tmp_path / 'resumed_one_device'
   _copy_at_step_3(one, resumed_one)
-  config = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01')
+  config = mnist5k.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01')
   config.warmup_steps, config.log_every, config.eval_every = 1, 1, STEPS
   config.checkpoint_every, config.progress, config.data_dir = 3, False, data_dir
   config.data_sharding = 'global'  # as the reference run (the same config, or resuming refuses)

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from configs import default
+from configs import mnist5k
 from image_folder_util import image_paths, write_colour_folder, write_images
 from vit_jax.serving import inference
 from vit_jax.serving import bundle as bundle_lib
@@ -31,7 +31,7 @@ STEPS = 40
 def _train(base):
   from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   write_colour_folder(str(base / 'colours'))
-  config = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=3e-3')
+  config = mnist5k.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=3e-3')
   config.dataset = f'folder:{base / "colours"}'
   config.data_dir = str(base / 'tfds')
   config.pp.train_crop = 'resize'

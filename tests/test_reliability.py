@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import default
+from configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.analysis import inputs
 from vit_jax.errors import UserError
@@ -37,7 +37,7 @@ ARGS = [f'--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps={STEPS},batch_si
 
 
 def _config(data_dir, **overrides):
-  c = default.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01')
+  c = mnist5k.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=0.01')
   c.warmup_steps, c.log_every, c.eval_every, c.progress = 2, 1, STEPS, False
   c.model.dropout_rate, c.data_dir = 0.1, data_dir  # dropout: the step RNG must resume too
   for key, value in overrides.items():
@@ -270,7 +270,7 @@ def test_resume_with_other_shapes_is_refused_and_nothing_moved(
 def test_resume_after_a_class_folder_was_added_is_refused_and_nothing_moved(tmp_path):
   root = tmp_path / 'colours'
   write_colour_folder(str(root), per_class=4)
-  c = default.get_config('model_name=ViT-Ze/4,steps=2,batch_size=8')
+  c = mnist5k.get_config('model_name=ViT-Ze/4,steps=2,batch_size=8')
   c.dataset, c.data_dir, c.image_size = f'folder:{root}', str(tmp_path / 'tfds'), 16
   c.pp.train_crop = c.pp.eval_crop = 'resize'
   c.eval_batch_size, c.warmup_steps, c.progress = 8, 1, False

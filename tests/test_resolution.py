@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import default
+from configs import mnist5k
 from vit_jax import analysis
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.data import image_files
@@ -80,7 +80,7 @@ def test_sizes_the_patch_does_not_divide_are_one_line_errors(tmp_path):
 
 @pytest.mark.slow
 def test_a_workdir_and_its_analysis_at_another_size(tmp_path, data_dir):
-  config = default.get_config(f'model_name={NAME}')
+  config = mnist5k.get_config(f'model_name={NAME}')
   config.data_dir = data_dir
   params = _params()
   params['head'] = {k: np.zeros((32, 10) if k == 'kernel' else (10,), np.float32)

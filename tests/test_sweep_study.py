@@ -55,7 +55,7 @@ def _spec(tmp_path, data_dir, *, steps, grid, extra='', overrides=''):
   path.write_text(f'''
 def get_sweep():
   return {{
-      'config': 'configs/default.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
+      'config': 'configs/mnist5k.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
       'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
                     'eval_batch_size': 1000, {overrides}}},
       'grid': {grid!r},
