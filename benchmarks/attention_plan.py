@@ -4,7 +4,7 @@
       --rows=ViT-L/16:384,ViT-L/16:512,ViT-H/14:518 --kernels=einsum,dot_product,flash
 
 The TPU compiler (libtpu at --libtpu, no TPU needed) compiles the trainer's own train step
-(`Program.memory_report`) for the devices of --topology: configs/default.py with the row's model
+(`Program.memory_report`) for the devices of --topology: configs/mnist5k.py with the row's model
 and image size, --batch_size global (2 per core on v3:2x2), 1,000 classes, 3 channels,
 imagenet2012 (not read: compile-only), 20,000 steps with 500 warm-up, fp32 Adam, remat none,
 data parallel. One compile at a time, in this order; compile time is wall time on this machine.
@@ -37,8 +37,8 @@ def tpu_devices(topology: str, libtpu: str, accelerator: str = 'v3-8'):
 
 
 def plan_config(model: str, size: int, batch: int, attention: str, remat: str):
-  import configs.default  # pylint: disable=g-import-not-at-top
-  config = configs.default.get_config()
+  import configs.mnist5k  # pylint: disable=g-import-not-at-top
+  config = configs.mnist5k.get_config()
   config.model_name, config.image_size, config.batch_size = model, size, batch
   config.num_classes, config.pp.channels, config.dataset = 1000, 3, 'imagenet2012'
   config.compile_only, config.total_steps, config.warmup_steps = True, 20000, 500

@@ -32,7 +32,7 @@ def main():
   os.environ.pop('JAX_COMPILATION_CACHE_DIR', None)
 
   import jax  # pylint: disable=g-import-not-at-top
-  from configs import default  # pylint: disable=g-import-not-at-top
+  from configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
@@ -41,7 +41,7 @@ def main():
   if args.target:
     from vit_jax.parallel import targets  # pylint: disable=g-import-not-at-top
     devices = targets.slice_devices(targets.tpu_slice(args.target))
-  config = default.get_config()
+  config = mnist5k.get_config()
   ours.set_benchmark_values(config, args.model, args.batch_size, args.image_size, args.dtype)
   config.total_steps, config.warmup_steps = 20000, 500
   config.model.remat, config.model.scan = args.remat, args.scan.lower() in ('1', 'true')
