@@ -5,7 +5,9 @@ prints a markdown table (needs torch and timm: `make test-interop`).
       --rows=ViT-Ti/16:32:224:train,ViT-B/16:8:224:train --steps=5 --rounds=2
 
 Each row is model:batch:image_size:mode. One row at a time, each in its own process (so one
-row's memory does not weigh on the next); both sides are timed alternately in that process.
+row's memory does not weigh on the next); both sides are timed alternately in that process. The
+first column names the processor (model name, family/model); after the table, one line per
+processor gives its vector extensions.
 """
 
 import json
@@ -15,12 +17,14 @@ import sys
 from absl import app
 from absl import flags
 
+from vit_jax.benchmarking import processor
+
 _ROWS = flags.DEFINE_list('rows', ['ViT-Ti/16:32:224:train', 'ViT-Ti/16:32:224:infer'],
                           'model:batch:image_size:mode, comma-separated.')
 _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per round (median reported).')
 _ROUNDS = flags.DEFINE_integer('rounds', 2, 'Alternations of ours and timm.')
 
-COLUMNS = ('model', 'mode', 'batch', 'px', 'ours img/s', 'timm img/s', 'ours / timm',
+COLUMNS = ('processor', 'model', 'mode', 'batch', 'px', 'ours img/s', 'timm img/s', 'ours / timm',
            'GFLOP / img (XLA)', 'achieved GFLOP/s', 'matmul peak GFLOP/s', 'utilisation',
            'compile s', 'page faults / step')
 
@@ -36,7 +40,7 @@ def measure(model: str, batch: int, size: int, mode: str) -> dict:
 
 
 def row(model: str, batch: int, size: int, mode: str, r: dict) -> str:
-  cells = (model, mode, batch, size, f'{r["img_per_s"]:.1f}', f'{r["timm_img_per_s"]:.1f}',
+  cells = (processor.short(r['processor']), model, mode, batch, size, f'{r["img_per_s"]:.1f}', f'{r["timm_img_per_s"]:.1f}',
            f'{r["ratio_vs_timm"]:.2f}', f'{r["flops_per_img"] / 1e9:.2f}',
            f'{r["achieved_flops"] / 1e9:.1f}', f'{r["matmul_peak_flops"] / 1e9:.1f}',
            f'{r["utilization"]:.0%}', f'{r["compile_s"]:.1f}',
@@ -48,10 +52,14 @@ def main(argv):
   del argv
   print('| ' + ' | '.join(COLUMNS) + ' |')
   print('|' + '---|' * len(COLUMNS))
+  seen = set()
   for spec in _ROWS.value:
     model, batch, size, mode = spec.split(':')
     result = measure(model, int(batch), int(size), mode)
+    seen.add(processor.one_line(result['processor']))
     print(row(model, int(batch), int(size), mode, result), flush=True)
+  for line in sorted(seen):
+    print(f'\nProcessor: {line}')
 
 
 if __name__ == '__main__':

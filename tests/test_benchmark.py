@@ -56,3 +56,4 @@ def test_input_pipeline_and_cli_json(tmp_path, data_dir):
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout)
   assert all(result[f] > 0 for f in FIELDS)
+  assert result['processor']['model_name'] and result['processor']['cpus'] >= 1

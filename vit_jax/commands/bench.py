@@ -1,11 +1,12 @@
 """Benchmark: `python -m vit_jax bench --model=ViT-B/16 --batch_size=8 --image_size=224 --mode=train`.
 
-Modes: train (the trainer's jitted train step: forward, backward, Adam), infer (the forward pass),
-input (the train input pipeline with the config's train preprocessing, on synthetic JPEGs of
---input_size px or on mnist5k). Reported after warm-up: img/s (median of --steps device-synchronised
-steps), compile_s (start to first result), flops_per_img (XLA cost analysis), achieved_flops,
-matmul_peak_flops (a 2048^3 fp32 matmul timed in the same run), utilization (achieved / peak),
-peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_peak_bytes.
+The output names the processor first (model name, family/model, vector extensions; `processor` in
+--json; vit_jax/benchmarking/processor.py). Modes: train (the trainer's jitted train step: forward,
+backward, Adam), infer (the forward pass), input (the train input pipeline with the config's train
+preprocessing, on synthetic JPEGs of --input_size px or on mnist5k). Reported after warm-up:
+img/s (median of --steps device-synchronised steps), compile_s (start to first result),
+flops_per_img (XLA cost analysis), achieved_flops, matmul_peak_flops (a 2048^3 fp32 matmul timed
+in the same run), utilization (achieved / peak), peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_peak_bytes.
 --compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
 alternately with ours and prints the ratio (needs `make test-interop`). --profile adds where the
 time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
