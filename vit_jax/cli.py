@@ -225,11 +225,13 @@ class _NotFromOrbax:
 def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2.
 
-  First, once per process, restarts it with huge-page malloc where that helps (vit_jax/hostmem.py).
+  First, once per process, restarts it with huge-page malloc where that helps and makes malloc keep
+  freed memory for the next step (vit_jax/hostmem.py).
   The persistent XLA compilation cache is on (vit_jax/compile_cache.py) unless
   `compilation_cache=False` (the benchmark, which times cold compiles).
   """
   hostmem.restart_with_hugepages()
+  hostmem.keep_freed_memory()
   interrupt.install()
   for name in required_flags:
     flags.mark_flag_as_required(name)
