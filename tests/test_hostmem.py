@@ -71,6 +71,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 '''
 
 
+@pytest.mark.slow  # a subprocess each (mallopt changes the whole process)
 @pytest.mark.parametrize('keep', [True, False])
 def test_freed_memory_is_reused_without_page_faults(keep):
   env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
