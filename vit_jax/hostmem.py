@@ -82,12 +82,12 @@ KEEP_OPT_OUT = 'VIT_JAX_KEEP_FREED_MEMORY'
 def keep_freed_memory(env: Mapping[str, str] = os.environ) -> bool:
   """Makes glibc keep freed memory for the next allocation instead of returning it to the kernel.
 
-  Why: XLA:CPU allocates a step's temporaries as one block (2.05 GiB for a ViT-Ti/16 train step at
-  batch 32) and frees it at the end of the step. glibc serves a block that large with its own mmap
-  and unmaps it on free, so every step faults its temporaries in again (with huge pages: about
-  1,400-1,800 faults and 1.0-1.7 s of kernel time per step; benchmarks/README.md). With
-  mmap off for large requests, trimming off and one arena, the block is carved from the heap once
-  and reused by every later step (0 faults per step). Returns whether it was applied (glibc only;
+  Why: XLA:CPU allocates a step's temporaries afresh every step (2.05 GiB for a ViT-Ti/16 train
+  step at batch 32) in blocks far above glibc's mmap threshold, which glibc serves with their own
+  mmap and unmaps on free, so every step faults its temporaries in again (with huge pages: about
+  1,400-1,800 faults and 1.0-1.7 s of OS time per step; benchmarks/README.md). With mmap off for
+  large requests, trimming off and one arena, the blocks are carved from the heap once and reused
+  by every later step (0 faults in most steps). Returns whether it was applied (glibc only;
   `VIT_JAX_KEEP_FREED_MEMORY=0` turns it off). Call it before threads start allocating.
   """
   if env.get(KEEP_OPT_OUT, '1') == '0' or glibc_version() is None:
