@@ -1,5 +1,6 @@
 """Speed against timm: runs `python -m vit_jax bench --compare=timm --json` for each row and
-prints a markdown table (needs torch and timm: `make test-interop`).
+prints a markdown table (needs torch and timm: `make test-interop`; without torchvision the
+rows run with the test stand-in, tests/interop/stubs, on PYTHONPATH).
 
   PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py \
       --rows=ViT-Ti/16:32:224:train,ViT-B/16:8:224:train --steps=5 --rounds=2
@@ -10,7 +11,9 @@ first column names the processor (model name, family/model); after the table, on
 processor gives its vector extensions.
 """
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -29,11 +32,22 @@ COLUMNS = ('processor', 'model', 'mode', 'batch', 'px', 'ours img/s', 'timm img/
            'compile s', 'page faults / step')
 
 
+def _env() -> dict:
+  """This environment, with the torchvision stand-in (tests/interop/stubs) first on PYTHONPATH
+  when no torchvision is installed (timm imports it; there is no CPU wheel for torch 2.13)."""
+  env = dict(os.environ)
+  if importlib.util.find_spec('torchvision') is None:
+    stubs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests',
+                         'interop', 'stubs')
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (stubs, env.get('PYTHONPATH')) if p)
+  return env
+
+
 def measure(model: str, batch: int, size: int, mode: str) -> dict:
   cmd = [sys.executable, '-m', 'vit_jax', 'bench', f'--model={model}', f'--batch_size={batch}',
          f'--image_size={size}', f'--mode={mode}', f'--steps={_STEPS.value}',
          f'--rounds={_ROUNDS.value}', '--compare=timm', '--json']
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_env())
   if proc.returncode:
     raise SystemExit(f'error: {" ".join(cmd)} failed: {proc.stderr.strip().splitlines()[-1]}')
   return json.loads(proc.stdout[proc.stdout.index('{'):])  # the one JSON object it prints

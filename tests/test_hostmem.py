@@ -75,7 +75,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.parametrize('keep', [True, False])
 def test_freed_memory_is_reused_without_page_faults(keep):
   env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
-  env[hostmem.KEEP_OPT_OUT] = '1' if keep else '0'
+  env[hostmem.KEEP_OPT_IN] = '1' if keep else '0'
   out = subprocess.run([sys.executable, '-c', _REFAULT], cwd=ROOT, env=env, text=True,
                        capture_output=True, timeout=120, check=True).stdout.split()
   applied, faults = out[0] == 'True', int(out[1])
