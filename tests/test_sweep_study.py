@@ -258,3 +258,31 @@ def test_tables_and_results_go_through_gfile_for_a_bucket_workdir(tmp_path):
   assert runner.read_result(root, run) == {'metric': 0.5}
   log = runner.log_path(runner.run_dir(root, run))
   assert log.startswith(tempfile.gettempdir()) and log.endswith('log.txt')
+
+
+def test_telling_a_retried_grid_run_stores_it_when_one_grid_point_is_left():
+  """A rerun enqueues the run a killed sweep left running (fixed params, no 'grid_id'); with one
+  grid point left, Optuna 5.0's grid sampler raises KeyError('grid_id') in study.tell after storing
+  the state (seen in `make test`: test_killed_sweep_reruns_only_the_unfinished_runs). The worker's
+  tell stores the result without the error."""
+  import optuna  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import worker  # pylint: disable=g-import-not-at-top
+  optuna.logging.set_verbosity(optuna.logging.ERROR)
+  grid = {'lr': [0.1, 0.2]}
+  study = optuna.create_study(sampler=optuna.samplers.GridSampler(grid), direction='maximize')
+  first = study.ask()
+  first.suggest_categorical('lr', grid['lr'])
+  study.tell(first, 1.0)  # one grid point left
+
+  def retry():
+    study.enqueue_trial({'lr': first.params['lr']})  # the retry of a run left RUNNING
+    trial = study.ask()
+    trial.suggest_categorical('lr', grid['lr'])
+    return trial
+
+  with pytest.raises(KeyError, match='grid_id'):
+    study.tell(retry(), 2.0)  # Optuna alone
+  assert study.trials[-1].state == optuna.trial.TrialState.COMPLETE  # stored before it raised
+  worker.tell(study, retry(), values=3.0)  # the worker's tell: no error, the value stored
+  assert (study.trials[-1].state, study.trials[-1].value) == (
+      optuna.trial.TrialState.COMPLETE, 3.0)
