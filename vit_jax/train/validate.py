@@ -9,6 +9,7 @@ Messages name the key as `config.<key>`; the command line spells it as the flag 
 (vit_jax/cli.py).
 """
 
+import importlib
 from typing import Any, Callable, Tuple
 
 from vit_jax.errors import UserError
@@ -48,56 +49,26 @@ RANGES: Tuple[Tuple[str, Tuple[Callable[[Any], bool], str]], ...] = (
 )
 
 
-def _tasks():
-  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
-  return tasks.CHOICES
-
-
-def _optim(name):
-  def choices():
-    from vit_jax.train import optim  # pylint: disable=g-import-not-at-top
-    return getattr(optim, name)
-  return choices
-
-
-def _parallelisms():
-  from vit_jax.parallel import steps  # pylint: disable=g-import-not-at-top
-  return steps.PARALLELISMS
-
-
-def _shardings():
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  return pipeline.SHARDINGS
-
-
-def _crops(name):
-  def choices():
-    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-    return getattr(preprocess, name)
-  return choices
-
-
-def _model(module, name):
-  def choices():
-    import importlib  # pylint: disable=g-import-not-at-top
-    return tuple(getattr(importlib.import_module(f'vit_jax.models.{module}'), name))
-  return choices
+def _from(module: str, name: str) -> Callable[[], Tuple[str, ...]]:
+  """The valid values of a key: the constant `name` of the module that uses them, imported when
+  the check runs (so this table never holds a copy that could drift)."""
+  return lambda: tuple(getattr(importlib.import_module(f'vit_jax.{module}'), name))
 
 
 # key -> () -> the valid values (None in a config = the key's default, not checked).
 CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
-    ('loss', _tasks),
-    ('optimizer', _optim('OPTIMIZERS')),
-    ('decay_type', _optim('DECAY_TYPES')),
-    ('weight_decay_mask', _optim('WEIGHT_DECAY_MASKS')),
-    ('parallelism', _parallelisms),
-    ('data_sharding', _shardings),
-    ('pp.train_crop', _crops('TRAIN_CROPS')),
-    ('pp.eval_crop', _crops('EVAL_CROPS')),
-    ('model.attention', _model('attention', 'ATTENTIONS')),
-    ('model.posemb', _model('vit', 'POSEMBS')),
-    ('model.remat', _model('vit', 'REMAT_POLICIES')),
-    ('init_posemb_resize', _model('posemb_resize', 'METHODS')),
+    ('loss', _from('tasks', 'CHOICES')),
+    ('optimizer', _from('train.optim', 'OPTIMIZERS')),
+    ('decay_type', _from('train.optim', 'DECAY_TYPES')),
+    ('weight_decay_mask', _from('train.optim', 'WEIGHT_DECAY_MASKS')),
+    ('parallelism', _from('parallel.steps', 'PARALLELISMS')),
+    ('data_sharding', _from('data.pipeline', 'SHARDINGS')),
+    ('pp.train_crop', _from('data.preprocess', 'TRAIN_CROPS')),
+    ('pp.eval_crop', _from('data.preprocess', 'EVAL_CROPS')),
+    ('model.attention', _from('models.attention', 'ATTENTIONS')),
+    ('model.posemb', _from('models.vit', 'POSEMBS')),
+    ('model.remat', _from('models.vit', 'REMAT_POLICIES')),
+    ('init_posemb_resize', _from('models.posemb_resize', 'METHODS')),
 )
 
 
