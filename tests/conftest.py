@@ -2,13 +2,15 @@
 
 import os
 
-# XLA:CPU's LLVM backend at -O0: the suite's programs are tiny and each is compiled once or
-# twice, so compiling, not running, is its CPU time (cold cache, tests/test_parallel.py and
-# test_train.py: 199 s of user CPU at the default level, 128 s at 0; same assertions pass).
-_XLA_TEST_FLAGS = ' --xla_force_host_platform_device_count=8'
-if 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
-  _XLA_TEST_FLAGS += ' --xla_backend_optimization_level=0'
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + _XLA_TEST_FLAGS).strip()
+# Most of XLA's optimisations off (XLA:CPU's LLVM backend at -O0, its expensive passes skipped):
+# the suite's programs are tiny and most are compiled once or twice, so compiling, not running,
+# is their CPU time (cold cache, tests/test_parallel.py and test_train.py: 199 s of user CPU at
+# the default level, 128 s at 0; same assertions pass). It is JAX's flag, read at each compile,
+# not XLA_FLAGS (read once per process), so the tests that train for longer turn it off for their
+# runs: `helpers.optimized()` in this process, `helpers.OPTIMIZED_ENV` for a subprocess.
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_force_host_platform_device_count=8').strip()
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # One persistent XLA compilation cache for the session's processes and the subprocesses they
