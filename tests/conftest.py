@@ -6,8 +6,8 @@ import os
 # the suite's programs are tiny and most are compiled once or twice, so compiling, not running,
 # is their CPU time (cold cache, tests/test_parallel.py and test_train.py: 199 s of user CPU at
 # the default level, 128 s at 0; same assertions pass). It is JAX's flag, read at each compile,
-# not XLA_FLAGS (read once per process), so the tests that train for longer turn it off for their
-# runs: `helpers.optimized()` in this process, `helpers.OPTIMIZED_ENV` for a subprocess.
+# not XLA_FLAGS (read once per process): subprocesses inherit it even when they set their own
+# XLA_FLAGS, and a test that trains for longer turns it off for its run (`helpers.optimized()`).
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')

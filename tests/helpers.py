@@ -30,9 +30,6 @@ def train_losses(workdir) -> list:
 # The suite compiles with most of XLA's optimisations off (conftest.py): right for its many
 # small programs, 2x the CPU time for a run of 100+ steps (ViT-Mu/4, 150 steps of batch 64:
 # 145 CPU-s unoptimised, 78 CPU-s optimised, AMD EPYC family 25 model 1).
-OPTIMIZED_ENV = {'JAX_DISABLE_MOST_OPTIMIZATIONS': '0'}
-
-
 @contextlib.contextmanager
 def optimized():
   """Programs compiled inside get XLA's full optimisations (the suite's default is off)."""
