@@ -1,12 +1,16 @@
 """The one validation of a training config (vit_jax/train/validate.py) and how the command line
 spells the keys it names (vit_jax/cli.py: as_flags)."""
 
+import subprocess
+import sys
+
 import pytest
 
 from configs import common
 from vit_jax import cli
 from vit_jax.errors import UserError
 from vit_jax.train import validate
+from helpers import ROOT
 
 
 def _set(config, key, value):
@@ -38,6 +42,27 @@ def test_choices_come_from_the_modules_that_use_them():
   assert choices['pp.train_crop'] == preprocess.TRAIN_CROPS
   assert choices['model.remat'] == tuple(vit.REMAT_POLICIES)
   assert choices['optimizer'] == ('adam', 'sgd')
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  assert choices['data_sharding'] == pipeline.SHARDINGS == ('process', 'global')
+  assert choices['pp.eval_crop'] == preprocess.EVAL_CROPS
+
+
+@pytest.mark.slow
+def test_a_config_is_checked_before_tensorflow_is_imported():
+  """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
+  test process has imported TensorFlow already)."""
+  code = ('import sys\n'
+          'from configs import common\n'
+          'from vit_jax.train import validate\n'
+          'config = common.base_config()\n'
+          'config.pp.train_crop = "nope"\n'
+          'try:\n'
+          '  validate.check_config(config)\n'
+          'except Exception as e:\n'
+          '  print(type(e).__name__, "tensorflow" in sys.modules)\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       cwd=ROOT).stdout
+  assert out.strip() == 'UserError False', out
 
 
 @pytest.mark.parametrize('key, value, must', [

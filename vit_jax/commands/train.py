@@ -31,17 +31,18 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 
 def run(argv) -> int:
   del argv
-  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax import tasks
-  from vit_jax.train import guards, train_and_evaluate, validate  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import guards, validate  # pylint: disable=g-import-not-at-top
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
+  # The loop imports the data pipeline and with it TensorFlow (~3 CPU-s): only for a valid config.
+  from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                              allow_config_change=_ALLOW_CHANGE.value)
+  result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                                   allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
   if _CONFIG.value.compile_only or _CONFIG.value.compile_for or result.get('preempted'):

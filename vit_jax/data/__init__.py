@@ -5,22 +5,32 @@
   eval_iterator(dataset=..., ...)   -> (re-iterable padded + masked batches, num_batches)
 
 Modules: `mnist5k` (the embedded 5,000-image MNIST dataset), `info` (finding prepared datasets,
-never downloading), `preprocess` (TF image ops), `pipeline` (tf.data train/eval streams).
+never downloading), `preprocess` (TF image ops), `pipeline` (tf.data train/eval streams),
+`choices` (the valid values of the data keys, without TensorFlow).
 
-Importing this package registers the `mnist5k` tfds builder (that is its one side effect).
+Importing this package registers the `mnist5k` tfds builder (that is its one side effect; tfds
+alone, 0.3 s). The other names load their module on first use, so `vit_jax.data.choices` (what
+config validation reads) does not import TensorFlow.
 """
 
-from vit_jax.data import mnist5k
-from vit_jax.data import preprocess
-from vit_jax.data.info import DatasetInfo
-from vit_jax.data.info import get_info
-from vit_jax.data.pipeline import SHARDINGS
-from vit_jax.data.pipeline import EvalBatches
-from vit_jax.data.pipeline import eval_iterator
-from vit_jax.data.pipeline import hide_accelerators_from_tf
-from vit_jax.data.pipeline import train_iterator
+import importlib
 
-__all__ = [
-    'DatasetInfo', 'EvalBatches', 'eval_iterator', 'get_info', 'hide_accelerators_from_tf',
-    'mnist5k', 'preprocess', 'train_iterator', 'SHARDINGS',
-]
+from vit_jax.data import mnist5k  # registers the builder
+
+# name -> the module that defines it (a module name maps to itself)
+_HOMES = {
+    'DatasetInfo': 'info', 'get_info': 'info', 'SHARDINGS': 'choices',
+    'EvalBatches': 'pipeline', 'eval_iterator': 'pipeline',
+    'hide_accelerators_from_tf': 'pipeline', 'train_iterator': 'pipeline',
+    'preprocess': 'preprocess',
+}
+
+
+def __getattr__(name):
+  if name not in _HOMES:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  module = importlib.import_module(f'{__name__}.{_HOMES[name]}')
+  return module if _HOMES[name] == name else getattr(module, name)
+
+
+__all__ = sorted([*_HOMES, 'mnist5k'])

@@ -32,10 +32,10 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
+from vit_jax.data.choices import SHARDINGS
 from vit_jax.errors import UserError
 
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
-SHARDINGS = ('process', 'global')
 
 
 def hide_accelerators_from_tf() -> None:

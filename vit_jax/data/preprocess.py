@@ -30,10 +30,9 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from vit_jax.data import randaug
+from vit_jax.data.choices import EVAL_CROPS, TRAIN_CROPS
 from vit_jax.errors import UserError
 
-TRAIN_CROPS = ('inception', 'resize_crop', 'pad_crop', 'resize')
-EVAL_CROPS = ('central', 'resize')
 INCEPTION_AREA_RANGE = (0.05, 1.0)
 INCEPTION_ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
 

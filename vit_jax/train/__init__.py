@@ -1,5 +1,5 @@
-"""The trainer: pure steps, losses, optimizers and schedules, and the loop."""
+"""The trainer: pure steps, losses, optimizers and schedules, and the loop (`train.loop`).
 
-from vit_jax.train.loop import train_and_evaluate
-
-__all__ = ['train_and_evaluate']
+Nothing is imported here: `vit_jax.train.validate` (and lock, logs, guards) load without the loop,
+its data pipeline and TensorFlow, so a config mistake is reported before any of them is imported.
+"""

@@ -1,0 +1,7 @@
+"""The data keys' valid values, without TensorFlow: `train.validate` checks a config against them
+before the pipeline (and TensorFlow, ~3 CPU-s to import) is loaded; `preprocess` and `pipeline`
+use the same tuples."""
+
+TRAIN_CROPS = ('inception', 'resize_crop', 'pad_crop', 'resize')  # preprocess.train_spec
+EVAL_CROPS = ('central', 'resize')                                 # preprocess.eval_spec
+SHARDINGS = ('process', 'global')                                  # pipeline.train_iterator
