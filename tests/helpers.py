@@ -16,6 +16,14 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def xla_flags(devices: int) -> str:
+  """The suite's XLA_FLAGS (conftest.py) with `devices` simulated CPU devices instead of 8, for a
+  subprocess that needs another device count."""
+  kept = [f for f in os.environ.get('XLA_FLAGS', '').split()
+          if not f.startswith('--xla_force_host_platform_device_count=')]
+  return ' '.join([*kept, f'--xla_force_host_platform_device_count={devices}'])
+
+
 def records(workdir, split=None) -> list:
   """The records of a run's metrics.jsonl, in order (only those of `split` if given)."""
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from vit_jax.launch import source
-from helpers import ROOT, free_port
+from helpers import ROOT, free_port, xla_flags
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def tpu(tmp_path):
     os.chmod(bin_dir / f, 0o755)
   env = dict(os.environ, PATH=f'{bin_dir}:{os.environ["PATH"]}', FAKE_TPU_ROOT=str(root),
              FAKE_TPU_WORKERS='2', FAKE_TPU_COORDINATOR=f'127.0.0.1:{free_port()}',
-             XLA_FLAGS='--xla_force_host_platform_device_count=2')
+             XLA_FLAGS=xla_flags(2))
 
   def launch(*args, down=''):
     return subprocess.run(

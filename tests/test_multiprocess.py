@@ -18,7 +18,7 @@ import numpy as np
 
 from configs import mnist5k
 from vit_jax.train import loop
-from helpers import ROOT, free_port, records
+from helpers import ROOT, free_port, records, xla_flags
 
 STEPS = 6
 CONFIG = [f'--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=32,lr=0.01',
@@ -28,7 +28,7 @@ CONFIG = [f'--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps={STEPS},batch_
 
 
 def _launch(workdir, data_dir, devices: int, processes: int, *extra):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices))
   args = [sys.executable, '-m', 'vit_jax.main', *CONFIG, f'--workdir={workdir}',
           f'--config.data_dir={data_dir}', *extra]
   if processes > 1:
@@ -105,7 +105,7 @@ def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
 def test_missing_processes_fail_within_the_timeout(tmp_path, data_dir):
   """Process 0 alone (its peer never starts) and process 1 alone (no coordinator) both stop."""
   port = free_port()
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   workdir = tmp_path / 'work'
   workdir.mkdir()
   (workdir / 'notes.txt').write_text('keep me')

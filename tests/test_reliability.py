@@ -25,7 +25,7 @@ from vit_jax.errors import UserError
 from vit_jax.train import guards
 from vit_jax.train import logs
 from vit_jax.train import loop
-from helpers import ROOT, free_port
+from helpers import ROOT, free_port, xla_flags
 
 # One worker runs this module, so its shared fixtures are computed once per session.
 pytestmark = pytest.mark.xdist_group('reliability')
@@ -195,7 +195,7 @@ def test_config_drift_is_refused_unless_allowed(tmp_path, data_dir):
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, data_dir):
   workdir = tmp_path / 'work'
   port = free_port()
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   procs = [subprocess.Popen(
       [sys.executable, '-m', 'vit_jax.main', *ARGS, f'--workdir={workdir}',
        f'--config.data_dir={data_dir}', '--config.checkpoint_every=1000',
