@@ -25,7 +25,15 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
+import gc  # pylint: disable=g-import-not-at-top
+
 import pytest  # pylint: disable=g-import-not-at-top
+
+from vit_jax import cli  # pylint: disable=g-import-not-at-top
+
+# The commands' garbage-collection thresholds (vit_jax/cli.py) for the test processes too: they
+# import the same libraries and trace many more programs.
+gc.set_threshold(*cli.GC_THRESHOLDS)
 
 
 # Whole modules of subprocess and end-to-end tests, and the fixtures that train or compile for a

@@ -6,6 +6,7 @@ fix>` on stderr and exits 2, without a traceback. Internal bugs keep their trace
 
 import ast
 import difflib
+import gc
 import importlib.abc
 import importlib.util
 import os
@@ -13,6 +14,12 @@ import re
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # keep TensorFlow's C++ banner quiet
+# Fewer garbage collections: importing TensorFlow, JAX and Flax and tracing the steps allocate
+# millions of objects that live for the whole run, and the default (a collection every 700 new
+# container objects) keeps walking them. A 24-step ViT-Ze/4 run with a warm compilation cache:
+# 9.4 CPU-s instead of 10.4 (AMD EPYC family 25 model 17). Garbage is still collected.
+GC_THRESHOLDS = (50_000, 20, 20)
+gc.set_threshold(*GC_THRESHOLDS)
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
