@@ -14,12 +14,6 @@ import re
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # keep TensorFlow's C++ banner quiet
-# Fewer garbage collections: importing TensorFlow, JAX and Flax and tracing the steps allocate
-# millions of objects that live for the whole run, and the default (a collection every 700 new
-# container objects) keeps walking them. A 24-step ViT-Ze/4 run with a warm compilation cache:
-# 9.4 CPU-s instead of 10.4 (AMD EPYC family 25 model 17). Garbage is still collected.
-GC_THRESHOLDS = (50_000, 20, 20)
-gc.set_threshold(*GC_THRESHOLDS)
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
@@ -32,6 +26,13 @@ from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
+
+# Python's garbage-collection thresholds for a command (run_main): importing TensorFlow, JAX and
+# Flax and tracing the steps allocate millions of objects that live for the whole run, and the
+# default (a collection every 700 new container objects) keeps walking them. A 24-step ViT-Ze/4
+# run with a warm compilation cache: 9.4 CPU-s instead of 10.4 (AMD EPYC family 25 model 17).
+# Garbage is still collected.
+GC_THRESHOLDS = (50_000, 20, 20)
 
 
 # A config key as libraries name it (`config.lr`, `config.model.remat`), not already a flag.
@@ -232,11 +233,13 @@ class _NotFromOrbax:
 def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2.
 
-  First, once per process, restarts it with huge-page malloc where that helps and makes malloc keep
-  freed memory for the next step (vit_jax/hostmem.py).
+  First, once per process, raises the garbage-collection thresholds (GC_THRESHOLDS), restarts it
+  with huge-page malloc where that helps and makes malloc keep freed memory for the next step
+  (vit_jax/hostmem.py).
   The persistent XLA compilation cache is on (vit_jax/compile_cache.py) unless
   `compilation_cache=False` (the benchmark, which times cold compiles).
   """
+  gc.set_threshold(*GC_THRESHOLDS)
   hostmem.restart_with_hugepages()
   hostmem.keep_freed_memory()
   interrupt.install()
