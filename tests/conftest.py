@@ -9,8 +9,8 @@ import os
 # not XLA_FLAGS (read once per process): subprocesses inherit it even when they set their own
 # XLA_FLAGS, and a test that trains for longer turns it off for its run (`helpers.optimized()`).
 # XLA:CPU's loop-fusion emitters off (the older elemental emitters instead): compiling costs about
-# half as much (a cold 24-step ViT-Ze/4 command-line run: 10.8 CPU-s vs 13.7, AMD EPYC family 25
-# model 17), same result. Subprocesses that set another device count keep it: helpers.xla_flags.
+# half as much (a cold 24-step ViT-Ze/4 command-line run: 10.6-11.3 CPU-s vs 13.2-13.9, AMD EPYC
+# family 25 model 17), same result. Subprocesses that set another device count keep it: helpers.xla_flags.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8'
                            ' --xla_cpu_use_fusion_emitters=false').strip()
