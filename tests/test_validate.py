@@ -50,7 +50,7 @@ def test_choices_come_from_the_modules_that_use_them():
 @pytest.mark.slow
 def test_a_config_is_checked_before_tensorflow_is_imported():
   """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
-  test process has imported TensorFlow already)."""
+  test process has imported TensorFlow already); vit_jax.data's names load when first used."""
   code = ('import sys\n'
           'from configs import common\n'
           'from vit_jax.train import validate\n'
@@ -59,10 +59,14 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           'try:\n'
           '  validate.check_config(config)\n'
           'except Exception as e:\n'
-          '  print(type(e).__name__, "tensorflow" in sys.modules)\n')
+          '  print(type(e).__name__, "tensorflow" in sys.modules)\n'
+          # The data package's names and submodules still load on first use.
+          'from vit_jax import data\n'
+          'print(callable(data.train_iterator), callable(data.info.load_builder),\n'
+          '      data.SHARDINGS == data.choices.SHARDINGS, hasattr(data, "nope"))\n')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=ROOT).stdout
-  assert out.strip() == 'UserError False', out
+  assert out.split('\n')[:2] == ['UserError False', 'True True True False'], out
 
 
 @pytest.mark.parametrize('key, value, must', [

@@ -27,8 +27,13 @@ _HOMES = {
 
 
 def __getattr__(name):
-  if name not in _HOMES:
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  if name not in _HOMES:  # a submodule not imported yet (`data.info`, `data.folder`, ...)
+    try:
+      return importlib.import_module(f'{__name__}.{name}')
+    except ModuleNotFoundError as e:
+      if e.name != f'{__name__}.{name}':
+        raise
+      raise AttributeError(f'module {__name__!r} has no attribute {name!r}') from None
   module = importlib.import_module(f'{__name__}.{_HOMES[name]}')
   return module if _HOMES[name] == name else getattr(module, name)
 
