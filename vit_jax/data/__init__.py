@@ -17,12 +17,11 @@ import importlib
 
 from vit_jax.data import mnist5k  # registers the builder
 
-# name -> the module that defines it (a module name maps to itself)
+# name -> the module that defines it (submodules, `data.preprocess` etc., load by their own name)
 _HOMES = {
     'DatasetInfo': 'info', 'get_info': 'info', 'SHARDINGS': 'choices',
     'EvalBatches': 'pipeline', 'eval_iterator': 'pipeline',
     'hide_accelerators_from_tf': 'pipeline', 'train_iterator': 'pipeline',
-    'preprocess': 'preprocess',
 }
 
 
@@ -34,8 +33,7 @@ def __getattr__(name):
       if e.name != f'{__name__}.{name}':
         raise
       raise AttributeError(f'module {__name__!r} has no attribute {name!r}') from None
-  module = importlib.import_module(f'{__name__}.{_HOMES[name]}')
-  return module if _HOMES[name] == name else getattr(module, name)
+  return getattr(importlib.import_module(f'{__name__}.{_HOMES[name]}'), name)
 
 
-__all__ = sorted([*_HOMES, 'mnist5k'])
+__all__ = sorted([*_HOMES, 'mnist5k', 'preprocess'])
