@@ -50,7 +50,8 @@ def test_choices_come_from_the_modules_that_use_them():
 @pytest.mark.slow
 def test_a_config_is_checked_before_tensorflow_is_imported():
   """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
-  test process has imported TensorFlow already); vit_jax.data's names load when first used."""
+  test process has imported TensorFlow already), and so is one against the devices or the
+  model's input size; vit_jax.data's names load when first used."""
   code = ('import sys\n'
           'from configs import common\n'
           'from vit_jax.train import validate\n'
@@ -60,13 +61,31 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           '  validate.check_config(config)\n'
           'except Exception as e:\n'
           '  print(type(e).__name__, "tensorflow" in sys.modules)\n'
+          # The checks against the devices and the model's input size need no data either.
+          'from vit_jax.train import program\n'
+          'for key, value in (("image_size", 224), ("batch_size", 12), ("image_size", 30),\n'
+          '                   ("accum_steps", 3)):\n'
+          '  config = common.base_config()\n'
+          '  config[key] = value\n'
+          '  try:\n'
+          '    program.check_placement(config)\n'
+          '    print(key, "passes", end="; ")\n'
+          '  except Exception as e:\n'
+          '    print(key, type(e).__name__, str(e).split(":")[0], end="; ")\n'
+          'print("tensorflow" in sys.modules)\n'
           # The data package's names and submodules still load on first use.
           'from vit_jax import data\n'
           'print(callable(data.train_iterator), callable(data.info.load_builder),\n'
           '      data.SHARDINGS == data.choices.SHARDINGS, hasattr(data, "nope"))\n')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=ROOT).stdout
-  assert out.split('\n')[:2] == ['UserError False', 'True True True False'], out
+  assert out.split('\n')[:3] == [
+      'UserError False',
+      'image_size passes; batch_size UserError batch_size=12 does not split over 8 devices in 1 '
+      'processes; image_size UserError image size 30 is not divisible by the patch size 16 of '
+      'this ViT (hidden 768, 12 layers); accum_steps UserError the per-device batch 512 does not '
+      'split into accum_steps=3 micro-batches; False',
+      'True True True False'], out
 
 
 @pytest.mark.parametrize('key, value, must', [

@@ -36,11 +36,14 @@ def run(argv) -> int:
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
-  # The loop imports the data pipeline and with it TensorFlow (~3 CPU-s): only for a valid config.
   from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
+  program.check_placement(_CONFIG.value)  # the batch against the devices, the image size
+  # The loop imports the data pipeline and with it TensorFlow (~3 CPU-s): only for a config that
+  # passed every check that needs no data.
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                    allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing

@@ -329,28 +329,16 @@ class VisionTransformer(nn.Module):
     out, variables = self.clone(scan=False).init_with_output(rngs, *args, **kwargs)
     return out, layout.stack_blocks(variables)
 
-  @property
-  def patch(self) -> Tuple[int, int]:
-    p = self.patch_size
-    return (int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1]))
-
-  def _check(self, inputs: jax.Array, resnet: Optional[resnet_lib.ResNetConfig]) -> None:
-    """User mistakes (bad option values, image shape) -> one-line UserError."""
-    if self.classifier not in CLASSIFIERS:
-      raise UserError(f'unknown classifier {self.classifier!r}: use one of {", ".join(CLASSIFIERS)}')
-    if self.posemb not in POSEMBS:
-      raise UserError(f'unknown posemb {self.posemb!r}: use one of {", ".join(POSEMBS)}')
-    attention_lib.check(self.attention, self.attention_dropout_rate)
-    if self.hidden_size % self.num_heads:
-      raise UserError(f'hidden_size {self.hidden_size} is not divisible by num_heads '
-                      f'{self.num_heads}: use a hidden size that is a multiple of num_heads')
-    if inputs.ndim != 4:
-      raise UserError(f'expected NHWC images [batch, height, width, channels], got shape '
-                      f'{tuple(inputs.shape)}: add the missing batch or channel axis')
+  @nn.nowrap
+  def check_image_size(self, height: int, width: int) -> None:
+    """Raises a UserError unless the images split into whole patches (hybrids: after the ResNet
+    stem's stride). Needs no parameters: the train command checks a config with it before it
+    loads any data."""
+    resnet = resnet_lib.as_resnet_config(self.resnet)
     stride = resnet.stride if resnet is not None else 1
     ph, pw = self.patch
     eh, ew = ph * stride, pw * stride
-    h, w = inputs.shape[1:3]
+    h, w = height, width
     if h % eh or w % ew:
       size = f'{h}' if h == w else f'{h}x{w}'
       if resnet is None:
@@ -364,12 +352,32 @@ class VisionTransformer(nn.Module):
                       f'(hidden {self.hidden_size}, {self.num_layers} layers): '
                       f'use a multiple of {multiple}')
 
+  @property
+  def patch(self) -> Tuple[int, int]:
+    p = self.patch_size
+    return (int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1]))
+
+  def _check(self, inputs: jax.Array) -> None:
+    """User mistakes (bad option values, image shape) -> one-line UserError."""
+    if self.classifier not in CLASSIFIERS:
+      raise UserError(f'unknown classifier {self.classifier!r}: use one of {", ".join(CLASSIFIERS)}')
+    if self.posemb not in POSEMBS:
+      raise UserError(f'unknown posemb {self.posemb!r}: use one of {", ".join(POSEMBS)}')
+    attention_lib.check(self.attention, self.attention_dropout_rate)
+    if self.hidden_size % self.num_heads:
+      raise UserError(f'hidden_size {self.hidden_size} is not divisible by num_heads '
+                      f'{self.num_heads}: use a hidden size that is a multiple of num_heads')
+    if inputs.ndim != 4:
+      raise UserError(f'expected NHWC images [batch, height, width, channels], got shape '
+                      f'{tuple(inputs.shape)}: add the missing batch or channel axis')
+    self.check_image_size(*inputs.shape[1:3])
+
   @nn.compact
   def __call__(self, inputs: jax.Array, *, train: bool, corrupt=None) -> jax.Array:
     """`corrupt` (masked patch prediction only): {'source': int [B, N] patch to take each
     embedding from, 'use_mask': bool [B, N] replace by the mask token}; see vit_jax/tasks/mpp.py."""
+    self._check(inputs)
     resnet = resnet_lib.as_resnet_config(self.resnet)
-    self._check(inputs, resnet)
     x = inputs.astype(self.dtype)
 
     if resnet is not None:

@@ -182,6 +182,27 @@ def _check_tensor_parallel(model, mesh) -> None:
                     f'MLP width {model.mlp_dim} of this model: use a mesh.model that divides both')
 
 
+def _placement(config, devices: Optional[list]):
+  """(the TPU slice compiled for or None, the mesh): `config.compile_for`'s devices or `devices`
+  (default: all), checked against the batch sizes and micro-batches."""
+  target = targets.tpu_slice(config.compile_for) if config.compile_for else None
+  if target is not None:
+    devices = targets.slice_devices(target)
+  mesh = parallel.make_mesh(config.mesh, devices)
+  _check_mesh(config, mesh)
+  return target, mesh
+
+
+def check_placement(config, devices: Optional[list] = None) -> None:
+  """The mistakes a config shows against its devices (batch sizes, micro-batches, mesh) and its
+  model's input size, found without the dataset: the train command runs this before it imports
+  the data pipeline and with it TensorFlow. `build_program` makes the same checks."""
+  _placement(config, devices)
+  model = tasks.build_model(config, num_classes=1)
+  if hasattr(model, 'check_image_size'):  # a ViT (a BiT takes any size)
+    model.check_image_size(config.image_size, config.image_size)
+
+
 def build_program(config, devices: Optional[list] = None, *,
                   require_dataset: Optional[bool] = None) -> Program:
   """Resolves and compiles (lazily, at first call) everything a config describes.
@@ -192,11 +213,7 @@ def build_program(config, devices: Optional[list] = None, *,
   """
   validate.check_config(config)
   task = tasks.get_task(config)
-  target = targets.tpu_slice(config.compile_for) if config.compile_for else None
-  if target is not None:
-    devices = targets.slice_devices(target)
-  mesh = parallel.make_mesh(config.mesh, devices)
-  _check_mesh(config, mesh)
+  target, mesh = _placement(config, devices)
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
   num_classes, num_train, channels = dataset_facts(config, require_dataset)
@@ -232,5 +249,5 @@ def build_program(config, devices: Optional[list] = None, *,
                  eval_fn=eval_fn, target=target)
 
 
-__all__ = ['Program', 'build_program', 'resolve_steps',
+__all__ = ['Program', 'build_program', 'check_placement', 'resolve_steps',
            'dataset_facts', 'head_width', 'init_fn_and_shapes']
