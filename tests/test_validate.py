@@ -73,18 +73,31 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           '  except Exception as e:\n'
           '    print(key, type(e).__name__, str(e).split(":")[0], end="; ")\n'
           'print("tensorflow" in sys.modules)\n'
+          # Asking whether TensorFlow is installed (etils does for every local path) does not
+          # import it; importing it does, through the quiet import.
+          'import importlib.util, os\n'
+          'from etils import epath\n'
+          'from vit_jax import cli\n'
+          'cli.import_tensorflow_quietly_when_needed()\n'
+          'found = importlib.util.find_spec("tensorflow") is not None\n'
+          'print(found, epath.Path(os.getcwd()).is_dir(), "tensorflow" in sys.modules, end=" ")\n'
+          'import tensorflow\n'
+          'print(tensorflow.__name__)\n'
           # The data package's names and submodules still load on first use.
           'from vit_jax import data\n'
           'print(callable(data.train_iterator), callable(data.info.load_builder),\n'
           '      data.SHARDINGS == data.choices.SHARDINGS, hasattr(data, "nope"))\n')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
-                       cwd=ROOT).stdout
-  assert out.split('\n')[:3] == [
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                        cwd=ROOT)
+  assert 'oneDNN' not in proc.stderr, proc.stderr  # TensorFlow's banner: the import was quiet
+  out = proc.stdout
+  assert out.split('\n')[:4] == [
       'UserError False',
       'image_size passes; batch_size UserError batch_size=12 does not split over 8 devices in 1 '
       'processes; image_size UserError image size 30 is not divisible by the patch size 16 of '
       'this ViT (hidden 768, 12 layers); accum_steps UserError the per-device batch 512 does not '
       'split into accum_steps=3 micro-batches; False',
+      'True True False tensorflow',
       'True True True False'], out
 
 

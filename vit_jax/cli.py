@@ -8,6 +8,7 @@ import ast
 import difflib
 import gc
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -201,18 +202,21 @@ def import_tensorflow_quietly() -> None:
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   """Makes the first `import tensorflow` (wherever it happens) go through
-  `import_tensorflow_quietly`, so a command that never needs TensorFlow never pays its 2.5 s."""
+  `import_tensorflow_quietly`, so a command that never needs TensorFlow never pays its 2.5 s.
+  Only an import imports it: asking whether it is installed (`importlib.util.find_spec`, as
+  etils' paths do for every local path) does not."""
 
   def find_spec(self, name, path, target=None):
-    del path, target
-    if name != 'tensorflow':
+    del target
+    if name != 'tensorflow' or importlib.machinery.PathFinder.find_spec(name, path) is None:
       return None
-    sys.meta_path.remove(self)
-    import_tensorflow_quietly()
     return importlib.util.spec_from_loader(name, self)
 
   def create_module(self, spec):
-    return sys.modules[spec.name]  # already imported, quietly
+    if self in sys.meta_path:
+      sys.meta_path.remove(self)
+    import_tensorflow_quietly()
+    return sys.modules[spec.name]
 
   def exec_module(self, module):
     del module
