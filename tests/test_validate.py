@@ -51,8 +51,14 @@ def test_choices_come_from_the_modules_that_use_them():
 def test_a_config_is_checked_before_tensorflow_is_imported():
   """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
   test process has imported TensorFlow already), and so is one against the devices or the
-  model's input size; vit_jax.data's names load when first used."""
+  model's input size; a sweep reads logs without JAX or TensorFlow; vit_jax.data's names load
+  when first used."""
   code = ('import sys\n'
+          # A sweep reads its runs' logs without JAX or TensorFlow.
+          'from vit_jax import sweeps\n'
+          'from vit_jax.train import guards, logs\n'
+          'print(logs.read_metrics("/nonexistent/metrics.jsonl"), "jax" in sys.modules,\n'
+          '      "tensorflow" in sys.modules)\n'
           'from configs import common\n'
           'from vit_jax.train import validate\n'
           'config = common.base_config()\n'
@@ -91,7 +97,8 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
                         cwd=ROOT)
   assert 'oneDNN' not in proc.stderr, proc.stderr  # TensorFlow's banner: the import was quiet
   out = proc.stdout
-  assert out.split('\n')[:4] == [
+  assert out.split('\n')[:5] == [
+      '[] False False',
       'UserError False',
       'image_size passes; batch_size UserError batch_size=12 does not split over 8 devices in 1 '
       'processes; image_size UserError image size 30 is not divisible by the patch size 16 of '

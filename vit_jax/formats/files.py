@@ -1,30 +1,18 @@
-"""Reading and atomically writing checkpoint files, local or remote (gs:// etc. via tf.io.gfile).
+"""Reading and atomically writing checkpoint files, local or remote (gs:// etc.: vit_jax/fileio.py).
 
 Shared by the .npz and .safetensors formats. Every problem a user can fix raises `UserError`.
 """
 
 import contextlib
 import os
-import re
 import tempfile
 import uuid
 from typing import BinaryIO, Callable
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import gfile, is_remote
 
 FIX = 'check the path, or re-download / re-export the checkpoint'
-_REMOTE = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
-
-
-def is_remote(path: str) -> bool:
-  return bool(_REMOTE.match(path))
-
-
-def gfile():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for gs:// and the like)
-  return tf.io.gfile
-
-
 def describe(e: BaseException) -> str:
   """'ExceptionType: first 160 characters of the message', on one line."""
   text = ' '.join(str(e).split())[:160]

@@ -11,6 +11,7 @@ the best (a second study) -> tables and a plot (report.py).
 import concurrent.futures
 from typing import Callable, Optional
 
+from vit_jax.fileio import files_for
 from vit_jax.sweeps import report
 from vit_jax.sweeps import runner
 from vit_jax.sweeps import spec as spec_lib
@@ -41,7 +42,7 @@ def run_sweep(spec_path: str, workdir: str, *, launcher: str = 'process', parall
   from vit_jax.train import lock as lock_lib  # pylint: disable=g-import-not-at-top
   url = study_lib.storage_url(workdir, storage)
   exclusive = storage is None
-  runner.gfile().makedirs(workdir)
+  files_for(workdir).makedirs(workdir)
   held = lock_lib.WorkdirLock(workdir).acquire() if exclusive else None  # one sweep per dir
   try:
     store = study_lib.open_storage(url, heartbeat_s)

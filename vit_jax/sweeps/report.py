@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vit_jax.fileio import files_for
 from vit_jax.sweeps.spec import SEED, Sweep
 
 Setting = Tuple[Tuple[str, Any], ...]
@@ -94,10 +95,6 @@ def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _gfile():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # the workdir may be gs://
-  return tf.io.gfile
-
 
 def write_csv(path: str, sweep: Sweep, outcomes) -> None:
   keys = sweep.keys
@@ -107,7 +104,7 @@ def write_csv(path: str, sweep: Sweep, outcomes) -> None:
   for o in outcomes:
     writer.writerow([o.run.phase, o.run.name] + [o.run.value(k) for k in keys] +
                     [o.metric, o.status, None if o.seconds is None else round(o.seconds, 1)])
-  with _gfile().GFile(path, 'w') as f:
+  with files_for(path).GFile(path, 'w') as f:
     f.write(text.getvalue())
 
 
@@ -139,7 +136,7 @@ def plot(path: str, sweep: Sweep, rows: Sequence[Row]) -> None:
     ax.legend()
   ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(sweep.path))) or sweep.path)
   fig.tight_layout()
-  with _gfile().GFile(path, 'wb') as f:
+  with files_for(path).GFile(path, 'wb') as f:
     fig.savefig(f, dpi=100, format='png')
   plt.close(fig)
 
@@ -148,7 +145,7 @@ def write(root: str, sweep: Sweep, grid_outcomes, final_outcomes, best) -> Dict[
   grid_rows, final_rows = aggregate(grid_outcomes), aggregate(final_outcomes)
   write_csv(os.path.join(root, 'results.csv'), sweep, list(grid_outcomes) + list(final_outcomes))
   table = markdown(sweep, grid_rows, final_rows, best)
-  with _gfile().GFile(os.path.join(root, 'results.md'), 'w') as f:
+  with files_for(root).GFile(os.path.join(root, 'results.md'), 'w') as f:
     f.write(table)
   png = os.path.join(root, f'{sweep.metric}_vs_{sweep.x.split(".")[-1]}.png')
   plot(png, sweep, grid_rows)
@@ -160,7 +157,7 @@ def write(root: str, sweep: Sweep, grid_outcomes, final_outcomes, best) -> Dict[
       'final': [{**dict(r.setting), 'mean': r.mean, 'std': r.std, 'n': len(r.metrics)}
                 for r in final_rows],
   }
-  with _gfile().GFile(os.path.join(root, 'best.json'), 'w') as f:
+  with files_for(root).GFile(os.path.join(root, 'best.json'), 'w') as f:
     json.dump(summary, f, indent=1, default=str)
   summary['table'], summary['plot'] = table, png
   return summary

@@ -27,6 +27,7 @@ import time
 from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import files_for, is_remote
 from vit_jax.sweeps.spec import Run, Sweep
 
 RESULT = 'sweep_result.json'
@@ -62,24 +63,18 @@ def run_dir(root: str, run: Run) -> str:
   return os.path.join(root, run.name)
 
 
-def gfile():
-  """tf.io.gfile: a sweep's workdir may be local or a bucket (gs://), as the trainer's."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile
-
-
 def read_result(root: str, run: Run) -> Optional[dict]:
   path = os.path.join(run_dir(root, run), RESULT)
-  if not gfile().exists(path):
+  if not files_for(path).exists(path):
     return None
-  with gfile().GFile(path) as f:
+  with files_for(path).GFile(path) as f:
     return json.load(f)
 
 
 def log_path(workdir: str) -> str:
   """Where a run's trainer output goes: `<run workdir>/log.txt`; for a bucket, a local file
   (copied to the bucket after each attempt), since a subprocess writes to a local file."""
-  if '://' not in workdir:
+  if not is_remote(workdir):
     return os.path.join(workdir, 'log.txt')
   import hashlib  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
@@ -190,7 +185,7 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
             reporter=None, lock_wait_s: float = 0.0) -> Outcome:
   """Trains one run to its end (or until `reporter.poll()` says to prune it)."""
   from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
-  gfile().makedirs(workdir)
+  files_for(workdir).makedirs(workdir)
   holder = lock.holder(workdir)
   deadline = time.monotonic() + lock_wait_s
   while holder is not None and time.monotonic() < deadline and not trainers.stopping:
@@ -207,7 +202,8 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
     with open(log_path(workdir), 'a') as log:
       status = trainers.run(command(sweep, run, workdir), log, poll)
     if log_path(workdir) != os.path.join(workdir, 'log.txt'):
-      gfile().copy(log_path(workdir), os.path.join(workdir, 'log.txt'), overwrite=True)
+      files_for(workdir).copy(log_path(workdir), os.path.join(workdir, 'log.txt'),
+                              overwrite=True)
     if status is None:
       return Outcome(run, 'stopped', error='not started: the sweep was stopped')
     preempted = status == 0 and _last_line(workdir).startswith('preempted:')
@@ -229,7 +225,7 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
   if record is None or sweep.metric not in record:
     return Outcome(run, 'failed', error=f'no eval record with {sweep.metric!r} in metrics.jsonl')
   metric = float(record[sweep.metric])
-  with gfile().GFile(os.path.join(workdir, RESULT), 'w') as f:
+  with files_for(workdir).GFile(os.path.join(workdir, RESULT), 'w') as f:
     json.dump({'metric': metric, 'seconds': seconds, 'step': record['step'],
                'values': dict(run.values), 'overrides': dict(run.overrides)}, f, indent=1)
   return Outcome(run, 'done', metric, seconds)

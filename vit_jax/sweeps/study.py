@@ -21,6 +21,7 @@ import warnings
 from typing import Dict, List, Optional
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import is_remote
 from vit_jax.sweeps.spec import PRUNERS, Run, Sweep
 
 DB_FILE = 'study.db'
@@ -35,10 +36,6 @@ def _optuna():
   # Heartbeats are ours (worker._Heartbeat), not Study.optimize's.
   warnings.filterwarnings('ignore', message='Heartbeat of storage is supposed to be used')
   return optuna
-
-
-def is_remote(path: str) -> bool:
-  return '://' in path
 
 
 def default_name(workdir: str) -> str:
@@ -210,4 +207,4 @@ def counted(trials):
 
 
 __all__ = ['open_storage', 'open_study', 'storage_url', 'default_name', 'suggest', 'params_of',
-           'runs_of', 'counted', 'is_remote', 'DB_FILE', 'FINAL']
+           'runs_of', 'counted', 'DB_FILE', 'FINAL']

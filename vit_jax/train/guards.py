@@ -26,8 +26,6 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-import jax
-
 from vit_jax import interrupt
 from vit_jax.errors import UserError
 
@@ -53,6 +51,7 @@ class Preemption:
     self._saving = False
     self._stopping = False  # the stop step is reached: the run saves, closes and returns
     self._previous = {}
+    import jax  # pylint: disable=g-import-not-at-top  # a sweep uses PARENT_ENV without JAX
     self._multiprocess = jax.process_count() > 1
 
   def __enter__(self):

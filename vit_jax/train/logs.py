@@ -11,8 +11,7 @@ import os
 import sys
 import time
 
-import jax
-
+from vit_jax import fileio
 from vit_jax.errors import UserError
 
 
@@ -24,6 +23,11 @@ class WriteError(UserError):
   """A metric file that cannot be written (disk full, permissions): says which and why."""
 
 
+def _process_index() -> int:
+  import jax  # pylint: disable=g-import-not-at-top  # reading logs (a sweep) needs no JAX
+  return jax.process_index()
+
+
 class MetricLogger:
   """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/.
 
@@ -31,7 +35,7 @@ class MetricLogger:
   before stays."""
 
   def __init__(self, workdir: str, *, enabled: bool | None = None):
-    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.enabled = _process_index() == 0 if enabled is None else enabled
     self.path = metrics_path(workdir)
     self.tb_dir = os.path.join(workdir, 'tensorboard')
     self._tb = self._jsonl = None
@@ -90,10 +94,10 @@ def read_metrics(path: str) -> list[dict]:
 
 
 def _read(path: str) -> bytes:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not tf.io.gfile.exists(path):
+  files = fileio.files_for(path)  # a sweep reading its runs' logs needs no TensorFlow
+  if not files.exists(path):
     return b''
-  with tf.io.gfile.GFile(path, 'rb') as f:
+  with files.GFile(path, 'rb') as f:
     return f.read()
 
 
@@ -154,7 +158,7 @@ class Progress:
 
   def __init__(self, total_steps: int, start_step: int, batch_size: int, *, enabled: bool):
     self.total, self.batch = total_steps, batch_size
-    self.enabled = enabled and jax.process_index() == 0
+    self.enabled = enabled and _process_index() == 0
     self._t0, self._s0 = time.perf_counter(), start_step
     self._tty = sys.stderr.isatty()
 
