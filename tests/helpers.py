@@ -1,5 +1,6 @@
 """Helpers the test modules share (fixtures are in conftest.py): the repository root, a free
-loopback port, a run's metrics log, and XLA's optimisations for the tests that train longer."""
+loopback port, a run's metrics log, a sweep spec file, and XLA's optimisations for the tests that
+train longer."""
 
 import contextlib
 import json
@@ -33,6 +34,27 @@ def records(workdir, split=None) -> list:
 def train_losses(workdir) -> list:
   """The train losses a run logged, in step order."""
   return [r['loss'] for r in records(workdir, 'train')]
+
+
+def write_sweep_spec(directory, data_dir, *, steps: int, grid: dict, overrides: str = '',
+                     extra: str = '') -> str:
+  """Writes `directory`/sweep.py, a sweep of ViT-Ze/4 runs of `steps` steps (batch 32) on mnist5k
+  in `data_dir` over `grid`, and returns its path. `overrides` and `extra` are Python source
+  spliced in: more config overrides ("'eval_every': 4, ") and more keys of the spec ("'select':
+  None,")."""
+  path = os.path.join(str(directory), 'sweep.py')
+  with open(path, 'w') as f:
+    f.write(f"""
+def get_sweep():
+  return {{
+      'config': 'configs/mnist5k.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
+      'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
+                    {overrides}}},
+      'grid': {grid!r},
+      {extra}
+  }}
+""")
+  return path
 
 
 # The suite compiles with most of XLA's optimisations off (conftest.py): right for its many

@@ -15,7 +15,7 @@ import pytest
 from vit_jax import sweeps
 from vit_jax.errors import UserError
 from vit_jax.sweeps import report, runner, spec as spec_lib
-from helpers import ROOT
+from helpers import ROOT, write_sweep_spec
 
 
 
@@ -23,18 +23,9 @@ def _write_spec(tmp_path, data_dir, *, select=True, steps=4, grid=None):
   grid = grid or {'lr': [0.001, 0.01], 'seed': [0, 1]}
   selection = ("{'dev': {'train_split': 'train[:90%]', 'eval_split': 'train[90%:]'}, "
                "'final': {}}") if select else 'None'
-  path = tmp_path / 'sweep.py'
-  path.write_text(f'''
-def get_sweep():
-  return {{
-      'config': 'configs/mnist5k.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
-      'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
-                    'eval_every': {steps}, 'eval_batch_size': 400}},
-      'grid': {grid!r},
-      'select': {selection},
-  }}
-''')
-  return str(path)
+  return write_sweep_spec(tmp_path, data_dir, steps=steps, grid=grid,
+                          overrides=f"'eval_every': {steps}, 'eval_batch_size': 400",
+                          extra=f"'select': {selection},")
 
 
 def test_spec_expansion_and_errors(tmp_path, data_dir):

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from vit_jax import sweeps
-from helpers import ROOT, free_port, records
+from helpers import ROOT, free_port, records, write_sweep_spec
 
 
 @contextlib.contextmanager
@@ -51,18 +51,8 @@ def _postgres():
 
 
 def _spec(tmp_path, data_dir, *, steps, grid, extra='', overrides=''):
-  path = tmp_path / 'sweep.py'
-  path.write_text(f'''
-def get_sweep():
-  return {{
-      'config': 'configs/mnist5k.py:model_name=ViT-Ze/4,steps={steps},batch_size=32',
-      'overrides': {{'warmup_steps': 1, 'data_dir': {str(data_dir)!r}, 'progress': False,
-                    'eval_batch_size': 1000, {overrides}}},
-      'grid': {grid!r},
-      {extra}
-  }}
-''')
-  return str(path)
+  return write_sweep_spec(tmp_path, data_dir, steps=steps, grid=grid, extra=extra,
+                          overrides="'eval_batch_size': 1000, " + overrides)
 
 
 def _worker(spec, workdir, *extra):
