@@ -63,6 +63,18 @@ def _flops(compiled) -> float:
   return float(cost.get('flops', 0.0))
 
 
+def _unrolled(config):
+  """The same config with the encoder unrolled, or None when it is not scanned. XLA's cost
+  analysis counts a loop's body once, so a scanned encoder's FLOPs are read from the unrolled
+  step's lowering (not compiled; XLA's count before its optimisations, within 1% of the compiled
+  step's: 0.75% below for a ViT-Ze/4 train step, 0.13% for its forward pass)."""
+  if not config.model.get('scan'):
+    return None
+  unrolled = config.copy_and_resolve_references()
+  unrolled.model.scan = False
+  return unrolled
+
+
 def _peak(compiled) -> int:
   m = compiled.memory_analysis()
   return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
@@ -135,8 +147,22 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
     return metrics
 
   jax.block_until_ready(step())
-  return Prepared(step, config.batch_size, _flops(compiled), _peak(compiled),
-                  time.perf_counter() - start, compiled.as_text())
+  seconds = time.perf_counter() - start
+  flops, unrolled = _flops(compiled), _unrolled(config)
+  if unrolled is not None:
+    p = program_lib.build_program(unrolled, devices or jax.devices()[:1], require_dataset=False)
+    flops = _flops(p.train_fn.lower(p.abstract_state, p.abstract_batch(), p.dropout_rng))
+  return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
+
+
+def _forward_flops(config, images) -> float:
+  """XLA's FLOPs of the forward pass of the config's model (unrolled) on `images`, lowered only."""
+  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
+  model = tasks.build_model(config, config.num_classes)
+  params = jax.eval_shape(lambda r: model.init(r, images[:1], train=False)['params'],
+                          jax.random.PRNGKey(0))
+  return _flops(jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(
+      params, images))
 
 
 def prepare_infer(config) -> Prepared:
@@ -152,8 +178,10 @@ def prepare_infer(config) -> Prepared:
   compiled = forward.lower(params, images).compile()
   step = lambda: compiled(params, images)
   jax.block_until_ready(step())
-  return Prepared(step, config.batch_size, _flops(compiled), _peak(compiled),
-                  time.perf_counter() - start, compiled.as_text())
+  seconds = time.perf_counter() - start
+  unrolled = _unrolled(config)
+  flops = _flops(compiled) if unrolled is None else _forward_flops(unrolled, images)
+  return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
 
 
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
