@@ -172,9 +172,16 @@ def test_a_killed_download_never_looks_complete(mirror, tmp_path):
     server.close()
   left = os.listdir(tmp_path / 'cache' / 'imagenet21k')
   assert len(left) == 1 and left[0].startswith('.ViT-B_16.npz.') and left[0].endswith('.tmp')
-  # The next command does not take the partial file for the weights: it downloads them.
+  # The next command does not take the partial file for the weights: it downloads them. A
+  # partial file idle for longer than a live download could be is removed; a fresh one (another
+  # process downloading now) is kept.
+  stale = part / left[0]
+  os.utime(stale, (time.time() - 2 * weights.TIMEOUT_S - 5,) * 2)
+  live = part / '.ViT-B_16.npz.another.tmp'
+  live.write_bytes(b'partial')
   path = weights.fetch(B16)
   assert open(path, 'rb').read() == (mirror / 'imagenet21k' / 'ViT-B_16.npz').read_bytes()
+  assert sorted(os.listdir(part)) == [live.name, 'ViT-B_16.npz']
 
 
 @pytest.mark.slow

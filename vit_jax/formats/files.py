@@ -6,6 +6,7 @@ Shared by the .npz and .safetensors formats. Every problem a user can fix raises
 import contextlib
 import os
 import tempfile
+import time
 import uuid
 from typing import BinaryIO, Callable
 
@@ -42,6 +43,29 @@ def open_for_read(path: str, kind: str = '.npz'):
     raise UserError(f'cannot open checkpoint {path}: {e.strerror or e}') from None
 
 
+def _temp_prefix(path: str) -> str:
+  return f'.{os.path.basename(path)}.'
+
+
+def remove_stale_temps(path: str, idle_s: float) -> list:
+  """Removes the temporary files `atomic_write` left next to local `path` when its process was
+  killed (SIGKILL: no cleanup runs), those untouched for `idle_s` seconds: a live writer of the
+  same file (another process) touches its own more often. Returns the names removed."""
+  directory = os.path.dirname(os.path.abspath(path))
+  prefix, now, removed = _temp_prefix(path), time.time(), []
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return removed
+  for name in names:
+    if name.startswith(prefix) and name.endswith('.tmp'):
+      with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+        if now - os.stat(os.path.join(directory, name)).st_mtime > idle_s:
+          os.remove(os.path.join(directory, name))
+          removed.append(name)
+  return removed
+
+
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
   """Calls `write(f)` on a temporary file and renames it to `path`: readers see the old file or
   the complete new one, never a partial one. Local files are fsynced (file and directory)."""
@@ -52,7 +76,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
   if not os.path.isdir(directory):
     raise UserError(f'cannot save {path}: directory {directory} does not exist; create it first')
   # A hidden temp file in the same directory (same filesystem: the rename is atomic).
-  tmp = os.path.join(directory, f'.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp')
+  tmp = os.path.join(directory, f'{_temp_prefix(path)}{uuid.uuid4().hex}.tmp')
   try:
     with open(tmp, 'xb') as f:
       write(f)

@@ -141,6 +141,9 @@ def fetch(name: str) -> str:
   except OSError as e:
     raise UserError(f'cannot create the weights cache {os.path.dirname(path)} ({e.strerror or e})'
                     f': set {DIR_VAR} to a writable directory') from None
+  # A download killed before (SIGKILL) left its partial file: a live one would have written to
+  # it or timed out within TIMEOUT_S.
+  files.remove_stale_temps(path, idle_s=2 * TIMEOUT_S)
   try:
     with urllib.request.urlopen(address, timeout=TIMEOUT_S) as response:
       expected = response.headers.get('Content-Length')
