@@ -14,6 +14,8 @@ from vit_jax.errors import UserError
 from vit_jax.fileio import gfile, is_remote
 
 FIX = 'check the path, or re-download / re-export the checkpoint'
+
+
 def describe(e: BaseException) -> str:
   """'ExceptionType: first 160 characters of the message', on one line."""
   text = ' '.join(str(e).split())[:160]

@@ -95,7 +95,6 @@ def markdown(sweep: Sweep, grid_rows, final_rows, best: List[Setting]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-
 def write_csv(path: str, sweep: Sweep, outcomes) -> None:
   keys = sweep.keys
   text = io.StringIO(newline='')
