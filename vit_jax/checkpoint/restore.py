@@ -15,6 +15,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import is_remote
 from vit_jax.models import layout
 
 
@@ -91,7 +92,7 @@ def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_colle
 
 def _absolute(path) -> epath.Path:
   path = str(path)
-  return epath.Path(path if '://' in path else os.path.abspath(path))
+  return epath.Path(path if is_remote(path) else os.path.abspath(path))
 
 
 def _average_index(opt_state) -> Optional[int]:

@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import is_remote
 from vit_jax.models import layout
 from vit_jax.parallel import sharding
 
@@ -55,7 +56,7 @@ class Checkpointer:
   def __init__(self, workdir: str, *, keep: int):
     _use_plain_array_writes_on_cpu()
     directory = os.path.join(workdir, 'checkpoints')
-    self.directory = directory if '://' in directory else os.path.abspath(directory)
+    self.directory = directory if is_remote(directory) else os.path.abspath(directory)
     self.workdir = workdir
     self._keep = keep
     self._manager = self._open()

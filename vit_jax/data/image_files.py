@@ -14,6 +14,7 @@ import numpy as np
 
 from vit_jax import quiet
 from vit_jax.errors import UserError
+from vit_jax.fileio import is_remote
 
 
 def shown(path: str) -> str:
@@ -24,7 +25,7 @@ def shown(path: str) -> str:
 
 def read_bytes(path: str) -> bytes:
   """The bytes of an image file; UserError if it is missing or unreadable."""
-  if '://' not in path:  # local: read under its real name, whatever its encoding
+  if not is_remote(path):  # local: read under its real name, whatever its encoding
     try:
       with open(path, 'rb') as f:
         return f.read()

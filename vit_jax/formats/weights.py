@@ -27,6 +27,7 @@ import zipfile
 from typing import Dict, Optional
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import is_remote
 from vit_jax.formats import files
 
 URL_VAR, DIR_VAR = 'VIT_JAX_WEIGHTS_URL', 'VIT_JAX_WEIGHTS_DIR'
@@ -99,7 +100,7 @@ KNOWN = _registry()
 
 def is_name(text: Optional[str]) -> bool:
   """True for text that names weights (`MODEL@SOURCE`), known or not (then `lookup` says so)."""
-  return bool(text) and '@' in text and not os.path.exists(text) and '://' not in text
+  return bool(text) and '@' in text and not os.path.exists(text) and not is_remote(text)
 
 
 def lookup(name: str) -> Weights:

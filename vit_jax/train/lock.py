@@ -34,6 +34,7 @@ import uuid
 from typing import Optional
 
 from vit_jax.errors import UserError
+from vit_jax.fileio import is_remote
 
 LOCK_FILE = 'run.lock'
 HEARTBEAT_S = 60.0
@@ -217,7 +218,7 @@ class GfileStore:
 
 
 def store_for(workdir: str):
-  return GfileStore() if '://' in workdir else LocalStore()
+  return GfileStore() if is_remote(workdir) else LocalStore()
 
 
 def lock_path(workdir: str) -> str:
