@@ -155,32 +155,30 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
   return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
 
 
-def _forward_flops(config, images) -> float:
-  """XLA's FLOPs of the forward pass of the config's model (unrolled) on `images`, lowered only."""
+def _forward(config):
+  """(init(rng, images) -> params, the jitted forward pass (params, images) -> logits) of the
+  config's model, train=False."""
   from vit_jax import tasks  # pylint: disable=g-import-not-at-top
   model = tasks.build_model(config, config.num_classes)
-  params = jax.eval_shape(lambda r: model.init(r, images[:1], train=False)['params'],
-                          jax.random.PRNGKey(0))
-  return _flops(jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(
-      params, images))
+  init = lambda r, images: model.init(r, images[:1], train=False)['params']
+  return init, jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
 
 
 def prepare_infer(config) -> Prepared:
   """The forward pass (train=False) of the same model on one synthetic batch."""
-  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  model = tasks.build_model(config, config.num_classes)
+  init, forward = _forward(config)
   images = jnp.asarray(_synthetic_batch(config.batch_size, config.image_size,
                                         config.num_classes)['image'])
-  params = jax.jit(lambda r: model.init(r, images[:1], train=False)['params'])(
-      jax.random.PRNGKey(0))
-  forward = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+  params = jax.jit(init)(jax.random.PRNGKey(0), images)
   compiled = forward.lower(params, images).compile()
   step = lambda: compiled(params, images)
   jax.block_until_ready(step())
   seconds = time.perf_counter() - start
-  unrolled = _unrolled(config)
-  flops = _flops(compiled) if unrolled is None else _forward_flops(unrolled, images)
+  flops, unrolled = _flops(compiled), _unrolled(config)
+  if unrolled is not None:  # the unrolled model's forward pass, lowered only
+    init, forward = _forward(unrolled)
+    flops = _flops(forward.lower(jax.eval_shape(init, jax.random.PRNGKey(0), images), images))
   return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
 
 

@@ -49,23 +49,21 @@ def _temp_prefix(path: str) -> str:
   return f'.{os.path.basename(path)}.'
 
 
-def remove_stale_temps(path: str, idle_s: float) -> list:
+def remove_stale_temps(path: str, idle_s: float) -> None:
   """Removes the temporary files `atomic_write` left next to local `path` when its process was
   killed (SIGKILL: no cleanup runs), those untouched for `idle_s` seconds: a live writer of the
-  same file (another process) touches its own more often. Returns the names removed."""
+  same file (another process) touches its own more often."""
   directory = os.path.dirname(os.path.abspath(path))
-  prefix, now, removed = _temp_prefix(path), time.time(), []
+  prefix, now = _temp_prefix(path), time.time()
   try:
     names = os.listdir(directory)
   except OSError:
-    return removed
+    return
   for name in names:
     if name.startswith(prefix) and name.endswith('.tmp'):
       with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
         if now - os.stat(os.path.join(directory, name)).st_mtime > idle_s:
           os.remove(os.path.join(directory, name))
-          removed.append(name)
-  return removed
 
 
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
