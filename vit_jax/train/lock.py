@@ -34,7 +34,7 @@ import uuid
 from typing import Optional
 
 from vit_jax.errors import UserError
-from vit_jax.fileio import is_remote
+from vit_jax.fileio import gfile, is_remote
 
 LOCK_FILE = 'run.lock'
 HEARTBEAT_S = 60.0
@@ -186,10 +186,6 @@ class GfileStore:
   """A lock object through tf.io.gfile (gs://, ram://, ...): no create-if-absent there, so a
   record is written when none exists and read back after SETTLE_S seconds (module docstring)."""
 
-  def _gfile(self):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile
-
   def create(self, path: str, data: bytes) -> bool:
     if self.read(path) is not None:
       return False
@@ -197,20 +193,20 @@ class GfileStore:
     return True
 
   def read(self, path: str) -> Optional[bytes]:
-    gfile = self._gfile()
-    if not gfile.exists(path):
+    files = gfile()
+    if not files.exists(path):
       return None
-    with gfile.GFile(path, 'rb') as f:
+    with files.GFile(path, 'rb') as f:
       return f.read()
 
   def replace(self, path: str, data: bytes) -> None:
-    with self._gfile().GFile(path, 'wb') as f:
+    with gfile().GFile(path, 'wb') as f:
       f.write(data)
 
   def remove_if(self, path: str, expected: bytes) -> bool:
     if self.read(path) != expected:
       return False
-    self._gfile().remove(path)
+    gfile().remove(path)
     return True
 
   def settle(self) -> None:
