@@ -498,6 +498,25 @@ def test_eval_processes_with_fewer_examples_yield_padding_batches(data_dir):
   assert sorted(labels) == sorted(next(iter(whole))['label'].tolist())
 
 
+def test_pipelines_run_without_the_autotuner_thread(data_dir):
+  """Every pipeline (train stream, eval batches, the records few-shot and ReaL read) has tf.data's
+  autotuner off: its thread could stall an iterator's deletion for up to 60 s with the GIL held
+  (vit_jax/data/pipeline.py's docstring), which froze in-process test runs for 18-73 s."""
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  train = _train(data_dir, batch_size=4)
+  next(train)
+  batches, _ = data.eval_iterator(dataset='mnist5k', split='test[:4]', data_dir=data_dir,
+                                  batch_size=4, pp=IDENTITY_PP)
+  builder = data.info.load_builder('mnist5k', data_dir)
+  records = pipeline.encoded_records(builder, 'test[:4]', 'image', lambda ex: ex['label'],
+                                     cache=False)
+  datasets = {'train': train._iterator._dataset, 'eval': batches._ds, 'records': records}  # pylint: disable=protected-access
+  assert {name: ds.options().autotune.enabled for name, ds in datasets.items()} == dict.fromkeys(
+      datasets, False)
+  assert len(next(iter(batches))['label']) == 4 and len(list(records)) == 4
+  assert 1 <= pipeline.PARALLEL_CALLS <= 16
+
+
 def test_pipelines_on_variable_size_rgb_dataset(data_dir):
   train = data.train_iterator(
       dataset='vit_test_rgb', split='train', data_dir=data_dir, batch_size=5,
