@@ -157,6 +157,34 @@ def test_get_info_mnist5k(data_dir):
     info.num_examples('validation')
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['mnist5k', 'digits'])
+def test_catalog_facts_are_the_prepared_datasets(data_dir, name):
+  """What the trainer reads without TensorFlow (data.catalog) is what tfds says of the prepared
+  dataset; split expressions and other datasets are left to tfds."""
+  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
+  info = data.get_info(name, data_dir)
+  for split, size in info.split_sizes.items():
+    assert catalog.embedded_facts(name, split) == catalog.SplitFacts(
+        info.num_classes, info.image_shape, size)
+  assert catalog.embedded_facts(name, 'train[:90%]') is None
+  assert catalog.embedded_facts(f'{name}:1.0.0', 'train') is None
+  assert catalog.embedded_facts('cifar10', 'train') is None
+
+
+def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
+  from vit_jax.data import embedded  # pylint: disable=g-import-not-at-top
+
+  class Stated(mnist5k.Mnist5k):  # the real data, with a wrong statement of its split sizes
+    name = 'mnist5k_stated'
+    SPLIT_SIZES = {'train': 4001, 'test': 999}
+
+  with pytest.raises(RuntimeError, match=r"splits of \{'train': 4000, 'test': 1000\} examples, "
+                                         r"not the \{'train': 4001, 'test': 999\}"):
+    embedded.prepare(Stated, str(tmp_path))
+  assert not Stated(data_dir=str(tmp_path)).is_prepared()
+
+
 def test_get_info_other_dataset(data_dir):
   info = data.get_info('vit_test_rgb', data_dir)
   assert (info.num_classes, info.image_shape) == (3, (None, None, 3))

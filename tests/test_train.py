@@ -194,3 +194,36 @@ def test_eval_step_masks_padding():
   assert float(out['correct']) == expected
   ref_loss = losses.softmax_xent(logits, losses.one_hot(batch['label'][:10], 4)).sum()
   np.testing.assert_allclose(out['loss'], ref_loss, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_run_on_an_embedded_dataset_compiles_before_tensorflow_is_imported(tmp_path):
+  """The trainer's start on mnist5k (workdir checked, log repaired, program built, train step
+  compiling) imports no TensorFlow: its 1.4 s import then overlaps the compiles (cold ViT-Ti/16
+  first step about 1.2 s sooner, benchmarks/README.md). TensorFlow comes with the metric writer
+  and the input pipelines."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from helpers import ROOT  # pylint: disable=g-import-not-at-top
+  code = f'''
+import sys
+from configs import mnist5k
+from vit_jax.train import logs, loop, program, workdir
+config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=8')
+config.warmup_steps = 1
+workdir.prepare({str(tmp_path / 'w')!r})
+logs.repair_log({str(tmp_path / 'w' / 'metrics.jsonl')!r}, 0)
+prog = program.build_program(config)
+future = prog.compile_train_step_in_background()
+print('classes', prog.num_classes, 'train', prog.num_train, 'steps', prog.total_steps)
+print('tensorflow before the pipelines:', 'tensorflow' in sys.modules)
+future.result()
+loop.logs.MetricLogger({str(tmp_path / 'w')!r}).close()
+print('tensorflow with the metric writer:', 'tensorflow' in sys.modules)
+'''
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+      'classes 10 train 4000 steps 4', 'tensorflow before the pipelines: False',
+      'tensorflow with the metric writer: True']

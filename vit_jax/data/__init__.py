@@ -13,7 +13,7 @@ alone, 0.3 s). The other names load their module on first use, so `vit_jax.data.
 config validation reads) does not import TensorFlow.
 """
 
-import importlib
+from vit_jax import lazy
 
 from vit_jax.data import mnist5k  # registers the builder
 
@@ -25,15 +25,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name):
-  if name not in _HOMES:  # a submodule not imported yet (`data.info`, `data.folder`, ...)
-    try:
-      return importlib.import_module(f'{__name__}.{name}')
-    except ModuleNotFoundError as e:
-      if e.name != f'{__name__}.{name}':
-        raise
-      raise AttributeError(f'module {__name__!r} has no attribute {name!r}') from None
-  return getattr(importlib.import_module(f'{__name__}.{_HOMES[name]}'), name)
+__getattr__ = lazy.attributes(__name__, _HOMES)
 
 
 __all__ = sorted([*_HOMES, 'mnist5k', 'preprocess'])

@@ -23,6 +23,7 @@ class EmbeddedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version('1.0.0')
   IMAGE_SHAPE: Tuple[int, int, int] = (0, 0, 0)
   NUM_CLASSES = 0
+  SPLIT_SIZES: Dict[str, int] = {}  # what `splits` gives; the trainer reads it without TensorFlow
   HOMEPAGE = ''
   DESCRIPTION = ''
 
@@ -56,8 +57,12 @@ class EmbeddedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the data ships with an installed package.
     images, labels = self.arrays()
-    return {name: self._generate_examples(images, labels, rows)
-            for name, rows in self.splits(labels).items()}
+    splits = self.splits(labels)
+    sizes = {name: len(rows) for name, rows in splits.items()}
+    if sizes != self.SPLIT_SIZES:  # the installed package's data changed: say so, build nothing
+      raise RuntimeError(f'{self.name}: the source data gives splits of {sizes} examples, not the '
+                         f'{self.SPLIT_SIZES} this code states')
+    return {name: self._generate_examples(images, labels, rows) for name, rows in splits.items()}
 
   def _generate_examples(self, images, labels, rows):
     for row in rows:

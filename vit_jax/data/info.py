@@ -13,15 +13,13 @@ from typing import Optional
 
 import tensorflow_datasets as tfds
 
-from vit_jax.data import folder
-from vit_jax.data import digits
+from vit_jax.data import catalog
 from vit_jax.data import embedded
-from vit_jax.data import mnist5k
+from vit_jax.data import folder
 from vit_jax.errors import UserError
 
+EMBEDDED = catalog.EMBEDDED
 # Dataset names listed as examples in the "unknown dataset" message.
-# Built offline from installed packages on first use (vit_jax/data/embedded.py).
-EMBEDDED = {mnist5k.NAME: mnist5k, digits.NAME: digits}
 _EXAMPLE_NAMES = ('mnist5k', 'digits', 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet')
 
 

