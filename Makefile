@@ -22,16 +22,22 @@ HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
 install: $(STAMP)
 
+# The locks are installed by uv (its version pinned in requirements.lock, bootstrapped by pip):
+# the same packages as `pip install --no-deps -r requirements.lock`, byte-compiled too, in 10-13 s
+# instead of 33 s (AMD EPYC 26/2). uv reads PyPI (or UV_INDEX_URL), not pip's configuration.
+UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps --compile-bytecode
+
 $(STAMP): requirements.lock setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps "$$(grep -E '^uv==' requirements.lock)"
+	$(UV) -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 $(TPU_STAMP): $(STAMP) requirements-tpu.lock
 	rm -rf $(VENV)/tpu-compiler
-	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(VENV)/tpu-compiler -r requirements-tpu.lock
+	$(UV) --require-hashes --target $(VENV)/tpu-compiler -r requirements-tpu.lock
 	touch $(TPU_STAMP)
 
 tpu-compiler: $(TPU_STAMP)
