@@ -23,8 +23,9 @@ HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 install: $(STAMP)
 
 # The locks are installed by uv (its version pinned in requirements.lock, bootstrapped by pip):
-# the same packages as `pip install --no-deps -r requirements.lock`, byte-compiled too, in 10-13 s
-# instead of 33 s (AMD EPYC 26/2). uv reads PyPI (or UV_INDEX_URL), not pip's configuration.
+# the same packages as `pip install --no-deps -r requirements.lock`, byte-compiled too, in 9.8 s
+# (uv's cache warm) instead of 33 s (AMD EPYC 26/2, docs/speed.md). uv reads PyPI (or
+# UV_INDEX_URL), not pip's configuration.
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps --compile-bytecode
 
 $(STAMP): requirements.lock setup.py

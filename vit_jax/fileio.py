@@ -21,9 +21,17 @@ class _LocalFiles:
   GFile = staticmethod(open)
   exists = staticmethod(os.path.exists)
 
+  isdir = staticmethod(os.path.isdir)
+
   @staticmethod
   def makedirs(path: str) -> None:
     os.makedirs(path, exist_ok=True)
+
+  @staticmethod
+  def rename(src: str, dst: str, overwrite: bool = False) -> None:
+    if not overwrite and os.path.exists(dst):
+      raise FileExistsError(f'{dst} exists')
+    os.replace(src, dst)
 
 
 def files_for(path: str):
@@ -32,4 +40,13 @@ def files_for(path: str):
   return gfile() if is_remote(path) else _LocalFiles
 
 
-__all__ = ['files_for', 'gfile', 'is_remote']
+def errors_for(path: str) -> tuple:
+  """What a failed call of `files_for(path)` raises: OSError, and for a remote path TensorFlow's
+  OpError too (local paths still import no TensorFlow)."""
+  if not is_remote(path):
+    return (OSError,)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (already loaded by gfile())
+  return (OSError, tf.errors.OpError)
+
+
+__all__ = ['errors_for', 'files_for', 'gfile', 'is_remote']

@@ -5,9 +5,10 @@ the CPUs this process may run on, and the vector extensions XLA:CPU and PyTorch 
 (AVX2, AVX-512 and its BF16 / FP16 / VNNI parts, AMX). Elsewhere it falls back to `platform`.
 """
 
-import os
 import platform
 from typing import Dict, List, Optional
+
+from vit_jax import cpus as cpus_lib
 
 CPUINFO = '/proc/cpuinfo'
 
@@ -53,13 +54,6 @@ def from_cpuinfo(text: str, cpus: Optional[int] = None) -> dict:
   }
 
 
-def _usable_cpus() -> int:
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # not Linux
-    return os.cpu_count() or 1
-
-
 def describe(path: str = CPUINFO) -> dict:
   """This machine's processor (see `from_cpuinfo`); model_name from `platform` without cpuinfo."""
   try:
@@ -67,7 +61,7 @@ def describe(path: str = CPUINFO) -> dict:
       text = f.read()
   except OSError:
     text = ''
-  return from_cpuinfo(text, _usable_cpus())
+  return from_cpuinfo(text, cpus_lib.usable())
 
 
 def one_line(info: dict) -> str:

@@ -1,5 +1,6 @@
 """The embedded datasets by name, and what the trainer needs to know of one, read without
-TensorFlow (tfds alone, 0.2 s), so a run on them starts compiling before TensorFlow is imported."""
+TensorFlow (tfds alone: 0.23 s on AMD EPYC 26/2), so a run on them starts compiling before
+TensorFlow is imported."""
 
 import dataclasses
 from typing import Optional

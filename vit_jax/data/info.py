@@ -2,7 +2,7 @@
 
 Any dataset registered with tensorflow-datasets can be named. Datasets must already be prepared
 in `data_dir` (a local or gs:// path): this module never downloads. Built offline on first use
-instead: the embedded datasets `mnist5k` and `digits` (`EMBEDDED`, data carried by installed
+instead: the embedded datasets `mnist5k` and `digits` (`catalog.EMBEDDED`, data carried by installed
 packages), and 'folder:PATH', a folder of class sub-folders of your own images
 (`vit_jax.data.folder`).
 """
@@ -18,7 +18,6 @@ from vit_jax.data import embedded
 from vit_jax.data import folder
 from vit_jax.errors import UserError
 
-EMBEDDED = catalog.EMBEDDED
 # Dataset names listed as examples in the "unknown dataset" message.
 _EXAMPLE_NAMES = ('mnist5k', 'digits', 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet')
 
@@ -66,8 +65,8 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     raise UserError(f"dataset {dataset!r} has a community namespace '{name.namespace}:', which "
                     f"needs the network; prepare it locally with `tfds build` and pass its plain "
                     f"name and --data_dir")
-  if name.name in EMBEDDED:
-    module = EMBEDDED[name.name]
+  if name.name in catalog.EMBEDDED:
+    module = catalog.EMBEDDED[name.name]
     version = str(embedded.EmbeddedBuilder.VERSION)
     if name_kwargs and name_kwargs != {'version': version}:
       raise UserError(f"dataset {dataset!r}: {name.name} has no configs and only version "
@@ -87,7 +86,7 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
 
 def _unknown_dataset_message(dataset: str) -> str:
   names = tfds.list_builders(with_community_datasets=False)
-  close = difflib.get_close_matches(dataset, names + list(EMBEDDED), n=3)
+  close = difflib.get_close_matches(dataset, names + list(catalog.EMBEDDED), n=3)
   hint = f' (did you mean {", ".join(close)}?)' if close else ''
   examples = ', '.join(_EXAMPLE_NAMES)
   return (f"unknown dataset {dataset!r}{hint}: use one of the names registered with "

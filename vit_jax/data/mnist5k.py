@@ -27,7 +27,7 @@ TRAIN_PER_CLASS = 400
 TEST_PER_CLASS = 100
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28, 1)
-SPLIT_SIZES = {'train': 4000, 'test': 1000}  # checked when the dataset is built
+SPLIT_SIZES = {'train': TRAIN_PER_CLASS * NUM_CLASSES, 'test': TEST_PER_CLASS * NUM_CLASSES}
 
 
 def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:

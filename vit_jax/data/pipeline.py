@@ -34,13 +34,13 @@ autotune off: 8 of 8 at 0.18-0.20 s). The default config's train pipeline alone 
 images/s with it off against 53-54k with it on (AMD EPYC family 26 model 2, 2 cores).
 """
 
-import os
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data.choices import SHARDINGS
@@ -49,8 +49,7 @@ from vit_jax.errors import UserError
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
 # Batches preprocessed at once by a pipeline's parallel map: one per usable core, at most 16 (what
 # tf.data's AUTOTUNE starts from); each batch also runs up to 16 examples at once (`_map_examples`).
-PARALLEL_CALLS = max(1, min(16, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
-                            else (os.cpu_count() or 1)))
+PARALLEL_CALLS = min(16, cpus.usable())
 
 
 def hide_accelerators_from_tf() -> None:

@@ -126,10 +126,7 @@ def repair_log(path: str, step: int) -> None:
   files = fileio.files_for(path)
   with files.GFile(path + '.tmp', 'wb') as f:
     f.write(kept)
-  if fileio.is_remote(path):
-    files.rename(path + '.tmp', path, overwrite=True)
-  else:
-    os.replace(path + '.tmp', path)
+  files.rename(path + '.tmp', path, overwrite=True)
 
 
 def plot_learning_curve(metrics_path: str, out_png: str) -> None:

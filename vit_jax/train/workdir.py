@@ -6,8 +6,6 @@ A name of the wrong kind (a `checkpoints` file, a `metrics.jsonl` directory) is 
 start-up, not a failed write after some steps of training.
 """
 
-import os
-
 from vit_jax import fileio
 from vit_jax.errors import UserError
 
@@ -19,23 +17,17 @@ def prepare(workdir: str) -> None:
   """Creates the workdir (local or gs://) and checks its layout; UserError saying what to fix.
   A local workdir is checked without TensorFlow (the trainer imports it later, while its programs
   compile)."""
-  if fileio.is_remote(workdir):
-    gfile = fileio.gfile()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (already loaded by gfile())
-    makedirs, exists, isdir, errors = gfile.makedirs, gfile.exists, gfile.isdir, tf.errors.OpError
-  else:
-    makedirs = lambda path: os.makedirs(path, exist_ok=True)
-    exists, isdir, errors = os.path.exists, os.path.isdir, OSError
+  files = fileio.files_for(workdir)
   try:
-    makedirs(workdir)
-  except errors as e:
+    files.makedirs(workdir)
+  except fileio.errors_for(workdir) as e:
     reason = getattr(e, 'message', None) or getattr(e, 'strerror', None) or str(e)
     raise UserError(f'cannot create --workdir={workdir} ({reason.splitlines()[0]}): pass a '
                     f'writable directory') from None
   for names, want_dir, kind in ((DIRECTORIES, True, 'a directory'), (FILES, False, 'a file')):
     for name in names:
       path = f'{workdir.rstrip("/")}/{name}'
-      if exists(path) and isdir(path) != want_dir:
+      if files.exists(path) and files.isdir(path) != want_dir:
         raise UserError(f'{path} is not {kind}, and the run writes its {name} there: move it '
                         f'away or use another --workdir')
 
