@@ -57,6 +57,8 @@ def base_config() -> config_dict.ConfigDict:
   c.shuffle_buffer = 50_000
   c.cache = True                          # cache undecoded examples in memory (small datasets)
   c.prefetch = 2                          # batches prefetched by tf.data
+  c.input_pipeline = 'auto'               # auto: NumPy streams for mnist5k/digits at their stored
+                                          # size (no TensorFlow), else tf.data | tf.data: always
 
   # Schedule: give total_steps or total_epochs (exactly one); warmup in steps.
   c.batch_size = 4096                     # global batch over all processes and devices

@@ -9,7 +9,7 @@ import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
 from configs import pretrain
-from vit_jax.data import preprocess, randaug
+from vit_jax.data import preprocess, randaug, specs
 from vit_jax.errors import UserError
 from vit_jax.data import config_pp
 from vit_jax.tasks import losses, mixup
@@ -187,7 +187,7 @@ def test_randaugment_is_seeded_and_runs_in_tf_data():
   with pytest.raises(UserError, match='num_layers'):
     randaug.randaugment(x, -1, 10, tf.constant([1, 2], tf.int64))
 
-  spec = preprocess.train_spec(dict(crop='resize', image_size=16, randaug_layers=2,
+  spec = specs.train_spec(dict(crop='resize', image_size=16, randaug_layers=2,
                                     randaug_magnitude=10))
   images = tf.data.Dataset.from_tensors(x).repeat(4).enumerate().map(
       lambda i, im: preprocess.train_preprocess(im, tf.stack([tf.constant(0, tf.int64), i]),
@@ -195,12 +195,12 @@ def test_randaugment_is_seeded_and_runs_in_tf_data():
   batch = np.stack(list(images.as_numpy_iterator()))
   assert batch.shape == (4, 16, 16, 3) and batch.min() >= -1 and batch.max() <= 1
   plain = preprocess.train_preprocess(x, tf.constant([0, 0], tf.int64),
-                                      preprocess.train_spec(dict(crop='resize', image_size=16)))
+                                      specs.train_spec(dict(crop='resize', image_size=16)))
   assert not np.array_equal(batch[0], plain)
   with pytest.raises(UserError, match='randaug.magnitude'):
-    preprocess.train_spec(dict(crop='resize', image_size=16, randaug_layers=1,
+    specs.train_spec(dict(crop='resize', image_size=16, randaug_layers=1,
                                randaug_magnitude=-2))
   # The trainer hands config.randaug to the train pipeline.
   config = pretrain.get_config('model=B/16,dataset=imagenet21k,augreg=true,aug=medium2')
-  spec = preprocess.train_spec(config_pp.train_pp(config))  # pylint: disable=protected-access
+  spec = specs.train_spec(config_pp.train_pp(config))  # pylint: disable=protected-access
   assert (spec.randaug_layers, spec.randaug_magnitude) == (2, 15)

@@ -19,7 +19,7 @@ from PIL import Image
 
 from configs import mnist5k
 from vit_jax import data as data_lib
-from vit_jax.data import config_pp, folder, image_files, preprocess
+from vit_jax.data import config_pp, folder, image_files, specs
 from vit_jax.errors import UserError
 from vit_jax.train import logs, loop, program
 
@@ -201,26 +201,22 @@ def test_read_only_workdir(tmp_path, data_dir, monkeypatch):
 
 
 class _FullDisk:
-  """A metric writer whose flushes fail after `ok` of them, as TF's writers do on a full disk:
-  ResourceExhaustedError '<path>; No space left on device'; what was not flushed is lost."""
+  """A metric file whose flushes fail after `ok` of them, as a local file's do on a full disk:
+  OSError ENOSPC; what was not flushed is lost."""
 
   def __init__(self, inner, path, ok):
-    self.inner, self.path, self.ok, self.pending = inner, path, ok, ''
+    self.inner, self.path, self.ok, self.pending = inner, path, ok, []
 
-  def write(self, text):
-    self.pending += text
-
-  def as_default(self, step):
-    return self.inner.as_default(step=step)
+  def write(self, data):
+    self.pending.append(data)
 
   def flush(self):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     if self.ok == 0:
-      raise tf.errors.ResourceExhaustedError(None, None, f'{self.path}; No space left on device')
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
     self.ok -= 1
-    if self.pending:
-      self.inner.write(self.pending)
-      self.pending = ''
+    for data in self.pending:
+      self.inner.write(data)
+    self.pending = []
     self.inner.flush()
 
   def close(self):
@@ -239,7 +235,7 @@ def test_disk_full_while_writing_metrics(tmp_path, data_dir, monkeypatch, target
     if target == 'metrics.jsonl':
       self._jsonl = _FullDisk(self._jsonl, self.path, ok=3)  # steps 1-3 logged
     else:
-      self._tb = _FullDisk(self._tb, self.tb_dir, ok=3)
+      self._tb.file = _FullDisk(self._tb.file, self.tb_dir, ok=3)
   monkeypatch.setattr(logs.MetricLogger, '__init__', init)
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(_config(data_dir), str(workdir))
@@ -284,7 +280,7 @@ def test_cmyk_jpeg_decodes_for_a_one_channel_model(tmp_path):
   (tmp_path / 'cmyk.jpg').write_bytes(cmyk.getvalue())
   # The reference: the same JPEG decoded to RGB by Pillow, stored losslessly.
   Image.open(io.BytesIO(cmyk.getvalue())).convert('RGB').save(tmp_path / 'reference.png')
-  spec = preprocess.EvalSpec('resize', 32)
+  spec = specs.EvalSpec('resize', 32)
   gray = image_files.load_one(str(tmp_path / 'cmyk.jpg'), spec, 1)
   expected = image_files.load_one(str(tmp_path / 'reference.png'), spec, 1)
   assert gray.shape == (32, 32, 1)

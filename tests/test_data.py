@@ -17,8 +17,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import data
+from vit_jax.data import arrays
 from vit_jax.data import mnist5k
+from vit_jax.data import pipeline
 from vit_jax.data import preprocess
+from vit_jax.data import specs
 from vit_jax.errors import UserError
 
 IDENTITY_PP = {'crop': 'resize', 'image_size': 28}  # 28 -> 28 bilinear resize is exact
@@ -106,11 +109,29 @@ def _pairs(batches, key='image'):
       (im.tobytes(), int(lab)) for b in batches for im, lab in zip(_to_uint8(b[key]), b['label']))
 
 
-def _train(data_dir, **kwargs):
+# The two implementations of the streams' contract: tf.data (any dataset) and NumPy arrays (the
+# embedded datasets at their stored size; what `data.train_iterator` picks for them).
+BACKENDS = ('tf.data', 'arrays')
+
+
+def _train(data_dir, backend='tf.data', **kwargs):
   args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=100,
               pp=IDENTITY_PP, seed=0)
   args.update(kwargs)
+  if backend == 'tf.data':
+    return pipeline.train_iterator(**args)
+  assert arrays.serves(args['dataset'], args['split'], specs.train_spec(args['pp']),
+                       args.get('shuffle_buffer', 50_000))
   return data.train_iterator(**args)
+
+
+def _eval(data_dir, backend, **kwargs):
+  args = dict(dataset='mnist5k', split='test', data_dir=data_dir, pp=IDENTITY_PP)
+  args.update(kwargs)
+  if backend == 'tf.data':
+    return pipeline.eval_iterator(**args)
+  assert arrays.serves(args['dataset'], args['split'], specs.eval_spec(args['pp']))
+  return data.eval_iterator(**args)
 
 
 def _take(iterator, n):
@@ -248,10 +269,10 @@ def test_pp_accepts_config_dict():
   import ml_collections  # pylint: disable=g-import-not-at-top
   pp = ml_collections.ConfigDict({'crop': 'pad_crop', 'image_size': 32, 'resize': 36, 'pad': 4,
                                   'flip': True, 'channels': 3})
-  assert preprocess.train_spec(pp) == preprocess.TrainSpec(
+  assert specs.train_spec(pp) == specs.TrainSpec(
       crop='pad_crop', image_size=32, resize=36, pad=4, flip=True, channels=3)
   pp.crop = 'central'
-  assert preprocess.eval_spec(pp) == preprocess.EvalSpec(
+  assert specs.eval_spec(pp) == specs.EvalSpec(
       crop='central', image_size=32, resize=36, channels=3)
 
 
@@ -260,7 +281,7 @@ def test_pp_accepts_config_dict():
 
 
 def _train_op(image, spec_dict, seed=0, position=0, stream=0):
-  spec = preprocess.train_spec(spec_dict)
+  spec = specs.train_spec(spec_dict)
   return preprocess.train_preprocess(
       tf.constant(image), preprocess.example_seed(seed, stream, position), spec).numpy()
 
@@ -298,7 +319,7 @@ def test_train_crop_shapes_and_statelessness(mode):
 
 @pytest.mark.parametrize('mode', sorted(TRAIN_SPECS))
 def test_train_ops_same_eagerly_and_in_tf_data(mode):
-  spec = preprocess.train_spec(dict(TRAIN_SPECS[mode], flip=True))
+  spec = specs.train_spec(dict(TRAIN_SPECS[mode], flip=True))
   image = tf.constant(_rgb())
 
   def fn(position):
@@ -311,7 +332,7 @@ def test_train_ops_same_eagerly_and_in_tf_data(mode):
 def test_eval_ops_same_eagerly_and_in_tf_data():
   for pp in ({'crop': 'central', 'image_size': 16, 'resize': 20},
              {'crop': 'resize', 'image_size': 16, 'channels': 1}):
-    spec = preprocess.eval_spec(pp)
+    spec = specs.eval_spec(pp)
     fn = lambda im, spec=spec: preprocess.eval_preprocess(im, spec)
     images = [_rgb(seed=s) for s in range(3)]
     eager = np.stack([fn(tf.constant(im)).numpy() for im in images])
@@ -386,12 +407,12 @@ def test_flip_mirrors_with_probability_half():
 
 def test_eval_central_and_resize():
   image = _rgb(40, 60)
-  spec = preprocess.eval_spec({'crop': 'central', 'image_size': 20, 'resize': 40})
+  spec = specs.eval_spec({'crop': 'central', 'image_size': 20, 'resize': 40})
   out = preprocess.eval_preprocess(tf.constant(image), spec).numpy()
   np.testing.assert_allclose(out, preprocess.value_range(image[10:30, 20:40]).numpy(), atol=1e-5)
   small = _rgb(14, 14)
   big = np.repeat(np.repeat(small, 2, axis=0), 2, axis=1)  # 28x28 made of 2x2 blocks
-  spec = preprocess.eval_spec({'crop': 'resize', 'image_size': 14})
+  spec = specs.eval_spec({'crop': 'resize', 'image_size': 14})
   out = preprocess.eval_preprocess(tf.constant(big), spec).numpy()
   np.testing.assert_allclose(out, preprocess.value_range(small).numpy(), atol=1e-6)
 
@@ -409,9 +430,10 @@ def test_channels_gray_stays_gray_unless_three_requested():
 # Train pipeline.
 
 
+@pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.slow
-def test_train_batches_are_images_with_their_labels(data_dir, expected_splits):
-  batches = _take(_train(data_dir, batch_size=128), 3)
+def test_train_batches_are_images_with_their_labels(data_dir, expected_splits, backend):
+  batches = _take(_train(data_dir, backend, batch_size=128), 3)
   for b in batches:
     assert b['image'].shape == (128, 28, 28, 1) and b['image'].dtype == np.float32
     assert b['label'].shape == (128,) and b['label'].dtype == np.int32
@@ -419,31 +441,37 @@ def test_train_batches_are_images_with_their_labels(data_dir, expected_splits):
     assert pair in expected_splits['train']
 
 
-def test_train_pipeline_channels_3(data_dir):
-  b = next(_train(data_dir, batch_size=4, pp=dict(IDENTITY_PP, channels=3)))
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_train_pipeline_channels_3(data_dir, backend):
+  b = next(_train(data_dir, backend, batch_size=4, pp=dict(IDENTITY_PP, channels=3)))
   assert b['image'].shape == (4, 28, 28, 3)
   np.testing.assert_array_equal(b['image'][..., 0], b['image'][..., 2])
 
 
-@pytest.mark.parametrize('cache', [True, False])
+@pytest.mark.parametrize('backend,cache', [('tf.data', True), ('tf.data', False),
+                                           ('arrays', True)])
 @pytest.mark.slow
-def test_resume_is_exact_across_epoch_boundary(data_dir, cache):
-  pp = {'crop': 'inception', 'image_size': 20, 'flip': True}
+def test_resume_is_exact_across_epoch_boundary(data_dir, backend, cache):
+  pp = ({'crop': 'inception', 'image_size': 20, 'flip': True} if backend == 'tf.data' else
+        {'crop': 'pad_crop', 'image_size': 28, 'pad': 3, 'flip': True})
   # 4000 examples, batch 128: epoch 1 starts inside batch 31.
-  ref = _take(_train(data_dir, batch_size=128, pp=pp, seed=7, cache=cache), 35)
-  resumed = _take(_train(data_dir, batch_size=128, pp=pp, seed=7, start_step=29, cache=cache), 6)
+  ref = _take(_train(data_dir, backend, batch_size=128, pp=pp, seed=7, cache=cache), 35)
+  resumed = _take(_train(data_dir, backend, batch_size=128, pp=pp, seed=7, start_step=29,
+                         cache=cache), 6)
   for k, batch in enumerate(resumed):
     np.testing.assert_array_equal(batch['image'], ref[29 + k]['image'])
     np.testing.assert_array_equal(batch['label'], ref[29 + k]['label'])
-  other_seed = next(_train(data_dir, batch_size=128, pp=pp, seed=8, cache=cache))
+  other_seed = next(_train(data_dir, backend, batch_size=128, pp=pp, seed=8, cache=cache))
   assert not np.array_equal(other_seed['image'], ref[0]['image'])
 
 
+@pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.slow
-def test_resume_at_epoch_start_and_in_later_epochs(data_dir):
-  ref = _take(_train(data_dir, batch_size=1000, seed=3), 11)
+def test_resume_at_epoch_start_and_in_later_epochs(data_dir, backend):
+  ref = _take(_train(data_dir, backend, batch_size=1000, seed=3), 11)
   for start_step in (4, 9):  # position 4000 = start of epoch 1; 9000 = inside epoch 2
-    resumed = _take(_train(data_dir, batch_size=1000, seed=3, start_step=start_step), 2)
+    resumed = _take(_train(data_dir, backend, batch_size=1000, seed=3, start_step=start_step),
+                    2)
     for k, batch in enumerate(resumed):
       np.testing.assert_array_equal(batch['image'], ref[start_step + k]['image'])
       np.testing.assert_array_equal(batch['label'], ref[start_step + k]['label'])
@@ -456,7 +484,7 @@ def test_augmentation_seed_is_seed_process_position(data_dir):
   records = _take(_train(data_dir, **kwargs), 3)  # identity: the raw records in stream order
   spec_dict = {'crop': 'pad_crop', 'image_size': 28, 'pad': 4, 'flip': True}
   augmented = _take(_train(data_dir, pp=spec_dict, **kwargs), 3)
-  spec = preprocess.train_spec(spec_dict)
+  spec = specs.train_spec(spec_dict)
   for k in (0, 2):
     for i in (0, 17, 49):
       image = _to_uint8(records[k]['image'][i])
@@ -466,11 +494,14 @@ def test_augmentation_seed_is_seed_process_position(data_dir):
       assert augmented[k]['label'][i] == records[k]['label'][i]
 
 
+@pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.slow
-def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expected_splits):
+def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expected_splits,
+                                                                 backend):
   shares = []
   for index in (0, 1):
-    batches = _take(_train(data_dir, batch_size=100, process_index=index, process_count=2), 40)
+    batches = _take(_train(data_dir, backend, batch_size=100, process_index=index,
+                           process_count=2), 40)
     epoch0, epoch1 = _pairs(batches[:20]), _pairs(batches[20:])
     assert sum(epoch0.values()) == 2000
     assert epoch0 == epoch1  # every epoch is a permutation of the same share ...
@@ -485,14 +516,14 @@ def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expec
 # Eval pipeline.
 
 
-def test_eval_pads_and_masks_every_example_once(data_dir, expected_splits):
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_eval_pads_and_masks_every_example_once(data_dir, expected_splits, backend):
   pp = {'crop': 'resize', 'image_size': 28, 'flip': True, 'pad': 2}  # train-only keys ignored
   seen = collections.Counter()
   counts = []
   for index in range(3):  # 1000 = 334 + 333 + 333 examples, batch 300 -> 2 batches each
-    batches, num_batches = data.eval_iterator(
-        dataset='mnist5k', split='test', data_dir=data_dir, batch_size=300, pp=pp,
-        process_index=index, process_count=3)
+    batches, num_batches = _eval(data_dir, backend, batch_size=300, pp=pp, process_index=index,
+                                 process_count=3)
     assert num_batches == len(batches) == 2
     for _ in range(2):  # re-iterable, same content each time
       got = list(batches)
@@ -530,7 +561,6 @@ def test_pipelines_run_without_the_autotuner_thread(data_dir):
   """Every pipeline (train stream, eval batches, the records few-shot and ReaL read) has tf.data's
   autotuner off: its thread could stall an iterator's deletion for up to 60 s with the GIL held
   (vit_jax/data/pipeline.py's docstring), which froze in-process test runs for 18-73 s."""
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   train = _train(data_dir, batch_size=4)
   next(train)
   batches, _ = data.eval_iterator(dataset='mnist5k', split='test[:4]', data_dir=data_dir,
@@ -581,3 +611,143 @@ def test_digits_is_sklearn_digits_with_the_documented_split(data_dir):
     expected = [int(round(0.8 * n)) if first_share else n - int(round(0.8 * n))
                 for n in np.bincount(source.target)]
     assert counts.tolist() == expected
+
+
+# --------------------------------------------------------------------------------------------
+# The NumPy streams of the embedded datasets (vit_jax/data/arrays.py) and who serves what.
+
+
+def _window_of_padded(record, image, pad):
+  """Whether `image` is a (possibly mirrored) window of `record` zero-padded by `pad`."""
+  padded = np.pad(record, ((pad, pad), (pad, pad), (0, 0)))
+  h, w = record.shape[:2]
+  windows = [padded[t:t + h, l:l + w] for t in range(2 * pad + 1) for l in range(2 * pad + 1)]
+  return [(t, l, m) for i, win in enumerate(windows) for m in (False, True)
+          for t, l in [divmod(i, 2 * pad + 1)]
+          if np.array_equal(win[:, ::-1] if m else win, image)]
+
+
+def test_arrays_augmentation_is_a_function_of_seed_process_and_position(data_dir):
+  """An augmented example is a shifted (and maybe mirrored) window of its record, decided by
+  (seed, process, position) alone: the same with another batch size, other with another seed."""
+  pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 3, 'flip': True}
+  kwargs = dict(backend='arrays', seed=11, process_index=1, process_count=2)
+  records = np.concatenate([b['image'] for b in _take(_train(data_dir, batch_size=50, **kwargs),
+                                                      2)])
+  augmented = _take(_train(data_dir, batch_size=50, pp=pp, **kwargs), 2)
+  halves = _take(_train(data_dir, batch_size=25, pp=pp, **kwargs), 4)
+  np.testing.assert_array_equal(np.concatenate([b['image'] for b in augmented]),
+                                np.concatenate([b['image'] for b in halves]))
+  images = np.concatenate([b['image'] for b in augmented])
+  placements = set()
+  for i in range(0, 100, 3):
+    found = _window_of_padded(_to_uint8(records[i]), _to_uint8(images[i]), 3)
+    assert found, i
+    placements.update(found)
+  assert len({(t, l) for t, l, _ in placements}) > 10  # the shifts vary over the 49 possible
+  assert {m for _, _, m in placements} == {False, True}
+  reseeded = next(_train(data_dir, batch_size=50, pp=pp, **dict(kwargs, seed=12)))
+  assert not np.array_equal(reseeded['image'], augmented[0]['image'])
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_global_sharding_gives_every_process_count_the_same_global_batches(data_dir, backend):
+  pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 2, 'flip': False}
+  one = _take(_train(data_dir, backend, batch_size=40, pp=pp, seed=5, sharding='global'), 3)
+  parts = [_take(_train(data_dir, backend, batch_size=10, pp=pp, seed=5, sharding='global',
+                        process_index=i, process_count=4), 3) for i in range(4)]
+  for k in range(3):
+    for key in ('image', 'label'):
+      np.testing.assert_array_equal(np.concatenate([p[k][key] for p in parts]), one[k][key])
+
+
+@pytest.mark.parametrize('size', [8, 32, 6])
+def test_arrays_resize_is_tf_image_resize(size):
+  """Bilinear, no antialias, half-pixel centres: as tf.image.resize (exact when enlarging)."""
+  images = np.random.default_rng(size).integers(0, 256, (4, 8, 8, 1)).astype(np.uint8)
+  expected = tf.image.resize(images, [size, size], method='bilinear', antialias=False).numpy()
+  np.testing.assert_allclose(arrays.resize(images, size), expected, atol=1e-3 if size < 8 else 0)
+
+
+def test_digits_eval_at_32_pixels_is_the_same_on_both_backends(data_dir):
+  """The transfer experiment's eval: digits enlarged to 32 px, gray tiled to RGB; the same
+  (image, label) pairs on both backends (as multisets: the stored orders differ)."""
+  pp = {'crop': 'resize', 'image_size': 32, 'channels': 3}
+  seen = []
+  for backend in BACKENDS:
+    batches, _ = _eval(data_dir, backend, dataset='digits', batch_size=400, pp=pp)
+    batch = next(iter(batches))
+    real = batch['mask'] == 1
+    assert batch['image'][real].shape == (359, 32, 32, 3)
+    seen.append(sorted(zip([im.tobytes() for im in batch['image'][real]],
+                           batch['label'][real].tolist())))  # enlarging: exact on both
+  assert seen[0] == seen[1]
+
+
+def test_arrays_digits_are_the_documented_split_at_8_pixels(data_dir):
+  from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
+  pp = {'crop': 'resize', 'image_size': 8}
+  batches, num_batches = _eval(data_dir, 'arrays', dataset='digits', split='test', batch_size=100,
+                               pp=pp)
+  got = list(batches)
+  assert num_batches == 4 and sum(int(b['mask'].sum()) for b in got) == 359
+  images, labels = digits.load_arrays()
+  rows = digits.split_indices(labels)['test']
+  real = np.concatenate([b['image'] for b in got])[:359]
+  np.testing.assert_array_equal(_to_uint8(real), images[rows])
+  np.testing.assert_array_equal(np.concatenate([b['label'] for b in got])[:359], labels[rows])
+
+
+@pytest.mark.parametrize('dataset,split,pp,buffer,served', [
+    ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 28, 'pad': 2}, 50_000, True),
+    ('mnist5k', 'train', {'crop': 'resize', 'image_size': 28, 'channels': 3}, 4000, True),
+    ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 28, 'pad': 2}, 3999, False),
+    ('mnist5k', 'train[:90%]', {'crop': 'resize', 'image_size': 28}, 50_000, False),
+    ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 224, 'pad': 2}, 50_000, True),
+    ('mnist5k', 'train', {'crop': 'inception', 'image_size': 28}, 50_000, False),
+    ('mnist5k', 'train', {'crop': 'resize', 'image_size': 28, 'randaug_layers': 2}, 50_000,
+     False),
+    ('vit_test_rgb', 'train', {'crop': 'resize', 'image_size': 28}, 50_000, False),
+    ('mnist5k', 'test', {'crop': 'resize', 'image_size': 28}, None, True),
+    ('digits', 'test', {'crop': 'resize', 'image_size': 32, 'channels': 3}, None, True),
+    ('mnist5k', 'test', {'crop': 'central', 'image_size': 28, 'resize': 28}, None, False),
+], ids=['pad_crop', 'gray_to_rgb', 'small_shuffle_buffer', 'split_expression',
+        'pad_crop_then_resize', 'inception', 'randaug', 'not_embedded', 'eval_resize',
+        'eval_resize_up', 'eval_central'])
+def test_streams_give_arrays_only_what_they_implement(dataset, split, pp, buffer, served):
+  spec = specs.train_spec(pp) if buffer else specs.eval_spec(pp)
+  assert arrays.serves(dataset, split, spec, buffer) == served
+
+
+def test_a_stream_of_an_embedded_dataset_imports_no_tensorflow(tmp_path):
+  """The quickstart's streams from a fresh interpreter: batches without TensorFlow."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ('import sys\n'
+          'from vit_jax import data\n'
+          'pp = {"crop": "pad_crop", "image_size": 28, "pad": 2, "flip": False}\n'
+          'b = next(data.train_iterator(dataset="mnist5k", split="train", data_dir=None, '
+          'batch_size=8, pp=pp, seed=0))\n'
+          'e, n = data.eval_iterator(dataset="mnist5k", split="test", data_dir=None, '
+          'batch_size=500, pp={"crop": "resize", "image_size": 28})\n'
+          'print(b["image"].shape, n, sum(int(x["mask"].sum()) for x in e), '
+          '"tensorflow" in sys.modules)\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       cwd=tmp_path, timeout=120).stdout
+  assert out.split() == ['(8,', '28,', '28,', '1)', '2', '1000', 'False']
+
+
+def test_input_pipeline_tf_data_keeps_the_recorded_streams(data_dir):
+  """`pipeline='tf.data'` (config.input_pipeline) streams an embedded dataset through tf.data, as
+  runs recorded before the NumPy streams did; an unknown value is refused in one line."""
+  pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 2, 'flip': False}
+  args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=16, pp=pp, seed=4)
+  forced = next(data.train_iterator(**args, pipeline='tf.data'))
+  np.testing.assert_array_equal(forced['image'], next(pipeline.train_iterator(**args))['image'])
+  assert not np.array_equal(forced['image'], next(data.train_iterator(**args))['image'])
+  batches, _ = data.eval_iterator(dataset='mnist5k', split='test', data_dir=data_dir,
+                                  batch_size=8, pp=IDENTITY_PP, pipeline='tf.data')
+  assert isinstance(batches, pipeline.EvalBatches)
+  with pytest.raises(UserError, match="^unknown input_pipeline 'numpy': use "
+                                      "config.input_pipeline=auto or tf.data$"):
+    data.train_iterator(**args, pipeline='numpy')

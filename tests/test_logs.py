@@ -93,3 +93,24 @@ def test_runs_repair_the_log_on_a_fresh_start_and_on_resume(tmp_path, data_dir):
   assert [(r['step'], r['split']) for r in logs.read_metrics(str(path))] == [
       (1, 'train'), (2, 'train'), (3, 'train'), (4, 'train'), (4, 'eval')]
   assert TORN not in path.read_text()
+
+
+def test_tensorboard_reads_the_scalars_written_without_tensorflow(tmp_path):
+  """The event files (vit_jax/train/events.py) as TensorBoard's own reader sees them."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  logger = logs.MetricLogger(str(tmp_path), enabled=True)
+  logger.write(1, 'train', {'loss': 2.5, 'accuracy': 0.125})
+  logger.write(2, 'train', {'loss': 2.0, 'accuracy': 0.25})
+  logger.write(2, 'eval', {'loss': 1.75, 'accuracy': 0.5})
+  logger.close()
+  second = logs.MetricLogger(str(tmp_path), enabled=True)  # a resumed run: a file of its own
+  second.write(3, 'train', {'loss': 1.5, 'accuracy': 0.75})
+  second.close()
+  assert len(os.listdir(tmp_path / 'tensorboard')) == 2
+  reader = event_accumulator.EventAccumulator(str(tmp_path / 'tensorboard'))
+  reader.Reload()
+  assert sorted(reader.Tags()['scalars']) == ['eval/accuracy', 'eval/loss', 'train/accuracy',
+                                              'train/loss']
+  assert [(e.step, e.value) for e in reader.Scalars('train/loss')] == [(1, 2.5), (2, 2.0),
+                                                                       (3, 1.5)]
+  assert [(e.step, e.value) for e in reader.Scalars('eval/accuracy')] == [(2, 0.5)]

@@ -18,7 +18,7 @@ from vit_jax.serving import inference
 from vit_jax.serving import bundle as bundle_lib
 from vit_jax.formats import npz, timm_layout
 from vit_jax.models.spec import ModelSpec, infer_image_size
-from vit_jax.data import image_files, preprocess
+from vit_jax.data import image_files, specs
 from vit_jax.errors import UserError
 from helpers import ROOT
 
@@ -80,7 +80,7 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
     probs = [t['probability'] for t in r['top']]
     assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-5
   # The numbers are the model's on the eval preprocessing (here resize_small + central crop).
-  images = image_files.load(paths, preprocess.EvalSpec('central', 28, resize=28), 3)
+  images = image_files.load(paths, specs.EvalSpec('central', 28, resize=28), 3)
   assert images.shape == (3, 28, 28, 3)
   logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, images, train=False),
                       np.float64)

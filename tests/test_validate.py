@@ -42,8 +42,8 @@ def test_choices_come_from_the_modules_that_use_them():
   assert choices['pp.train_crop'] == preprocess.TRAIN_CROPS
   assert choices['model.remat'] == tuple(vit.REMAT_POLICIES)
   assert choices['optimizer'] == ('adam', 'sgd')
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  assert choices['data_sharding'] == pipeline.SHARDINGS == ('process', 'global')
+  from vit_jax.data import streams  # pylint: disable=g-import-not-at-top
+  assert choices['data_sharding'] == streams.SHARDINGS == ('process', 'global')
   assert choices['pp.eval_crop'] == preprocess.EVAL_CROPS
 
 

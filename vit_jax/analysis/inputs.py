@@ -56,8 +56,8 @@ def load_params_file(source: str, model_name: Optional[str] = None):
 
 def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np.ndarray:
   """PNG/JPEG files -> [B, S, S, channels] float32 in [-1, 1], resized like the eval images."""
-  from vit_jax.data import image_files, preprocess  # pylint: disable=g-import-not-at-top
-  spec = preprocess.EvalSpec(crop='resize', image_size=image_size)
+  from vit_jax.data import image_files, specs  # pylint: disable=g-import-not-at-top
+  spec = specs.EvalSpec(crop='resize', image_size=image_size)
   return image_files.load(paths, spec, channels)
 
 
@@ -71,7 +71,8 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None,
     pp = dict(pp, image_size=image_size, resize=round(pp['resize'] * image_size / pp['image_size']))
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
-      batch_size=num_images, pp=pp, cache=False)
+      batch_size=num_images, pp=pp, cache=False,
+      pipeline=config.get('input_pipeline', 'auto'))  # a run recorded before the key: auto
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

@@ -1,12 +1,14 @@
-"""Input data: tfds datasets, preprocessing ops and per-process tf.data pipelines.
+"""Input data: tfds datasets, preprocessing ops and per-process input pipelines.
 
   get_info(dataset, data_dir)       -> DatasetInfo (num_classes, image_shape, num_examples(split))
   train_iterator(dataset=..., ...)  -> infinite, exactly resumable iterator of numpy batches
   eval_iterator(dataset=..., ...)   -> (re-iterable padded + masked batches, num_batches)
 
-Modules: `mnist5k` (the embedded 5,000-image MNIST dataset), `info` (finding prepared datasets,
-never downloading), `preprocess` (TF image ops), `pipeline` (tf.data train/eval streams),
-`choices` (the valid values of the data keys, without TensorFlow).
+Modules: `mnist5k` and `digits` (the embedded datasets), `info` (finding prepared datasets,
+never downloading), `specs` (what preprocessing is asked for), `preprocess` (TF image ops),
+`streams` (which pipeline serves a dataset), `pipeline` (tf.data train/eval streams), `arrays`
+(NumPy streams of the embedded datasets, no TensorFlow), `choices` (the valid values of the data
+keys).
 
 Importing this package registers the `mnist5k` tfds builder (that is its one side effect; tfds
 alone, 0.3 s). The other names load their module on first use, so `vit_jax.data.choices` (what
@@ -20,8 +22,8 @@ from vit_jax.data import mnist5k  # registers the builder
 # name -> the module that defines it (submodules, `data.preprocess` etc., load by their own name)
 _HOMES = {
     'DatasetInfo': 'info', 'get_info': 'info', 'SHARDINGS': 'choices',
-    'EvalBatches': 'pipeline', 'eval_iterator': 'pipeline',
-    'hide_accelerators_from_tf': 'pipeline', 'train_iterator': 'pipeline',
+    'EvalBatches': 'pipeline', 'eval_iterator': 'streams',
+    'hide_accelerators_from_tf': 'pipeline', 'train_iterator': 'streams',
 }
 
 

@@ -2,6 +2,7 @@
 before the pipeline (and TensorFlow, ~3 CPU-s to import) is loaded; `preprocess` and `pipeline`
 use the same tuples."""
 
-TRAIN_CROPS = ('inception', 'resize_crop', 'pad_crop', 'resize')  # preprocess.train_spec
-EVAL_CROPS = ('central', 'resize')                                 # preprocess.eval_spec
-SHARDINGS = ('process', 'global')                                  # pipeline.train_iterator
+TRAIN_CROPS = ('inception', 'resize_crop', 'pad_crop', 'resize')  # specs.train_spec
+EVAL_CROPS = ('central', 'resize')                                 # specs.eval_spec
+SHARDINGS = ('process', 'global')                                  # streams.train_iterator
+INPUT_PIPELINES = ('auto', 'tf.data')                              # streams.train_iterator

@@ -33,6 +33,11 @@ def load_arrays() -> tuple[np.ndarray, np.ndarray]:
   return images, data.target.astype(np.int64)
 
 
+def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
+  """{'train': rows, 'test': rows} of `load_arrays()`, ascending (the rule of the docstring)."""
+  return embedded.split_per_class(labels, NUM_CLASSES, lambda n: int(round(TRAIN_FRACTION * n)))
+
+
 class Digits(embedded.EmbeddedBuilder):
   """scikit-learn's 8x8 digits; 80/20 per class in file order (see module docstring)."""
 
@@ -48,8 +53,7 @@ class Digits(embedded.EmbeddedBuilder):
     return load_arrays()
 
   def splits(self, labels):
-    return embedded.split_per_class(labels, NUM_CLASSES,
-                                    lambda n: int(round(TRAIN_FRACTION * n)))
+    return split_indices(labels)
 
 
 def prepare(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:

@@ -61,7 +61,7 @@ def decode(encoded: bytes, channels: int):
 
 
 def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
-  """[S, S, C] float32 in [-1, 1] (`spec`: a `preprocess.EvalSpec`); UserError naming the file."""
+  """[S, S, C] float32 in [-1, 1] (`spec`: a `specs.EvalSpec`); UserError naming the file."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from vit_jax.data import pipeline, preprocess  # pylint: disable=g-import-not-at-top
   pipeline.hide_accelerators_from_tf()

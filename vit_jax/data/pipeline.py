@@ -43,7 +43,8 @@ import tensorflow_datasets as tfds
 from vit_jax import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
-from vit_jax.data.choices import SHARDINGS
+from vit_jax.data import specs
+from vit_jax.data import streams
 from vit_jax.errors import UserError
 
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
@@ -68,7 +69,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]}, B = batch_size.
 
   Batch k of a run started at `start_step` equals batch start_step + k of a run started at 0.
-  `pp` holds the keys of `preprocess.TrainSpec`.
+  `pp` holds the keys of `specs.TrainSpec`.
 
   `sharding='process'`: the stream of this process's share of the split (its own shuffle and
   positions). `sharding='global'`: every process streams the whole split in the same global
@@ -76,16 +77,11 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   batch, decoding only those; example seeds use the global position, so the global batches are
   the same for any process count (at the price of every process reading all undecoded records).
   """
-  if sharding not in SHARDINGS:
-    raise UserError(f'unknown data_sharding {sharding!r}: use config.data_sharding=process or '
-                    f'global')
+  spec = streams.check_train_args(
+      pp=pp, batch_size=batch_size, seed=seed, start_step=start_step,
+      process_index=process_index, process_count=process_count, shuffle_buffer=shuffle_buffer,
+      sharding=sharding)
   hide_accelerators_from_tf()
-  spec = preprocess.train_spec(pp)
-  _check_int('batch_size', batch_size, 1)
-  _check_int('start_step', start_step, 0)
-  _check_int('shuffle_buffer', shuffle_buffer, 1)
-  _check_int('seed', seed, -2**63)
-  _check_processes(process_index, process_count)
   builder = info_lib.load_builder(dataset, data_dir)
   ds_info = info_lib.info_from_builder(builder)
   per_process = sharding == 'process'
@@ -164,12 +160,11 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
 
   `mask` is float32 [B]: 1 for real examples, 0 for padding (zero image, label 0). All processes
   get the same num_batches; the masks sum to the split size over all processes.
-  `pp` holds the keys of `preprocess.EvalSpec`.
+  `pp` holds the keys of `specs.EvalSpec`.
   """
+  spec = streams.check_eval_args(pp=pp, batch_size=batch_size, process_index=process_index,
+                                 process_count=process_count)
   hide_accelerators_from_tf()
-  spec = preprocess.eval_spec(pp)
-  _check_int('batch_size', batch_size, 1)
-  _check_processes(process_index, process_count)
   builder = info_lib.load_builder(dataset, data_dir)
   ds_info = info_lib.info_from_builder(builder)
   total = ds_info.num_examples(split)
@@ -187,7 +182,7 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
-                        batch_size: int, spec: preprocess.EvalSpec, stored_shape,
+                        batch_size: int, spec: specs.EvalSpec, stored_shape,
                         label_shape: tuple[int, ...] = ()) -> EvalBatches:
   """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records.
 
@@ -276,13 +271,3 @@ def _options() -> tf.data.Options:
   options.autotune.enabled = False
   return options
 
-
-def _check_int(name: str, value, minimum: int) -> None:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-    raise UserError(f'{name} must be an int >= {minimum}, got {value!r}')
-
-
-def _check_processes(process_index: int, process_count: int) -> None:
-  _check_int('process_count', process_count, 1)
-  if not isinstance(process_index, (int, np.integer)) or not 0 <= process_index < process_count:
-    raise UserError(f'process_index must be in [0, {process_count}), got {process_index!r}')

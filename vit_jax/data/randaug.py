@@ -32,6 +32,7 @@ import math
 
 import tensorflow as tf
 
+from vit_jax.data import specs
 from vit_jax.errors import UserError
 
 MAX_LEVEL = 10.0
@@ -228,14 +229,6 @@ def _ops(magnitude: float, side: int):
 OPS = tuple(name for name, _ in _ops(10.0, 224))
 
 
-def check(num_layers, magnitude) -> None:
-  if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 0:
-    raise UserError(f'randaug.num_layers={num_layers!r} must be an int >= 0 (0 = off)')
-  if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) or magnitude < 0:
-    raise UserError(f'randaug.magnitude={magnitude!r} must be a number >= 0 (10 = each op at '
-                    f'its RandAugment maximum)')
-
-
 def apply_op(image, index, magnitude: float, seed):
   """Applies op number `index` (a scalar tensor into OPS) at `magnitude`."""
   branches = [lambda fn=fn: fn(image, seed) for _, fn in _ops(magnitude, image.shape[0])]
@@ -244,7 +237,7 @@ def apply_op(image, index, magnitude: float, seed):
 
 def randaugment(image, num_layers: int, magnitude: float, seed):
   """uint8 [H, W, C] (static shape) -> uint8, `num_layers` random ops in sequence."""
-  check(num_layers, magnitude)
+  specs.check_randaug(num_layers, magnitude)
   if not num_layers:
     return image
   seeds = tf.random.experimental.stateless_split(seed, num=2 * num_layers)

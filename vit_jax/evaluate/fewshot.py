@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 from vit_jax import data as data_lib
 from vit_jax import parallel
 from vit_jax.data import info as info_lib
-from vit_jax.data import pipeline, preprocess
+from vit_jax.data import pipeline, specs
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
 
@@ -139,7 +139,7 @@ class FewShotEvaluator:
     if l2_reg < 0:
       raise UserError(f'fewshot.l2_reg={l2_reg} is negative: use a value >= 0, e.g. 1.0')
     self.shots, self.l2_reg, self.mesh = shots, float(l2_reg), mesh
-    spec = preprocess.eval_spec(pp)
+    spec = specs.eval_spec(pp)
     builder = info_lib.load_builder(dataset, data_dir)
     ds_info = info_lib.info_from_builder(builder)
     self.num_classes = ds_info.num_classes

@@ -7,17 +7,17 @@
 
 from typing import Callable, Iterator, List, Tuple
 
-from vit_jax.evaluate.fewshot import FewShotEvaluator
-from vit_jax.evaluate.real import RealEvaluator
 from vit_jax.errors import UserError
 
 Periodic = Tuple[str, int, Callable]
 
 
 def periodic_evaluators(config, *, model, mesh, param_shardings, eval_pp) -> List[Periodic]:
-  """[(name, every, evaluator)]: the evaluators `config` asks for."""
+  """[(name, every, evaluator)]: the evaluators `config` asks for. Their modules (tf.data
+  pipelines, TensorFlow) are imported only for a config that asks for one."""
   out = []
   if config.fewshot.every:
+    from vit_jax.evaluate.fewshot import FewShotEvaluator  # pylint: disable=g-import-not-at-top
     out.append(('fewshot', config.fewshot.every, FewShotEvaluator(
         model=model, mesh=mesh, param_shardings=param_shardings,
         dataset=config.fewshot.dataset or config.dataset, data_dir=config.data_dir,
@@ -25,6 +25,7 @@ def periodic_evaluators(config, *, model, mesh, param_shardings, eval_pp) -> Lis
         shots=config.fewshot.shots, l2_reg=config.fewshot.l2_reg,
         batch_size=config.eval_batch_size, pp=eval_pp, cache=config.cache)))
   if config.real.dataset:
+    from vit_jax.evaluate.real import RealEvaluator  # pylint: disable=g-import-not-at-top
     try:
       out.append(('real', config.eval_every, RealEvaluator(
           model=model, mesh=mesh, param_shardings=param_shardings, dataset=config.real.dataset,

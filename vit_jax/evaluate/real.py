@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax import parallel
 from vit_jax.data import info as info_lib
-from vit_jax.data import pipeline, preprocess
+from vit_jax.data import pipeline, specs
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
 
@@ -68,7 +68,7 @@ class RealEvaluator:
     records = pipeline.encoded_records(builder, shares[pindex], IMAGE_KEY, label_set, cache=cache)
     self._batches = pipeline.padded_eval_batches(
         records, count=counts[pindex], num_batches=-(-max(counts) // local_batch),
-        batch_size=local_batch, spec=preprocess.eval_spec(pp),
+        batch_size=local_batch, spec=specs.eval_spec(pp),
         stored_shape=builder.info.features[IMAGE_KEY].shape, label_shape=(num_classes,))
     self.mesh = mesh
 

@@ -43,7 +43,7 @@ OUTPUTS = ('softmax', 'sigmoid')
 @dataclasses.dataclass
 class Bundle:
   """Params and how to run them. `crop`/`resize` are the eval preprocessing
-  (`preprocess.EvalSpec`); images are decoded to `decode_channels` first."""
+  (`specs.EvalSpec`); images are decoded to `decode_channels` first."""
   spec: ModelSpec
   params: Dict[str, Any]
   class_names: Tuple[str, ...]
@@ -54,10 +54,10 @@ class Bundle:
   source: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def eval_spec(self):
-    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-    return preprocess.eval_spec(dict(crop=self.crop, image_size=self.spec.image_size,
-                                     resize=self.resize or self.spec.image_size,
-                                     channels=self.spec.channels))
+    from vit_jax.data import specs  # pylint: disable=g-import-not-at-top
+    return specs.eval_spec(dict(crop=self.crop, image_size=self.spec.image_size,
+                                resize=self.resize or self.spec.image_size,
+                                channels=self.spec.channels))
 
   def to_json(self) -> Dict[str, Any]:
     return {'format': FORMAT, 'version': VERSION, **self.spec.to_dict(),

@@ -1,8 +1,8 @@
 """Where metrics go: a JSONL log, TensorBoard event files, a progress line, a learning-curve PNG.
 
 Only process 0 writes. Each record is one JSON object per line: {"step": .., "split": "train"|
-"eval", <metric>: float, ...}. Files go through `tf.io.gfile`, so the workdir may be a local path
-or a bucket (gs://...), as on a TPU pod.
+"eval", <metric>: float, ...}. Files go through `fileio`, so the workdir may be a local path or a
+bucket (gs://...), as on a TPU pod; TensorFlow is imported for a bucket only.
 """
 
 import contextlib
@@ -12,6 +12,7 @@ import sys
 import time
 
 from vit_jax import fileio
+from vit_jax.train import events
 from vit_jax.errors import UserError
 
 
@@ -40,11 +41,10 @@ class MetricLogger:
     self.tb_dir = os.path.join(workdir, 'tensorboard')
     self._tb = self._jsonl = None
     if self.enabled:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
       with _writing(self.tb_dir):
-        self._tb = tf.summary.create_file_writer(self.tb_dir)
+        self._tb = events.EventWriter(self.tb_dir)
       with _writing(self.path):  # one appending writer: on GCS every flush re-uploads the object
-        self._jsonl = tf.io.gfile.GFile(self.path, 'a')
+        self._jsonl = fileio.files_for(self.path).GFile(self.path, 'a')
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
@@ -53,11 +53,8 @@ class MetricLogger:
     with _writing(self.path):
       self._jsonl.write(json.dumps(record) + '\n')
       self._jsonl.flush()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     with _writing(self.tb_dir):
-      with self._tb.as_default(step=int(step)):
-        for k, v in metrics.items():
-          tf.summary.scalar(f'{split}/{k}', float(v))
+      self._tb.scalars(step, {f'{split}/{k}': v for k, v in metrics.items()})
       self._tb.flush()
 
   def close(self) -> None:
@@ -74,11 +71,11 @@ class MetricLogger:
 
 @contextlib.contextmanager
 def _writing(path: str):
-  """Turns a failed write (OSError, tf.errors.OpError: disk full, permissions) into WriteError."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  """Turns a failed write (disk full, permissions: OSError, and tf.errors.OpError for a remote
+  path) into WriteError."""
   try:
     yield
-  except (OSError, tf.errors.OpError) as e:
+  except fileio.errors_for(path) as e:
     reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
     reason = reason.strip().splitlines()[0] if reason.strip() else type(e).__name__
     if '; ' in reason:  # TF: '<path>; No space left on device'
@@ -147,8 +144,7 @@ def plot_learning_curve(metrics_path: str, out_png: str) -> None:
   ax1.set_xlabel('step'); ax1.set_ylabel('loss'); ax1.set_yscale('log'); ax1.legend()
   ax2.set_xlabel('step'); ax2.set_ylabel('top-1 accuracy'); ax2.legend()
   fig.tight_layout()
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  with tf.io.gfile.GFile(out_png, 'wb') as f:
+  with fileio.files_for(out_png).GFile(out_png, 'wb') as f:
     fig.savefig(f, dpi=100, format='png')
   plt.close(fig)
 

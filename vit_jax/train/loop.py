@@ -170,7 +170,8 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   eval_data = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
       batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
-      process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
+      process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache,
+      pipeline=config.input_pipeline)
   config_json, facts = config.to_dict(), run_facts(prog)
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
@@ -186,7 +187,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         batch_size=prog.local_batch, pp=train_pp(config), seed=config.seed, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count(),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
-        sharding=config.data_sharding)
+        sharding=config.data_sharding, pipeline=config.input_pipeline)
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
          f'{mesh.devices.size} device(s): {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)

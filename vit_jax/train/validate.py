@@ -63,6 +63,7 @@ CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('weight_decay_mask', _from('train.optim', 'WEIGHT_DECAY_MASKS')),
     ('parallelism', _from('parallel.steps', 'PARALLELISMS')),
     ('data_sharding', _from('data.choices', 'SHARDINGS')),
+    ('input_pipeline', _from('data.choices', 'INPUT_PIPELINES')),
     ('pp.train_crop', _from('data.choices', 'TRAIN_CROPS')),
     ('pp.eval_crop', _from('data.choices', 'EVAL_CROPS')),
     ('model.attention', _from('models.attention', 'ATTENTIONS')),
