@@ -16,7 +16,10 @@ the example at position p is example p % N of epoch p // N, and its augmentation
 a hash of (seed, stream, p, draw) (stream = the process index, or 0 for global sharding). So a
 batch is a pure function of (seed, step), and a run resumed at any step continues exactly. The
 draws differ from tf.data's, so the same config trains on other crops and orders here than it
-would on a prepared copy of the dataset in tf.data; each is exactly reproducible on its own.
+would on a prepared copy of the dataset in tf.data; each is exactly reproducible on its own
+(`config.input_pipeline=tf.data` keeps tf.data's). The epoch orders come from NumPy's
+`Generator.permutation`, whose stream NumPy may change between versions: requirements.lock pins
+the version a run and its resumption should share.
 
 Eval batches: the process's `np.array_split` part of the split, preprocessed once, cut into
 batches of `batch_size`, the last padded with zero images, label 0 and mask 0, then all-padding
@@ -98,8 +101,10 @@ def _train_batches(images, labels, share, spec, seed, stream, position, rows, mi
       if e not in orders:
         orders = {k: v for k, v in orders.items() if k >= e - 1}
         orders[e] = _permutation(seed, int(e), len(share))
-    picked = np.array([share[orders[e][o]] for e, o in zip(epochs.tolist(), offsets.tolist())],
-                      dtype=np.int64)
+    picked = np.empty(len(positions), np.int64)
+    for e in np.unique(epochs):
+      this = epochs == e
+      picked[this] = share[orders[e][offsets[this]]]
     yield {'image': _train_images(images[picked], spec, seed, stream, positions),
            'label': labels[picked]}
     position += rows
@@ -115,16 +120,15 @@ def _draws(seed: int, stream: int, positions: np.ndarray, draw: int) -> np.ndarr
   """uint64 draw number `draw` of the examples at `positions`: splitmix64's finaliser chained
   over (seed, stream, position, draw), so each example's draws depend on nothing else."""
   h = np.full(positions.shape, seed & _MASK64, dtype=np.uint64)
-  for value in (stream, positions, draw):
-    h = _mix(h ^ (np.asarray(value).astype(np.int64).astype(np.uint64) + np.uint64(
-        0x9E3779B97F4A7C15)))
+  with np.errstate(over='ignore'):  # uint64 arithmetic wraps, as the hash means it to
+    for value in (stream, positions, draw):
+      h = _mix(h ^ (np.asarray(value, np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
   return h
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-  with np.errstate(over='ignore'):
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
   return z ^ (z >> np.uint64(31))
 
 

@@ -34,7 +34,7 @@ autotune off: 8 of 8 at 0.18-0.20 s). The default config's train pipeline alone 
 images/s with it off against 53-54k with it on (AMD EPYC family 26 model 2, 2 cores).
 """
 
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -44,7 +44,6 @@ from vit_jax import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import specs
-from vit_jax.data import streams
 from vit_jax.errors import UserError
 
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
@@ -62,14 +61,14 @@ def hide_accelerators_from_tf() -> None:
 
 
 def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
-                   pp: Any, seed: int, start_step: int = 0, process_index: int = 0,
+                   spec: specs.TrainSpec, seed: int, start_step: int = 0, process_index: int = 0,
                    process_count: int = 1, shuffle_buffer: int = 50_000, cache: bool = True,
                    prefetch: int = 2,
                    sharding: str = 'process') -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]}, B = batch_size.
 
   Batch k of a run started at `start_step` equals batch start_step + k of a run started at 0.
-  `pp` holds the keys of `specs.TrainSpec`.
+  The arguments are checked by `streams.train_iterator`, the entry point.
 
   `sharding='process'`: the stream of this process's share of the split (its own shuffle and
   positions). `sharding='global'`: every process streams the whole split in the same global
@@ -77,10 +76,6 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   batch, decoding only those; example seeds use the global position, so the global batches are
   the same for any process count (at the price of every process reading all undecoded records).
   """
-  spec = streams.check_train_args(
-      pp=pp, batch_size=batch_size, seed=seed, start_step=start_step,
-      process_index=process_index, process_count=process_count, shuffle_buffer=shuffle_buffer,
-      sharding=sharding)
   hide_accelerators_from_tf()
   builder = info_lib.load_builder(dataset, data_dir)
   ds_info = info_lib.info_from_builder(builder)
@@ -154,16 +149,14 @@ class EvalBatches:
 
 
 def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
-                  pp: Any, process_index: int = 0, process_count: int = 1,
+                  spec: specs.EvalSpec, process_index: int = 0, process_count: int = 1,
                   cache: bool = True) -> tuple[EvalBatches, int]:
   """Returns (batches, num_batches) of {'image', 'label', 'mask'} for one process.
 
   `mask` is float32 [B]: 1 for real examples, 0 for padding (zero image, label 0). All processes
   get the same num_batches; the masks sum to the split size over all processes.
-  `pp` holds the keys of `specs.EvalSpec`.
+  The arguments are checked by `streams.eval_iterator`, the entry point.
   """
-  spec = streams.check_eval_args(pp=pp, batch_size=batch_size, process_index=process_index,
-                                 process_count=process_count)
   hide_accelerators_from_tf()
   builder = info_lib.load_builder(dataset, data_dir)
   ds_info = info_lib.info_from_builder(builder)

@@ -24,9 +24,10 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
                    process_count: int = 1, shuffle_buffer: int = 50_000, cache: bool = True,
                    prefetch: int = 2, sharding: str = 'process',
                    pipeline: str = 'auto') -> Iterator[dict[str, np.ndarray]]:
-  """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]} (B = batch_size);
-  the arguments as `pipeline.train_iterator`'s. `pipeline='tf.data'` never uses `arrays` (the
-  streams of runs recorded before they existed)."""
+  """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]} (B = batch_size):
+  the arguments checked (`pp` holds the keys of `specs.TrainSpec`), then the stream of `arrays`
+  or `pipeline` (whose docstring describes the arguments). `pipeline='tf.data'` never uses
+  `arrays` (the streams of runs recorded before they existed)."""
   spec = check_train_args(pp=pp, batch_size=batch_size, seed=seed, start_step=start_step,
                           process_index=process_index, process_count=process_count,
                           shuffle_buffer=shuffle_buffer, sharding=sharding)
@@ -38,7 +39,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
                                  process_count=process_count, sharding=sharding)
   from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   return pipeline.train_iterator(
-      dataset=dataset, split=split, data_dir=data_dir, batch_size=batch_size, pp=pp, seed=seed,
+      dataset=dataset, split=split, data_dir=data_dir, batch_size=batch_size, spec=spec, seed=seed,
       start_step=start_step, process_index=process_index, process_count=process_count,
       shuffle_buffer=shuffle_buffer, cache=cache, prefetch=prefetch, sharding=sharding)
 
@@ -46,8 +47,9 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
 def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
                   pp: Any, process_index: int = 0, process_count: int = 1,
                   cache: bool = True, pipeline: str = 'auto') -> tuple[Any, int]:
-  """(re-iterable batches of {'image', 'label', 'mask'}, num_batches) for one process; the
-  arguments as `pipeline.eval_iterator`'s, `pipeline` as `train_iterator`'s."""
+  """(re-iterable batches of {'image', 'label', 'mask'}, num_batches) for one process: the
+  arguments checked (`pp` holds the keys of `specs.EvalSpec`), then the batches of `arrays` or
+  `pipeline`; `pipeline` as in `train_iterator`."""
   spec = check_eval_args(pp=pp, batch_size=batch_size, process_index=process_index,
                          process_count=process_count)
   _check_pipeline(pipeline)
@@ -57,7 +59,7 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
                                 process_index=process_index, process_count=process_count)
   from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   return pipeline.eval_iterator(dataset=dataset, split=split, data_dir=data_dir,
-                                batch_size=batch_size, pp=pp, process_index=process_index,
+                                batch_size=batch_size, spec=spec, process_index=process_index,
                                 process_count=process_count, cache=cache)
 
 
