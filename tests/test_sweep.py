@@ -322,3 +322,31 @@ def test_dry_run_prints_the_commands_on_stdout_as_a_script(tmp_path, data_dir):
   assert lines[-1].startswith('# then 2 final run(s) of the best setting')
   assert 'vit_jax.main' not in proc.stderr
   assert not (tmp_path / 'sweep').exists()  # a dry run writes nothing
+
+
+def test_two_workers_taking_the_last_sample_at_once_train_it_once():
+  """Ranges with a budget of 2: trial 0 holds a run; two workers ask at once and get trials 1
+  and 2 (the storage numbers them one by one). Only trial 2 finds the budget full; a run that
+  failed still counts (it is retried, not replaced); a trial that failed before it was named
+  never ran and frees its place."""
+  import types  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import study as study_lib, worker  # pylint: disable=g-import-not-at-top
+  optuna = study_lib._optuna()  # pylint: disable=protected-access
+  study = optuna.create_study(direction='maximize')
+  phase = worker.Phase(sweep=types.SimpleNamespace(trials=2), study=study, runs=None)
+  first = study.ask()
+  first.set_user_attr('run', 'grid/lr_0.01')
+  second, third = study.ask(), study.ask()
+  trials = study.get_trials(deepcopy=False)
+  assert not worker._over_budget(phase, second.number, trials)  # pylint: disable=protected-access
+  assert worker._over_budget(phase, third.number, trials)  # pylint: disable=protected-access
+  assert worker._can_take(phase, trials) is False  # pylint: disable=protected-access
+  third.set_user_attr('over_budget', True)
+  study.tell(third, state=optuna.trial.TrialState.FAIL)
+  study.tell(first, state=optuna.trial.TrialState.FAIL)  # the run failed: still one of the two
+  trials = study.get_trials(deepcopy=False)
+  assert worker._over_budget(phase, None, trials)  # pylint: disable=protected-access
+  study.tell(second, state=optuna.trial.TrialState.FAIL)  # died before it was named
+  trials = study.get_trials(deepcopy=False)
+  assert not worker._over_budget(phase, None, trials)  # pylint: disable=protected-access
+  assert worker._can_take(phase, trials) is True  # pylint: disable=protected-access

@@ -6,7 +6,9 @@ when one can still be taken: a retry (a WAITING trial) first, else a fresh one w
 has no trial yet (or, with ranges, while fewer runs than `trials` were sampled). With nothing to
 take but trials still running elsewhere it waits, since one of them may yet die and come back as
 a retry. A fresh trial whose run an earlier trial already holds (two workers took the last grid
-point at once) ends as FAIL with 'duplicate_of' and trains nothing.
+point at once) ends as FAIL with 'duplicate_of' and trains nothing; with ranges, a fresh trial
+whose earlier trials already fill the budget (two workers took the last sample at once) ends as
+FAIL with 'over_budget' and trains nothing, so a study never samples more than `trials` runs.
 
 A run trains in `<workdir>/<run name>/` (runner.run_one); each evaluation record the trainer
 appends to its metrics.jsonl is reported to the trial (`Reporter`), and when the study's pruner
@@ -155,10 +157,30 @@ def _can_take(phase: Phase, trials) -> Optional[bool]:
     fresh_left = any(r.name not in per_run for r in phase.runs)
   else:  # a sampler that keeps proposing taken runs (a small discrete space) ends it too
     duplicates = sum('duplicate_of' in t.user_attrs for t in trials)
-    fresh_left = len(per_run) < phase.budget and duplicates < phase.budget
+    fresh_left = not _over_budget(phase, None, trials) and duplicates < phase.budget
   if fresh_left:
     return True
   return False if any(t.state == state.RUNNING for t in trials) else None
+
+
+def _over_budget(phase: Phase, number: Optional[int], trials) -> bool:
+  """Ranges: whether the trials numbered before `number` (None: all) fill the budget. Trial numbers
+  are handed out by the storage one at a time, so of two workers that took the last sample at
+  once only the later one finds the budget full. Counted: each sampled run, whatever became of
+  it (a failed run is retried, not replaced; its retries count once), and each trial taken a
+  moment ago and not named yet; not counted: duplicates, trials over the budget, and trials that
+  failed before they were named (they never ran)."""
+  state = _state()
+  runs, unnamed = set(), 0
+  for t in trials:
+    if (number is not None and t.number >= number) or {'duplicate_of', 'over_budget'} & set(
+        t.user_attrs):
+      continue
+    if 'run' in t.user_attrs:
+      runs.add(t.user_attrs['run'])
+    elif t.state != state.FAIL:
+      unnamed += 1
+  return len(runs) + unnamed >= phase.budget
 
 
 def _duplicate_of(number: int, name: str, trials) -> Optional[int]:
@@ -187,6 +209,13 @@ def work(phase: Phase, root: str, storage, *, launcher: str, trainers, heartbeat
       time.sleep(POLL_S)
       continue
     trial = study.ask()
+    fresh = 'run' not in trial.user_attrs  # a retry comes named: its run is in the budget
+    if phase.runs is None and fresh and _over_budget(phase, trial.number,
+                                                    study.get_trials(deepcopy=False)):
+      trial.set_user_attr('over_budget', True)
+      tell(study, trial, state=state.FAIL)
+      time.sleep(POLL_S)
+      continue
     run = study_lib.suggest(trial, phase.sweep, phase.runs if phase.final else None)
     trial.set_user_attr('run', run.name)
     duplicate = _duplicate_of(trial.number, run.name, study.get_trials(deepcopy=False))
