@@ -85,6 +85,30 @@ def test_train_resume_is_exact_and_does_not_rerun_steps(tmp_path, data_dir):
   assert _steps_logged(full, 'train') == [3, 6, 9, 12]
 
 
+def test_a_run_recorded_before_input_pipeline_existed_resumes_on_its_streams(tmp_path, data_dir,
+                                                                            capsys):
+  """A checkpoint written before `config.input_pipeline` existed (its config lacks the key) was
+  fed by tf.data: resumed by today's code with the default ('auto', which would pick the NumPy
+  streams for mnist5k), it continues on tf.data's and ends bitwise where the uninterrupted run
+  did."""
+  full = str(tmp_path / 'full')
+  loop.train_and_evaluate(_config(data_dir, input_pipeline='tf.data'), full)
+  cut = str(tmp_path / 'cut')
+  shutil.copytree(full, cut)
+  shutil.rmtree(os.path.join(cut, 'checkpoints', '12'))
+  stored = os.path.join(cut, 'checkpoints', '6', 'config', 'metadata')
+  with open(stored) as f:
+    config_json = json.load(f)
+  del config_json['input_pipeline']  # as written before the key existed
+  with open(stored, 'w') as f:
+    json.dump(config_json, f)
+  capsys.readouterr()
+  loop.train_and_evaluate(_config(data_dir), cut)
+  assert ("input_pipeline='tf.data': the value this run was recorded with, before the key "
+          "existed") in capsys.readouterr().err
+  jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
+
+
 def test_training_learns_mnist5k(tmp_path, data_dir):
   config = _config(data_dir, steps=150, batch_size=64, lr=1e-2, warmup_steps=10)
   config.eval_every = 150

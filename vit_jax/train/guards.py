@@ -38,6 +38,20 @@ OPERATIONAL_KEYS = frozenset({
     'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
 })
 
+# Keys added after runs were recorded, with the value that reproduces what such a run did before
+# the key existed: a run resumed from a checkpoint without the key continues with that value.
+RECORDED_BEFORE = {
+    'input_pipeline': 'tf.data',  # mnist5k and digits streamed through tf.data until 2026-11-26
+}
+
+
+def recorded_values(stored: dict, current: dict) -> Dict[str, object]:
+  """{key: value} for the keys of `RECORDED_BEFORE` that `stored` (a checkpoint's config) lacks
+  and `current` holds with another value: what the resumed run must use to continue exactly."""
+  old, new = _flatten(stored), _flatten(current)
+  return {key: value for key, value in RECORDED_BEFORE.items()
+          if key not in old and key in new and new[key] != value}
+
 
 class Diverged(UserError):
   """A NaN/Inf loss or gradient norm (one line: the step, the metric, the way out)."""
@@ -240,5 +254,6 @@ def _plain(value):
   return tuple(value) if isinstance(value, list) else value
 
 
-__all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'refuse_config_drift',
-           'refuse_mismatch', 'stop_with_parent', 'PARENT_ENV', 'OPERATIONAL_KEYS']
+__all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'recorded_values',
+           'refuse_config_drift', 'refuse_mismatch', 'stop_with_parent', 'PARENT_ENV',
+           'OPERATIONAL_KEYS', 'RECORDED_BEFORE']

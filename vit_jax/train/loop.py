@@ -131,7 +131,11 @@ def _start(prog, ckpt, workdir, allow_config_change):
         shape_changes=train_ckpt.shape_changes(stored, prog.abstract_state),
         allow_config_change=allow_config_change)
 
-  start_step, state, _ = ckpt.restore_latest(abstract, check)
+  start_step, state, stored_config = ckpt.restore_latest(abstract, check)
+  if start_step is not None:
+    for key, value in guards.recorded_values(stored_config, prog.config.to_dict()).items():
+      prog.config[key] = value  # continues as it was recorded (and saves the key from now on)
+      _say(f'{key}={value!r}: the value this run was recorded with, before the key existed')
   if jax.process_index() == 0:  # the log's records after the start point are redone (or none)
     logs.repair_log(logs.metrics_path(workdir), start_step or 0)
   if start_step is None:
