@@ -725,7 +725,8 @@ def test_input_pipeline_tf_data_keeps_the_recorded_streams(data_dir):
   pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 2, 'flip': False}
   args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=16, pp=pp, seed=4)
   forced = data.train_iterator(**args, pipeline='tf.data')
-  assert forced._iterator._dataset.options().autotune.enabled is False  # pylint: disable=protected-access
+  dataset = forced._iterator._dataset  # pylint: disable=protected-access
+  assert dataset.options().autotune.enabled is False  # a tf.data stream
   assert not np.array_equal(next(forced)['image'], next(data.train_iterator(**args))['image'])
   batches, _ = data.eval_iterator(dataset='mnist5k', split='test', data_dir=data_dir,
                                   batch_size=8, pp=IDENTITY_PP, pipeline='tf.data')

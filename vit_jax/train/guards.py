@@ -41,7 +41,7 @@ OPERATIONAL_KEYS = frozenset({
 # Keys added after runs were recorded, with the value that reproduces what such a run did before
 # the key existed: a run resumed from a checkpoint without the key continues with that value.
 RECORDED_BEFORE = {
-    'input_pipeline': 'tf.data',  # mnist5k and digits streamed through tf.data until 2026-11-26
+    'input_pipeline': 'tf.data',  # mnist5k and digits streamed through tf.data before 2026-11-25
 }
 
 
