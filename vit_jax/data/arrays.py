@@ -6,7 +6,8 @@ the contract of the tf.data pipelines (pipeline.py's docstring) and without impo
 `serves(dataset, split, spec)` says when: a plain split name of an embedded dataset, train crop
 'pad_crop' or 'resize', any flip, no RandAugment, a shuffle buffer holding the whole split; eval
 crop 'resize'; channels as stored or gray tiled to 3. Resizing is bilinear without antialiasing
-on half-pixel centres (`tf.image.resize`'s convention; the same values up to float rounding).
+on half-pixel centres (`tf.image.resize`'s convention: the same values when enlarging, within
+1e-3 of 255 when shrinking).
 Anything else goes to tf.data (`streams`).
 
 Train stream: the share of a process is its `np.array_split` part of the split's rows in source
@@ -21,8 +22,8 @@ would on a prepared copy of the dataset in tf.data; each is exactly reproducible
 `Generator.permutation`, whose stream NumPy may change between versions: requirements.lock pins
 the version a run and its resumption should share.
 
-Eval batches: the process's `np.array_split` part of the split, preprocessed once, cut into
-batches of `batch_size`, the last padded with zero images, label 0 and mask 0, then all-padding
+Eval batches: the process's `np.array_split` part of the split, cut into batches of
+`batch_size` and preprocessed batch by batch on each pass, the last padded with zero images, label 0 and mask 0, then all-padding
 batches up to the largest share's batch count.
 """
 
@@ -97,12 +98,11 @@ def _train_batches(images, labels, share, spec, seed, stream, position, rows, mi
   while True:
     positions = np.arange(position, position + rows, dtype=np.int64)[mine]
     epochs, offsets = np.divmod(positions, len(share))
+    picked = np.empty(len(positions), np.int64)
     for e in np.unique(epochs):
       if e not in orders:
         orders = {k: v for k, v in orders.items() if k >= e - 1}
         orders[e] = _permutation(seed, int(e), len(share))
-    picked = np.empty(len(positions), np.int64)
-    for e in np.unique(epochs):
       this = epochs == e
       picked[this] = share[orders[e][offsets[this]]]
     yield {'image': _train_images(images[picked], spec, seed, stream, positions),
@@ -139,8 +139,9 @@ def _uniform_ints(draws: np.ndarray, high: int) -> np.ndarray:
 
 def _train_images(batch: np.ndarray, spec: specs.TrainSpec, seed: int, stream: int,
                   positions: np.ndarray) -> np.ndarray:
-  """uint8 [B, H, W, C] -> float32 [B, H, W, C'] in [-1, 1]: the crop, the flip, the channels,
-  the value range, as `preprocess.train_preprocess` does them (the draws are this module's)."""
+  """uint8 [B, H, W, C] -> float32 [B, S, S, C'] in [-1, 1]: the crop, the resize, the flip, the
+  channels, the value range, in `preprocess.train_preprocess`'s order (the draws are this
+  module's)."""
   if spec.crop == 'pad_crop' and spec.pad:
     n, h, w, _ = batch.shape
     pad = spec.pad
