@@ -49,4 +49,12 @@ def errors_for(path: str) -> tuple:
   return (OSError, tf.errors.OpError)
 
 
-__all__ = ['errors_for', 'files_for', 'gfile', 'is_remote']
+def error_reason(error: Exception) -> str:
+  """The one-line reason of a failed file call: an OSError's strerror, TensorFlow's message
+  without its '<path>; ' prefix, else the error's text (its type name if empty)."""
+  reason = (getattr(error, 'strerror', None) or getattr(error, 'message', None) or
+            str(error)).strip()
+  return reason.splitlines()[0].rsplit('; ', 1)[-1] if reason else type(error).__name__
+
+
+__all__ = ['error_reason', 'errors_for', 'files_for', 'gfile', 'is_remote']

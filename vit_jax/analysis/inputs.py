@@ -12,7 +12,7 @@ import numpy as np
 from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
 from vit_jax import tasks
-from vit_jax.data import config_pp
+from vit_jax.data import choices, config_pp
 from vit_jax.errors import UserError
 from vit_jax.models import layout
 
@@ -72,7 +72,7 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None,
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
       batch_size=num_images, pp=pp, cache=False,
-      pipeline=config.get('input_pipeline', 'auto'))  # a run recorded before the key: auto
+      pipeline=config.get('input_pipeline', choices.RECORDED_INPUT_PIPELINE))
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

@@ -33,6 +33,7 @@ from typing import Iterator, Optional, Union
 import numpy as np
 
 from vit_jax.data import catalog
+from vit_jax.data import embedded
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 
@@ -44,14 +45,14 @@ _MASK64 = (1 << 64) - 1
 def serves(dataset: str, split: str, spec: Union[specs.TrainSpec, specs.EvalSpec],
            shuffle_buffer: Optional[int] = None) -> bool:
   """Whether these pipelines implement `spec` on `split` of `dataset` (see the docstring)."""
-  module = catalog.EMBEDDED.get(dataset)
-  if module is None or split not in module.SPLIT_SIZES:
+  facts = catalog.embedded_facts(dataset, split)
+  if facts is None:
     return False
-  if spec.channels not in (None, module.IMAGE_SHAPE[-1], 3):
+  if spec.channels not in (None, facts.image_shape[-1], 3):
     return False  # RGB to gray: tf.data's op
   if isinstance(spec, specs.TrainSpec):
     return (spec.crop in _TRAIN_CROPS and not spec.randaug_layers and
-            shuffle_buffer is not None and shuffle_buffer >= module.SPLIT_SIZES[split])
+            shuffle_buffer is not None and shuffle_buffer >= facts.num_examples)
   return spec.crop in _EVAL_CROPS
 
 
@@ -60,10 +61,7 @@ def _split_arrays(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, H, W, C], labels int32 [N]) of a split, rows in source order."""
   module = catalog.EMBEDDED[dataset]
   images, labels = module.load_arrays()
-  rows = module.split_indices(labels)[split]
-  if len(rows) != module.SPLIT_SIZES[split]:  # as the tfds builder refuses to build
-    raise RuntimeError(f'{dataset}: the source data gives {len(rows)} examples in split '
-                       f'{split!r}, not the {module.SPLIT_SIZES[split]} this code states')
+  rows = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)[split]
   out = images[rows], labels[rows].astype(np.int32)
   for array in out:
     array.flags.writeable = False

@@ -6,3 +6,5 @@ TRAIN_CROPS = ('inception', 'resize_crop', 'pad_crop', 'resize')  # specs.train_
 EVAL_CROPS = ('central', 'resize')                                 # specs.eval_spec
 SHARDINGS = ('process', 'global')                                  # streams.train_iterator
 INPUT_PIPELINES = ('auto', 'tf.data')                              # streams.train_iterator
+# What runs recorded before `input_pipeline` existed (before 2026-11-25) streamed through.
+RECORDED_INPUT_PIPELINE = 'tf.data'

@@ -57,16 +57,24 @@ class EmbeddedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the data ships with an installed package.
     images, labels = self.arrays()
-    splits = self.splits(labels)
-    sizes = {name: len(rows) for name, rows in splits.items()}
-    if sizes != self.SPLIT_SIZES:  # the installed package's data changed: say so, build nothing
-      raise RuntimeError(f'{self.name}: the source data gives splits of {sizes} examples, not the '
-                         f'{self.SPLIT_SIZES} this code states')
+    splits = checked_splits(self.name, self.splits(labels), self.SPLIT_SIZES)
     return {name: self._generate_examples(images, labels, rows) for name, rows in splits.items()}
 
   def _generate_examples(self, images, labels, rows):
     for row in rows:
       yield int(row), {'image': images[row], 'label': int(labels[row])}
+
+
+def checked_splits(name: str, splits: Dict[str, np.ndarray],
+                   expected: Dict[str, int]) -> Dict[str, np.ndarray]:
+  """`splits` ({split: rows}) if their sizes are the `expected` ones the code states (what the
+  trainer reads without building anything); else the installed package's data changed: a
+  RuntimeError, and nothing is built or streamed."""
+  sizes = {split: len(rows) for split, rows in splits.items()}
+  if sizes != expected:
+    raise RuntimeError(f'{name}: the source data gives splits of {sizes} examples, not the '
+                       f'{expected} this code states')
+  return splits
 
 
 def split_per_class(labels: np.ndarray, num_classes: int, train_of) -> Dict[str, np.ndarray]:
@@ -101,4 +109,4 @@ def prepare(builder_cls, data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
   return builder_cls(data_dir=data_dir)
 
 
-__all__ = ['EmbeddedBuilder', 'prepare', 'split_per_class']
+__all__ = ['EmbeddedBuilder', 'checked_splits', 'prepare', 'split_per_class']

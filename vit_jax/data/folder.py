@@ -43,6 +43,7 @@ from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import fileio
 from vit_jax import quiet
 from vit_jax.data.image_files import shown
 from vit_jax.errors import UserError
@@ -292,10 +293,9 @@ def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
   except (OSError, tf.errors.OpError) as e:
     # Another process may have prepared the same directory first (our final rename then fails).
     if not ImageFolder(listing=listing, data_dir=directory).is_prepared():
-      reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
-      raise UserError(f'cannot prepare {PREFIX}{root} in {directory} '
-                      f'({reason.strip().splitlines()[0].rsplit("; ", 1)[-1]}): free space '
-                      f'there or set config.data_dir to a disk with room, then rerun') from None
+      raise UserError(f'cannot prepare {PREFIX}{root} in {directory} ({fileio.error_reason(e)}): '
+                      f'free space there or set config.data_dir to a disk with room, then '
+                      f'rerun') from None
   builder = ImageFolder(listing=listing, data_dir=directory)
   splits = {name: split.num_examples for name, split in builder.info.splits.items()}
   line = (f'prepared {PREFIX}{root}: {len(listing.classes)} classes, '

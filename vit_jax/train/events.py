@@ -1,17 +1,16 @@
 """TensorBoard event files without TensorFlow: scalar summaries (`Summary.Value.simple_value`,
 which TensorBoard shows as scalars) framed as TFRecords, through `fileio` (a local path with
 Python's files, gs:// and the like with tf.io.gfile). The protobufs and the record checksum are
-the `tensorboard` package's own; importing this costs 0.13 s where `tf.summary` needs TensorFlow."""
+the `tensorboard` package's own, so `tf.summary` (and TensorFlow) is not needed."""
 
 import itertools
 import os
 import socket
-import struct
 import time
 
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+from tensorboard.summary.writer import record_writer
 
 from vit_jax import fileio
 
@@ -38,10 +37,8 @@ class EventWriter:
     self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
   def _write(self, event: event_pb2.Event) -> None:
-    data = event.SerializeToString()
-    header = struct.pack('<Q', len(data))
-    self.file.write(header + struct.pack('<I', masked_crc32c(header)) + data +
-                    struct.pack('<I', masked_crc32c(data)))
+    # tensorboard's TFRecord framing, on whatever `file` is now (a test may wrap it).
+    record_writer.RecordWriter(self.file).write(event.SerializeToString())
 
   def flush(self) -> None:
     self.file.flush()

@@ -38,18 +38,20 @@ OPERATIONAL_KEYS = frozenset({
     'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
 })
 
-# Keys added after runs were recorded, with the value that reproduces what such a run did before
-# the key existed: a run resumed from a checkpoint without the key continues with that value.
-RECORDED_BEFORE = {
-    'input_pipeline': 'tf.data',  # mnist5k and digits streamed through tf.data before 2026-11-25
-}
+def recorded_before() -> Dict[str, object]:
+  """Keys added after runs were recorded, with the value that reproduces what such a run did
+  before the key existed (the data package holds it; imported here only on resume, so reading
+  logs stays free of it)."""
+  from vit_jax.data import choices  # pylint: disable=g-import-not-at-top
+  return {'input_pipeline': choices.RECORDED_INPUT_PIPELINE}
 
 
 def recorded_values(stored: dict, current: dict) -> Dict[str, object]:
-  """{key: value} for the keys of `RECORDED_BEFORE` that `stored` (a checkpoint's config) lacks
-  and `current` holds with another value: what the resumed run must use to continue exactly."""
+  """{key: value} for the keys of `recorded_before()` that `stored` (a checkpoint's config)
+  lacks and `current` holds with another value: what the resumed run must use to continue
+  exactly."""
   old, new = _flatten(stored), _flatten(current)
-  return {key: value for key, value in RECORDED_BEFORE.items()
+  return {key: value for key, value in recorded_before().items()
           if key not in old and key in new and new[key] != value}
 
 
@@ -256,4 +258,4 @@ def _plain(value):
 
 __all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'recorded_values',
            'refuse_config_drift', 'refuse_mismatch', 'stop_with_parent', 'PARENT_ENV',
-           'OPERATIONAL_KEYS', 'RECORDED_BEFORE']
+           'OPERATIONAL_KEYS', 'recorded_before']

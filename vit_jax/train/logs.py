@@ -76,11 +76,7 @@ def _writing(path: str):
   try:
     yield
   except fileio.errors_for(path) as e:
-    reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
-    reason = reason.strip().splitlines()[0] if reason.strip() else type(e).__name__
-    if '; ' in reason:  # TF: '<path>; No space left on device'
-      reason = reason.rsplit('; ', 1)[1]
-    raise WriteError(f'cannot write the metrics to {path} ({reason})') from None
+    raise WriteError(f'cannot write the metrics to {path} ({fileio.error_reason(e)})') from None
 
 
 def read_metrics(path: str) -> list[dict]:

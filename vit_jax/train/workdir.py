@@ -15,14 +15,12 @@ FILES = ('metrics.jsonl', 'learning_curve.png')
 
 def prepare(workdir: str) -> None:
   """Creates the workdir (local or gs://) and checks its layout; UserError saying what to fix.
-  A local workdir is checked without TensorFlow (the trainer imports it later, while its programs
-  compile)."""
+  A local workdir is checked without TensorFlow."""
   files = fileio.files_for(workdir)
   try:
     files.makedirs(workdir)
   except fileio.errors_for(workdir) as e:
-    reason = getattr(e, 'message', None) or getattr(e, 'strerror', None) or str(e)
-    raise UserError(f'cannot create --workdir={workdir} ({reason.splitlines()[0]}): pass a '
+    raise UserError(f'cannot create --workdir={workdir} ({fileio.error_reason(e)}): pass a '
                     f'writable directory') from None
   for names, want_dir, kind in ((DIRECTORIES, True, 'a directory'), (FILES, False, 'a file')):
     for name in names:
