@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from vit_jax import cli
 from vit_jax.commands import COMMANDS
 from helpers import ROOT
 
@@ -41,6 +44,29 @@ def test_unknown_command_is_one_error_line():
   (line,) = proc.stderr.splitlines()
   assert line.startswith('error: ') and 'no_such_command' in line
   assert all(name in line for name in NAMES)
+
+
+@pytest.mark.parametrize('argv', [('train', '--help'), ('launch', '--helpfull'), ('predict', '-?')])
+def test_a_commands_usage_exits_0(argv):
+  """absl prints the usage and exits with status 1; asked for, the usage is not a failure."""
+  proc = _run(*argv)
+  assert proc.returncode == 0, proc.stderr
+  doc = importlib.import_module(f'vit_jax.commands.{argv[0]}').__doc__
+  assert proc.stdout.startswith(doc.splitlines()[0])
+
+
+def test_python_m_vit_jax_main_help_exits_0():
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--help'], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and '--config' in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize('argv,expected', [
+    (['p', '--help'], True), (['p', '--config=c.py', '-helpshort'], True), (['p', '-?'], True),
+    (['p'], False), (['p', '--help=false'], False), (['p', '--workdir=--help'], False),
+    (['p', '--tpu=t', '--', 'python3', '-m', 'vit_jax.main', '--help'], False)])
+def test_asks_for_help_reads_the_flags_before_a_double_dash(argv, expected):
+  assert cli.asks_for_help(argv) is expected
 
 
 def test_train_without_config_is_one_error_line(tmp_path):

@@ -8,9 +8,8 @@ module is imported. `python -m vit_jax --help` lists the commands.
 import runpy
 import sys
 
+from vit_jax.cli import EXIT_USER_ERROR, HELP_FLAGS
 from vit_jax.commands import COMMANDS
-
-EXIT_USER_ERROR = 2  # as vit_jax.cli (not imported here: listing commands stays instant)
 
 
 def usage(prog: str) -> str:
@@ -24,7 +23,7 @@ def usage(prog: str) -> str:
 def main(argv=None, prog: str = None) -> int:
   argv = sys.argv if argv is None else argv
   prog = prog or ('python -m vit_jax' if argv[0].endswith('__main__.py') else 'vit-jax')
-  if len(argv) < 2 or argv[1] in ('-h', '--help', '-help', '--helpshort', '--helpfull', 'help'):
+  if len(argv) < 2 or argv[1] in HELP_FLAGS | {'-h', 'help'}:
     sys.stdout.write(usage(prog))
     return 0
   command = argv[1]

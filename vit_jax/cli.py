@@ -28,6 +28,10 @@ from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
+# The flags that ask for a command's usage (absl's: it prints the usage, then exits with status 1,
+# which run_main turns into 0). The dispatcher (vit_jax/__main__.py) also takes -h and help.
+HELP_FLAGS = frozenset({'-?', *(dash + name for dash in ('-', '--')
+                                for name in ('help', 'helpshort', 'helpfull', 'helpxml'))})
 
 # Python's garbage-collection thresholds for a command (run_main): importing TensorFlow, JAX and
 # Flax and tracing the steps allocate millions of objects that live for the whole run, and the
@@ -246,7 +250,8 @@ class _NotFromOrbax:
 
 
 def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
-  """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2.
+  """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2, and a
+  command line that asks for its usage (--help) ending with exit code 0 (absl's is 1).
 
   First, once per process, raises the garbage-collection thresholds (GC_THRESHOLDS) and skips
   the collections at exit (_freeze_at_exit), restarts it
@@ -281,6 +286,20 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
     app.run(guarded, flags_parser=_parse_flags)
   except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (start-up, imports)
     fail('interrupted (Ctrl-C): rerun the same command')
+  except SystemExit as e:
+    if e.code == 1 and asks_for_help(sys.argv):  # absl printed the usage asked for: not a failure
+      raise SystemExit(0) from None
+    raise
 
 
-__all__ = ['UserError', 'as_flags', 'fail', 'run_main', 'EXIT_USER_ERROR']
+def asks_for_help(argv) -> bool:
+  """Whether a command line asks for its usage: a help flag before any `--` (what follows `--`
+  is another command's, as in `launch ... -- python3 -m vit_jax.main --help`)."""
+  args = list(argv[1:])
+  if '--' in args:
+    args = args[:args.index('--')]
+  return any(arg in HELP_FLAGS for arg in args)
+
+
+__all__ = ['UserError', 'as_flags', 'asks_for_help', 'fail', 'run_main', 'EXIT_USER_ERROR',
+           'HELP_FLAGS']
