@@ -46,7 +46,8 @@ def test_unknown_command_is_one_error_line():
   assert all(name in line for name in NAMES)
 
 
-@pytest.mark.parametrize('argv', [('train', '--help'), ('launch', '--helpfull'), ('predict', '-?')])
+@pytest.mark.parametrize('argv', [('train', '--help'), ('launch', '--helpfull'), ('predict', '-?'),
+                                  ('export', '-h')])
 def test_a_commands_usage_exits_0(argv):
   """absl prints the usage and exits with status 1; asked for, the usage is not a failure."""
   proc = _run(*argv)
@@ -63,6 +64,7 @@ def test_python_m_vit_jax_main_help_exits_0():
 
 @pytest.mark.parametrize('argv,expected', [
     (['p', '--help'], True), (['p', '--config=c.py', '-helpshort'], True), (['p', '-?'], True),
+    (['p', '-h'], True),
     (['p'], False), (['p', '--help=false'], False), (['p', '--workdir=--help'], False),
     (['p', '--tpu=t', '--', 'python3', '-m', 'vit_jax.main', '--help'], False)])
 def test_asks_for_help_reads_the_flags_before_a_double_dash(argv, expected):

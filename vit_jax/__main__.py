@@ -23,7 +23,7 @@ def usage(prog: str) -> str:
 def main(argv=None, prog: str = None) -> int:
   argv = sys.argv if argv is None else argv
   prog = prog or ('python -m vit_jax' if argv[0].endswith('__main__.py') else 'vit-jax')
-  if len(argv) < 2 or argv[1] in HELP_FLAGS | {'-h', 'help'}:
+  if len(argv) < 2 or argv[1] in HELP_FLAGS | {'help'}:
     sys.stdout.write(usage(prog))
     return 0
   command = argv[1]

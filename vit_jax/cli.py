@@ -28,10 +28,11 @@ from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
-# The flags that ask for a command's usage (absl's: it prints the usage, then exits with status 1,
-# which run_main turns into 0). The dispatcher (vit_jax/__main__.py) also takes -h and help.
-HELP_FLAGS = frozenset({'-?', *(dash + name for dash in ('-', '--')
-                                for name in ('help', 'helpshort', 'helpfull', 'helpxml'))})
+# The flags that ask for a command's usage: absl's (it prints the usage, then exits with status 1,
+# which run_main turns into 0) and -h, passed to absl as --help. The dispatcher
+# (vit_jax/__main__.py) also takes the word help.
+HELP_FLAGS = frozenset({'-h', '-?', *(dash + name for dash in ('-', '--')
+                                      for name in ('help', 'helpshort', 'helpfull', 'helpxml'))})
 
 # Python's garbage-collection thresholds for a command (run_main): importing TensorFlow, JAX and
 # Flax and tracing the steps allocate millions of objects that live for the whole run, and the
@@ -65,7 +66,14 @@ def fail(message: str) -> None:
   sys.exit(EXIT_USER_ERROR)
 
 
+def _flag_part(args: list) -> list:
+  """The arguments before a `--` (after it they are another command's: `launch ... -- cmd`)."""
+  return args[:args.index('--')] if '--' in args else args
+
+
 def _parse_flags(argv):
+  head = len(_flag_part(argv))
+  argv = [('--help' if arg == '-h' else arg) for arg in argv[:head]] + argv[head:]
   _check_config_file(argv)
   try:
     return flags.FLAGS(argv)
@@ -295,10 +303,7 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
 def asks_for_help(argv) -> bool:
   """Whether a command line asks for its usage: a help flag before any `--` (what follows `--`
   is another command's, as in `launch ... -- python3 -m vit_jax.main --help`)."""
-  args = list(argv[1:])
-  if '--' in args:
-    args = args[:args.index('--')]
-  return any(arg in HELP_FLAGS for arg in args)
+  return any(arg in HELP_FLAGS for arg in _flag_part(list(argv[1:])))
 
 
 __all__ = ['UserError', 'as_flags', 'asks_for_help', 'fail', 'run_main', 'EXIT_USER_ERROR',
