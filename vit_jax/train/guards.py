@@ -38,6 +38,7 @@ OPERATIONAL_KEYS = frozenset({
     'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
 })
 
+
 def recorded_before() -> Dict[str, object]:
   """Keys added after runs were recorded, with the value that reproduces what such a run did
   before the key existed (the data package holds it; imported here only on resume, so reading
