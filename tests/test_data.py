@@ -6,7 +6,9 @@ here), and datasets that are not prepared must fail fast with a UserError.
 """
 
 import collections
+import os
 import socket
+import tempfile
 import threading
 import time
 
@@ -204,6 +206,19 @@ def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
                                          r"not the \{'train': 4001, 'test': 999\}"):
     embedded.prepare(Stated, str(tmp_path))
   assert not Stated(data_dir=str(tmp_path)).is_prepared()
+
+
+def test_preparing_our_datasets_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+  """tfds makes an empty `tmp*tfds` directory for every builder whose info is not written yet
+  (to fetch metadata from GCS) and leaves it; the datasets built here never ask."""
+  from image_folder_util import write_colour_folder  # pylint: disable=g-import-not-at-top
+  temp = tmp_path / 'temp'
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(temp))
+  write_colour_folder(str(tmp_path / 'images'), per_class=2)
+  assert data.get_info('digits', str(tmp_path / 'tfds')).split_sizes['test'] > 0
+  assert data.get_info(f'folder:{tmp_path / "images"}', str(tmp_path / 'tfds')).num_classes == 3
+  assert os.listdir(temp) == []
 
 
 def test_get_info_other_dataset(data_dir):

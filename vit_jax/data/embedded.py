@@ -16,6 +16,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from vit_jax.data.offline_info import OfflineDatasetInfo
+
 
 class EmbeddedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Base of the embedded datasets; subclasses set the class attributes and two methods."""
@@ -36,7 +38,7 @@ class EmbeddedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     raise NotImplementedError
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return OfflineDatasetInfo(
         builder=self,
         description=self.DESCRIPTION,
         features=tfds.features.FeaturesDict({

@@ -46,6 +46,7 @@ import tensorflow_datasets as tfds
 from vit_jax import fileio
 from vit_jax import quiet
 from vit_jax.data.image_files import shown
+from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 
 PREFIX = 'folder:'
@@ -211,7 +212,7 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder):
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return OfflineDatasetInfo(
         builder=self,
         description=f'Images of {self._listing.root} (vit_jax.data.folder).',
         features=tfds.features.FeaturesDict({
