@@ -28,12 +28,12 @@ install: $(STAMP)
 # UV_INDEX_URL), not pip's configuration.
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps --compile-bytecode
 
+# The venv's own pip (ensurepip's) only bootstraps uv; uv installs the project too (editable).
 $(STAMP): requirements.lock setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --no-deps "$$(grep -E '^uv==' requirements.lock)"
 	$(UV) -r requirements.lock
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(UV) --no-build-isolation -e .
 	touch $(STAMP)
 
 $(TPU_STAMP): $(STAMP) requirements-tpu.lock
