@@ -228,3 +228,28 @@ def test_mnist5k_recipes():
   assert (f.model_name, f.image_size, f.optimizer, f.model.representation_size) == (
       'ViT-Mu/4', 36, 'sgd', None)
   assert _flat_keys(p) == _flat_keys(f) == _flat_keys(common.base_config())
+
+
+# ---------------------------------------------------------------- TPU plans (configs/plans.py)
+
+
+def test_every_tpu_plan_is_its_recipe_compiled_for_its_slice():
+  """configs/plans.py: the recipe as configs/pretrain.py or finetune.py states it, plus the slice
+  and the dataset's class count (nothing is read); the hybrids are planned too."""
+  from configs import plans  # pylint: disable=g-import-not-at-top
+  assert {('pretrain', 'R50+B/16'), ('pretrain', 'R50+L/16')} <= set(recipes.TPU_PLANS)
+  for (recipe, model), plan in recipes.TPU_PLANS.items():
+    c = plans.get_config(f'recipe={recipe},model={recipes.variant(model)}')
+    if recipe == 'pretrain':
+      stated = pretrain.get_config(f'model={model},dataset={plan["dataset"]}')
+      assert (c.batch_size, c.image_size) == (4096, 224)
+    else:
+      stated = finetune.get_config(f'model={model},dataset={plan["dataset"]},headline=true')
+      assert (c.batch_size, c.image_size) == (512, {'L/16': 512, 'H/14': 518}[model])
+    assert (c.compile_for, c.num_classes, c.pp.channels) == (
+        plan['slice'], recipes.NUM_CLASSES[plan['dataset']], 3)
+    for key in ('model_name', 'lr', 'weight_decay', 'total_steps', 'total_epochs', 'warmup_steps'):
+      assert c[key] == stated[key], (recipe, model, key)
+  with pytest.raises(UserError, match=r'no TPU plan for recipe=pretrain,model=S/16: planned are '
+                                      r'pretrain:B/16, .*pretrain:R50\+L/16'):
+    plans.get_config('recipe=pretrain,model=S/16')
