@@ -373,9 +373,10 @@ def test_config_init_transfers_across_layouts(runs, data_dir, tmp_path, source, 
     init = str(tmp_path / 'source.npz')
     npz_lib.save_npz(init, params)
   prog = _program(data_dir, scan, init=init)
-  state, _ = transfer.initialise_state(init, prog.init_state(), model=prog.model, image_size=28,
-                                       method='bilinear', tx=prog.tx,
-                                       shardings=prog.state_shardings)
+  pretrained = transfer.read_init(init, prog.abstract_state.params, model=prog.model,
+                                  image_size=28, method='bilinear')
+  state = transfer.apply_init(pretrained, prog.init_state(), tx=prog.tx,
+                              shardings=prog.state_shardings)
   got = jax.device_get(state.params)
   np.testing.assert_array_equal(got['head']['kernel'], 0.)
   del got['head'], params['head']

@@ -126,7 +126,7 @@ def test_mismatched_checkpoints_are_one_line_errors(target_options, needle):
                              old_grid=(7, 7), new_grid=(7, 7))
 
 
-def test_initialise_state_from_npz_resets_head_and_optimizer(tmp_path):
+def test_init_from_npz_resets_head_and_optimizer(tmp_path):
   source = models.create_model('ViT-Ze/4', num_classes=10)
   params = _numpy_params(source, 28, seed=1)
   params['head']['kernel'] += 1.0  # a trained, non-zero head
@@ -142,9 +142,10 @@ def test_initialise_state_from_npz_resets_head_and_optimizer(tmp_path):
   init, abstract = program.init_fn_and_shapes(model, tx, (36, 36, 1), jax.random.PRNGKey(0))
   shardings = parallel.param_shardings(abstract, mesh)
   state = jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(0))
-  state, source_name = transfer.initialise_state(path, state, model=model, image_size=36,
-                                                 method='bilinear', tx=tx, shardings=shardings)
-  assert source_name == path
+  pretrained = transfer.read_init(path, abstract.params, model=model, image_size=36,
+                                  method='bilinear')
+  assert pretrained.source == path
+  state = transfer.apply_init(pretrained, state, tx=tx, shardings=shardings)
   np.testing.assert_array_equal(state.params['head']['kernel'], 0.0)  # re-initialised: zeros
   np.testing.assert_array_equal(state.params['embedding']['kernel'], params['embedding']['kernel'])
   expected = posemb_resize.resize_posemb(params['Transformer']['posembed_input']['pos_embedding'],
@@ -156,6 +157,32 @@ def test_initialise_state_from_npz_resets_head_and_optimizer(tmp_path):
   average = polyak.find_average(state.opt_state)
   np.testing.assert_array_equal(average['embedding']['kernel'], params['embedding']['kernel'])
   assert state.params['embedding']['kernel'].sharding == shardings.params['embedding']['kernel']
+
+
+@pytest.mark.parametrize('init, needle', [
+    ('missing', 'is neither an .npz file nor a directory'),
+    ('another_model', r'ze\.npz lacks Transformer/encoderblock_2/.* of the new model'),
+])
+def test_a_bad_init_fails_before_anything_compiles(tmp_path, data_dir, monkeypatch, init, needle):
+  """The trainer reads and checks config.init before it compiles the initial state or the train
+  step (before: both were compiled first, and the process waited for the train step's compile
+  before it could exit with the error)."""
+  from configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'missing')
+  if init == 'another_model':  # a 2-block ViT-Ze/4 for the 6-block ViT-Mu/4 below
+    path = str(tmp_path / 'ze.npz')
+    npz_lib.save_npz(path, _numpy_params(models.create_model('ViT-Ze/4', num_classes=10), 28))
+
+  def compiled(*args, **kwargs):
+    raise AssertionError('a program was compiled before config.init was checked')
+
+  monkeypatch.setattr(program.Program, 'compile_train_step_in_background', compiled)
+  monkeypatch.setattr(program.Program, 'init_state', compiled)
+  config = mnist5k.get_config('model_name=ViT-Mu/4,steps=6,batch_size=16')
+  config.data_dir, config.warmup_steps, config.init = data_dir, 1, path
+  with pytest.raises(UserError, match=needle):
+    loop.train_and_evaluate(config, str(tmp_path / 'work'))
 
 
 def test_bad_init_paths(tmp_path):

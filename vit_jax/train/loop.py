@@ -139,13 +139,17 @@ def _start(prog, ckpt, workdir, allow_config_change):
   if jax.process_index() == 0:  # the log's records after the start point are redone (or none)
     logs.repair_log(logs.metrics_path(workdir), start_step or 0)
   if start_step is None:
+    pretrained = None
+    if prog.config.init:  # a new run from a pre-trained checkpoint (never over the run's own)
+      # Read and checked before anything compiles: a wrong path or model fails at once.
+      pretrained = transfer.read_init(
+          prog.config.init, prog.abstract_state.params, model=prog.model,
+          image_size=prog.config.image_size, method=prog.config.init_posemb_resize)
     train_fn = prog.compile_train_step_in_background()
     state = prog.init_state()
-    if prog.config.init:  # a new run from a pre-trained checkpoint (never over the run's own)
-      state, source = transfer.initialise_state(
-          prog.config.init, state, model=prog.model, image_size=prog.config.image_size,
-          method=prog.config.init_posemb_resize, tx=prog.tx, shardings=prog.state_shardings)
-      _say(f'initialised from {source}')
+    if pretrained is not None:
+      state = transfer.apply_init(pretrained, state, tx=prog.tx, shardings=prog.state_shardings)
+      _say(f'initialised from {pretrained.source}')
     return 0, state, train_fn
   _say(f'resumed from {ckpt.directory} at step {start_step}')
   return start_step, state, prog.train_fn

@@ -14,8 +14,8 @@ the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; facts s
               bundles and the analyses use too), non-square grids included
 
 A parameter of the new model missing from the checkpoint, or with another shape, is a UserError
-naming it. `transfer_params` works on numpy arrays; `initialise_state` is what the trainer calls
-once, at step 0 of a new run.
+naming it. `transfer_params` works on numpy arrays; the trainer calls `read_init` at step 0 of a
+new run, before it compiles anything, and `apply_init` once the initial state exists.
 """
 
 import dataclasses
@@ -138,15 +138,24 @@ def _put(value: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
-def initialise_state(init: str, state, *, model, image_size: int, method: str, tx, shardings):
-  """`state` with its params taken from `init` (see the module rules) and a fresh optimizer state.
+@dataclasses.dataclass
+class Transfer:
+  """The values a new run starts from: flat 'a/b/c' -> numpy array, in the new model's layout."""
+  values: Dict[str, np.ndarray]
+  source: str  # what was read, for the log
 
-  `state` is the freshly initialised TrainState; `shardings` its shardings. The head (and any
-  other parameter the checkpoint does not provide) keeps its fresh value. The checkpoint's
-  params (always read unrolled) take the state's encoder layout (stacked for `model.scan`).
+
+def read_init(init: str, params, *, model, image_size: int, method: str) -> Transfer:
+  """Reads `init` and fits it to the new model's parameters (see the module rules).
+
+  `params` is the new model's parameter tree, arrays or ShapeDtypeStructs: the trainer calls this
+  with the abstract state, before any program is compiled, so a missing path or a checkpoint of
+  another model is a UserError at once (not after the initial state and the train step compiled).
+  The checkpoint's params (always read unrolled) take the model's encoder layout (stacked for
+  `model.scan`).
   """
   pretrained = load_pretrained(init)
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
   values = transfer_params(pretrained.params, layout.unstack_blocks(abstract),
                            has_cls=model.classifier != 'gap', old_grid=pretrained.grid,
                            new_grid=models.token_grid(model, image_size), method=method,
@@ -154,6 +163,16 @@ def initialise_state(init: str, state, *, model, image_size: int, method: str, t
   if layout.is_stacked(abstract):  # a scanned model: its blocks stacked as its params are
     tree = layout.stack_blocks(npz_lib._unflatten(values))  # pylint: disable=protected-access
     values = npz_lib._flatten(tree)  # pylint: disable=protected-access
+  return Transfer(values, pretrained.source)
+
+
+def apply_init(transfer: Transfer, state, *, tx, shardings):
+  """`state` with its params taken from `transfer` and a fresh optimizer state.
+
+  `state` is the freshly initialised TrainState; `shardings` its shardings. The head (and any
+  other parameter the checkpoint does not provide) keeps its fresh value.
+  """
+  values = transfer.values
 
   def pick(path, fresh, sharding):
     key = '/'.join(str(getattr(p, 'key', p)) for p in path)
@@ -161,7 +180,8 @@ def initialise_state(init: str, state, *, model, image_size: int, method: str, t
 
   params = jax.tree_util.tree_map_with_path(pick, state.params, shardings.params)
   opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-  return state.replace(params=params, opt_state=opt_state), pretrained.source
+  return state.replace(params=params, opt_state=opt_state)
 
 
-__all__ = ['Pretrained', 'initialise_state', 'load_pretrained', 'transfer_params']
+__all__ = ['Pretrained', 'Transfer', 'apply_init', 'load_pretrained', 'read_init',
+           'transfer_params']
