@@ -243,6 +243,16 @@ def _finishes_within(fn, seconds):
   return not thread.is_alive(), result.get('error'), time.monotonic() - start
 
 
+def test_not_prepared_in_a_dataset_directory_that_exists(tmp_path):
+  """With a `cifar10` directory in data_dir, tfds's builder decides (it may hold a version
+  prepared without the code); here it holds none, and the message names the version's path."""
+  (tmp_path / 'cifar10').mkdir()
+  with pytest.raises(UserError) as e:
+    data.get_info('cifar10', str(tmp_path))
+  assert f"dataset 'cifar10' is not prepared: tfds looked in {tmp_path}/cifar10/3.0.2 " in str(
+      e.value)
+
+
 def test_unknown_dataset_fails_fast(tmp_path):
   finished, error, _ = _finishes_within(lambda: data.get_info('cifr10', str(tmp_path)), 10)
   assert finished, 'get_info on an unknown dataset hung'

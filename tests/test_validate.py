@@ -51,7 +51,7 @@ def test_choices_come_from_the_modules_that_use_them():
 def test_a_config_is_checked_before_tensorflow_is_imported():
   """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
   test process has imported TensorFlow already), and so is one against the devices or the
-  model's input size; a sweep reads logs without JAX or TensorFlow; vit_jax.data's names load
+  model's input size, or a dataset that is unknown or not prepared; a sweep reads logs without JAX or TensorFlow; vit_jax.data's names load
   when first used."""
   code = ('import sys\n'
           # A sweep reads its runs' logs without JAX or TensorFlow.
@@ -79,6 +79,14 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           '  except Exception as e:\n'
           '    print(key, type(e).__name__, str(e).split(":")[0], end="; ")\n'
           'print("tensorflow" in sys.modules)\n'
+          # A dataset unknown to tfds, or not prepared in a local data_dir, is said without it.
+          'from vit_jax.data import info\n'
+          'for name in ("no_such_dataset", "cifar10", "imagenet2012"):\n'
+          '  try:\n'
+          '    info.get_info(name, "/nonexistent/tfds")\n'
+          '  except Exception as e:\n'
+          '    print(name, type(e).__name__, str(e).split(":")[0], end="; ")\n'
+          'print("tensorflow" in sys.modules)\n'
           # Asking whether TensorFlow is installed (etils does for every local path) does not
           # import it; importing it does, through the quiet import.
           'import importlib.util, os\n'
@@ -97,13 +105,16 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
                         cwd=ROOT)
   assert 'oneDNN' not in proc.stderr, proc.stderr  # TensorFlow's banner: the import was quiet
   out = proc.stdout
-  assert out.split('\n')[:5] == [
+  assert out.split('\n')[:6] == [
       '[] False False',
       'UserError False',
       'image_size passes; batch_size UserError batch_size=12 does not split over 8 devices in 1 '
       'processes; image_size UserError image size 30 is not divisible by the patch size 16 of '
       'this ViT (hidden 768, 12 layers); accum_steps UserError the per-device batch 512 does not '
       'split into accum_steps=3 micro-batches; False',
+      "no_such_dataset UserError unknown dataset 'no_such_dataset' (did you mean math_dataset, "
+      "bee_dataset, waymo_open_dataset?); cifar10 UserError dataset 'cifar10' is not prepared; "
+      "imagenet2012 UserError dataset 'imagenet2012' is not prepared; False",
       'True True False tensorflow',
       'True True True False'], out
 

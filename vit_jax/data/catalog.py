@@ -10,6 +10,8 @@ from vit_jax.data import mnist5k
 
 # Built offline from installed packages on first use (vit_jax/data/embedded.py).
 EMBEDDED = {module.NAME: module for module in (mnist5k, digits)}
+# 'folder:PATH' names a folder of class sub-folders of images (vit_jax/data/folder.py).
+FOLDER_PREFIX = 'folder:'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,4 +32,4 @@ def embedded_facts(dataset: str, split: str) -> Optional[SplitFacts]:
   return SplitFacts(module.NUM_CLASSES, module.IMAGE_SHAPE, module.SPLIT_SIZES[split])
 
 
-__all__ = ['EMBEDDED', 'SplitFacts', 'embedded_facts']
+__all__ = ['EMBEDDED', 'FOLDER_PREFIX', 'SplitFacts', 'embedded_facts']

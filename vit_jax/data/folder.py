@@ -45,11 +45,12 @@ import tensorflow_datasets as tfds
 
 from vit_jax import fileio
 from vit_jax import quiet
+from vit_jax.data import catalog
 from vit_jax.data.image_files import shown
 from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 
-PREFIX = 'folder:'
+PREFIX = catalog.FOLDER_PREFIX
 EXTENSIONS = ('.jpg', '.jpeg', '.png')
 TEST_FRACTION = 0.1
 NAME = 'vit_jax_image_folder'

@@ -9,13 +9,14 @@ packages), and 'folder:PATH', a folder of class sub-folders of your own images
 
 import dataclasses
 import difflib
-from typing import Optional
+import os
+from typing import Optional, Type
 
 import tensorflow_datasets as tfds
 
+from vit_jax import fileio
 from vit_jax.data import catalog
 from vit_jax.data import embedded
-from vit_jax.data import folder
 from vit_jax.errors import UserError
 
 # Dataset names listed as examples in the "unknown dataset" message.
@@ -53,7 +54,8 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
   'folder:PATH' is a folder of class sub-folders of images, prepared into `data_dir` on first use
   (`vit_jax.data.folder`).
   """
-  if dataset.startswith(folder.PREFIX):
+  if dataset.startswith(catalog.FOLDER_PREFIX):
+    from vit_jax.data import folder  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
     return folder.load_builder(dataset, data_dir)
   try:
     name, name_kwargs = tfds.core.naming.parse_builder_name_kwargs(dataset)
@@ -72,6 +74,13 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
       raise UserError(f"dataset {dataset!r}: {name.name} has no configs and only version "
                       f"{version}; use dataset='{name.name}'")
     return module.prepare(data_dir)
+  cls = _registered_class(name.name)
+  looked_in = _absent_locally(cls.name if cls else name.name, data_dir)
+  if looked_in:  # said without building the tfds builder, which imports TensorFlow (2 s)
+    if cls is None:
+      raise UserError(_unknown_dataset_message(dataset))
+    raise UserError(_not_prepared_message(dataset, cls, ' or '.join(looked_in),
+                                          data_dir or _default_data_dir(), data_dir))
   try:
     builder = tfds.builder(dataset, data_dir=data_dir, try_gcs=False)
   except tfds.core.registered.DatasetNotFoundError:
@@ -80,8 +89,32 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     raise UserError(f'cannot open dataset {dataset!r}: {_one_line(e)}; check the config/version '
                     f'part of the name against the tfds catalog') from None
   if not builder.is_prepared():
-    raise UserError(_not_prepared_message(dataset, builder, data_dir))
+    root = builder.data_dir_root if hasattr(builder, 'data_dir_root') else data_dir
+    raise UserError(_not_prepared_message(dataset, builder, builder.data_dir, root, data_dir))
   return builder
+
+
+def _registered_class(name: str) -> Optional[Type[tfds.core.DatasetBuilder]]:
+  """The tfds builder class registered as `name` (imported, not built), or None."""
+  try:
+    return tfds.core.registered.imported_builder_cls(name)
+  except tfds.core.registered.DatasetNotFoundError:
+    return None
+
+
+def _default_data_dir() -> str:
+  return os.path.expanduser(tfds.core.constants.DATA_DIR)
+
+
+def _absent_locally(name: str, data_dir: Optional[str]) -> list:
+  """The `<data_dir>/<name>` directories tfds would read `name` from, when they are all local
+  and none exists (so the dataset is surely not prepared); [] when one exists or may (remote).
+  tfds also reads datasets prepared without their code from such a directory."""
+  dirs = [str(d) for d in tfds.core.utils.file_utils.list_data_dirs(data_dir)]
+  if any(fileio.is_remote(d) for d in dirs):
+    return []
+  candidates = [os.path.join(os.path.expanduser(d), name) for d in dirs]
+  return [] if any(os.path.exists(c) for c in candidates) else candidates
 
 
 def _unknown_dataset_message(dataset: str) -> str:
@@ -93,9 +126,10 @@ def _unknown_dataset_message(dataset: str) -> str:
           f"tensorflow-datasets, e.g. {examples}, ... (see `tfds.list_builders()`)")
 
 
-def _not_prepared_message(dataset: str, builder, data_dir: Optional[str]) -> str:
-  root = builder.data_dir_root if hasattr(builder, 'data_dir_root') else data_dir
-  where = f'{builder.data_dir} (data_dir={root})'
+def _not_prepared_message(dataset: str, builder, where: str, root: str,
+                          data_dir: Optional[str]) -> str:
+  """`builder` is the tfds builder or its class; `where` the directory tfds looked in."""
+  where = f'{where} (data_dir={root})'
   if data_dir is None:
     where += ', the default because --data_dir was not given'
   fix = f'prepare it once with `tfds build {dataset} --data_dir={root}`'
