@@ -290,3 +290,26 @@ def test_cmyk_jpeg_decodes_for_a_one_channel_model(tmp_path):
   assert levels.mean() < 2.5 and levels.max() < 10, (levels.mean(), levels.max())
   assert np.corrcoef(gray.ravel(), expected.ravel())[0, 1] > 0.998
   assert np.std(gray) > 0.2  # an image, not a constant
+
+
+def test_every_format_tf_decodes_passes_the_first_bytes_check_and_others_do_not(tmp_path):
+  """image_files refuses a file by its first bytes before importing TensorFlow: the four formats
+  tf.io.decode_image reads still load (same pixels as Pillow's, lossless ones), anything else is
+  the one-line decode error, an empty file too."""
+  rng = np.random.default_rng(0)
+  rgb = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+  spec = specs.EvalSpec('resize', 8)
+  for fmt in ('PNG', 'JPEG', 'GIF', 'BMP'):
+    path = tmp_path / f'image.{fmt.lower()}'
+    Image.fromarray(rgb).save(path, fmt)
+    got = image_files.load_one(str(path), spec, 3)
+    if fmt != 'JPEG':  # lossless: the stored pixels, as (x - 127.5) / 127.5
+      with Image.open(path) as image:
+        stored = np.asarray(image.convert('RGB'), np.float32)
+      np.testing.assert_allclose(got, (stored - 127.5) / 127.5, atol=1e-6, err_msg=fmt)
+    assert got.shape == (8, 8, 3), fmt
+  for name, content in [('notes.png', b'hello'), ('empty.jpg', b''), ('page.jpg', b'<html>')]:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(UserError, match=f'^cannot decode image {tmp_path / name}: not a readable '
+                                        'PNG or JPEG file$'):
+      image_files.load_one(str(tmp_path / name), spec, 3)

@@ -51,8 +51,8 @@ def test_choices_come_from_the_modules_that_use_them():
 def test_a_config_is_checked_before_tensorflow_is_imported():
   """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
   test process has imported TensorFlow already), and so is one against the devices or the
-  model's input size, or a dataset that is unknown or not prepared; a sweep reads logs without JAX or TensorFlow; vit_jax.data's names load
-  when first used."""
+  model's input size, a dataset that is unknown or not prepared, or a file that is no image; a
+  sweep reads logs without JAX or TensorFlow; vit_jax.data's names load when first used."""
   code = ('import sys\n'
           # A sweep reads its runs' logs without JAX or TensorFlow.
           'from vit_jax import sweeps\n'
@@ -86,6 +86,12 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           '    info.get_info(name, "/nonexistent/tfds")\n'
           '  except Exception as e:\n'
           '    print(name, type(e).__name__, str(e).split(":")[0], end="; ")\n'
+          # Nor does a file that is no image, given to predict or the analyses.
+          'from vit_jax.data import image_files, specs\n'
+          'try:\n'
+          '  image_files.load_one("README.md", specs.EvalSpec("resize", 8), 3)\n'
+          'except Exception as e:\n'
+          '  print(type(e).__name__, str(e).split(":")[0], end="; ")\n'
           'print("tensorflow" in sys.modules)\n'
           # Asking whether TensorFlow is installed (etils does for every local path) does not
           # import it; importing it does, through the quiet import.
@@ -114,7 +120,8 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
       'split into accum_steps=3 micro-batches; False',
       "no_such_dataset UserError unknown dataset 'no_such_dataset' (did you mean math_dataset, "
       "bee_dataset, waymo_open_dataset?); cifar10 UserError dataset 'cifar10' is not prepared; "
-      "imagenet2012 UserError dataset 'imagenet2012' is not prepared; False",
+      "imagenet2012 UserError dataset 'imagenet2012' is not prepared; UserError cannot decode "
+      "image README.md; False",
       'True True False tensorflow',
       'True True True False'], out
 
