@@ -51,8 +51,9 @@ def test_choices_come_from_the_modules_that_use_them():
 def test_a_config_is_checked_before_tensorflow_is_imported():
   """A config mistake is reported in ~1 CPU-s, not after TensorFlow's ~3 (a fresh process: the
   test process has imported TensorFlow already), and so is one against the devices or the
-  model's input size, a dataset that is unknown or not prepared, or a file that is no image; a
-  sweep reads logs without JAX or TensorFlow; vit_jax.data's names load when first used."""
+  model's input size, a dataset that is unknown, not prepared or a folder that is none, or a file
+  that is no image; a sweep reads logs without JAX or TensorFlow; vit_jax.data's names load when
+  first used."""
   code = ('import sys\n'
           # A sweep reads its runs' logs without JAX or TensorFlow.
           'from vit_jax import sweeps\n'
@@ -81,7 +82,7 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           'print("tensorflow" in sys.modules)\n'
           # A dataset unknown to tfds, or not prepared in a local data_dir, is said without it.
           'from vit_jax.data import info\n'
-          'for name in ("no_such_dataset", "cifar10", "imagenet2012"):\n'
+          'for name in ("no_such_dataset", "cifar10", "imagenet2012", "folder:/nonexistent"):\n'
           '  try:\n'
           '    info.get_info(name, "/nonexistent/tfds")\n'
           '  except Exception as e:\n'
@@ -120,8 +121,8 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
       'split into accum_steps=3 micro-batches; False',
       "no_such_dataset UserError unknown dataset 'no_such_dataset' (did you mean math_dataset, "
       "bee_dataset, waymo_open_dataset?); cifar10 UserError dataset 'cifar10' is not prepared; "
-      "imagenet2012 UserError dataset 'imagenet2012' is not prepared; UserError cannot decode "
-      "image README.md; False",
+      "imagenet2012 UserError dataset 'imagenet2012' is not prepared; folder:/nonexistent "
+      "UserError folder; UserError cannot decode image README.md; False",
       'True True False tensorflow',
       'True True True False'], out
 

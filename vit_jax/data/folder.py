@@ -40,7 +40,6 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from etils import epath
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import fileio
@@ -285,6 +284,7 @@ def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
                     f'image{f" ({len(empty)} such folders)" if len(empty) > 1 else ""} '
                     f'({len(corrupt)} corrupt and {len(listing.non_images)} non-image files'
                     f'{unreadable} skipped in the folder): add images or remove the folder')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (imported by find_corrupt already)
   builder = ImageFolder(listing=listing, corrupt=corrupt, data_dir=directory)
   config = tfds.download.DownloadConfig(
       try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP)
