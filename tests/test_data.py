@@ -184,13 +184,16 @@ def test_get_info_mnist5k(data_dir):
 @pytest.mark.parametrize('name', ['mnist5k', 'digits'])
 def test_catalog_facts_are_the_prepared_datasets(data_dir, name):
   """What the trainer reads without TensorFlow (data.catalog) is what tfds says of the prepared
-  dataset; split expressions and other datasets are left to tfds."""
+  dataset, for split names and expressions; expressions that read nothing or that tfds refuses,
+  and other datasets, are left to tfds."""
   from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
   info = data.get_info(name, data_dir)
-  for split, size in info.split_sizes.items():
+  for split in [*info.split_sizes, 'train[:90%]', 'train[90%:]', 'test[:33%]', 'train[-100:]',
+                'train[10:20]+test', 'train+train']:
     assert catalog.embedded_facts(name, split) == catalog.SplitFacts(
-        info.num_classes, info.image_shape, size)
-  assert catalog.embedded_facts(name, 'train[:90%]') is None
+        info.num_classes, info.image_shape, info.num_examples(split)), split
+  for split in ('train[:0]', 'validation', 'train[:x]', 'train[9000:]'):
+    assert catalog.embedded_facts(name, split) is None, split
   assert catalog.embedded_facts(f'{name}:1.0.0', 'train') is None
   assert catalog.embedded_facts('cifar10', 'train') is None
 
@@ -589,7 +592,7 @@ def test_pipelines_run_without_the_autotuner_thread(data_dir):
   train = _train(data_dir, batch_size=4)
   next(train)
   batches, _ = data.eval_iterator(dataset='mnist5k', split='test[:4]', data_dir=data_dir,
-                                  batch_size=4, pp=IDENTITY_PP)
+                                  batch_size=4, pp=IDENTITY_PP, pipeline='tf.data')
   builder = data.info.load_builder('mnist5k', data_dir)
   records = pipeline.encoded_records(builder, 'test[:4]', 'image', lambda ex: ex['label'],
                                      cache=False)
@@ -709,6 +712,28 @@ def test_digits_eval_at_32_pixels_is_the_same_on_both_backends(data_dir):
   assert seen[0] == seen[1]
 
 
+@pytest.mark.parametrize('split', ['train[90%:]', 'train[:10%]+test[-50:]'])
+def test_a_split_expression_reads_the_examples_tfds_reads(data_dir, split):
+  """A slice is a range of tfds's stored order (md5 of split name and key): the NumPy stream of
+  'train[90%:]' (a sweep's dev split) holds the very examples tf.data's does (as multisets: the
+  orders within differ), and split_expr's stored order is the order of the prepared records."""
+  from vit_jax.data import split_expr  # pylint: disable=g-import-not-at-top
+  seen = []
+  for backend in BACKENDS:
+    batches, _ = _eval(data_dir, backend, split=split, batch_size=1000)
+    batch = next(iter(batches))
+    real = batch['mask'] == 1
+    seen.append(sorted(zip([im.tobytes() for im in _to_uint8(batch['image'][real])],
+                           batch['label'][real].tolist())))
+  assert len(seen[0]) == data.get_info('mnist5k', data_dir).num_examples(split)
+  assert seen[0] == seen[1]
+  images, labels = mnist5k.load_arrays()
+  rows = mnist5k.split_indices(labels)['test']
+  stored = tfds.as_numpy(tfds.builder('mnist5k', data_dir=data_dir).as_dataset(split='test'))
+  np.testing.assert_array_equal(np.stack([ex['image'] for ex in stored]),
+                                images[split_expr.stored_order('test', rows)])
+
+
 def test_arrays_digits_are_the_documented_split_at_8_pixels(data_dir):
   from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
   pp = {'crop': 'resize', 'image_size': 8}
@@ -727,7 +752,8 @@ def test_arrays_digits_are_the_documented_split_at_8_pixels(data_dir):
     ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 28, 'pad': 2}, 50_000, True),
     ('mnist5k', 'train', {'crop': 'resize', 'image_size': 28, 'channels': 3}, 4000, True),
     ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 28, 'pad': 2}, 3999, False),
-    ('mnist5k', 'train[:90%]', {'crop': 'resize', 'image_size': 28}, 50_000, False),
+    ('mnist5k', 'train[:90%]', {'crop': 'resize', 'image_size': 28}, 50_000, True),
+    ('mnist5k', 'train[:0]', {'crop': 'resize', 'image_size': 28}, 50_000, False),
     ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 224, 'pad': 2}, 50_000, True),
     ('mnist5k', 'train', {'crop': 'inception', 'image_size': 28}, 50_000, False),
     ('mnist5k', 'train', {'crop': 'resize', 'image_size': 28, 'randaug_layers': 2}, 50_000,
@@ -736,7 +762,7 @@ def test_arrays_digits_are_the_documented_split_at_8_pixels(data_dir):
     ('mnist5k', 'test', {'crop': 'resize', 'image_size': 28}, None, True),
     ('digits', 'test', {'crop': 'resize', 'image_size': 32, 'channels': 3}, None, True),
     ('mnist5k', 'test', {'crop': 'central', 'image_size': 28, 'resize': 28}, None, False),
-], ids=['pad_crop', 'gray_to_rgb', 'small_shuffle_buffer', 'split_expression',
+], ids=['pad_crop', 'gray_to_rgb', 'small_shuffle_buffer', 'split_expression', 'empty_split',
         'pad_crop_then_resize', 'inception', 'randaug', 'not_embedded', 'eval_resize',
         'eval_resize_up', 'eval_central'])
 def test_streams_give_arrays_only_what_they_implement(dataset, split, pp, buffer, served):

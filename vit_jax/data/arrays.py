@@ -3,7 +3,8 @@
 mnist5k and digits are a few megabytes of uint8 arrays read from installed packages
 (`<module>.load_arrays()`, `split_indices`): their batches are cut from the arrays directly, with
 the contract of the tf.data pipelines (pipeline.py's docstring) and without importing TensorFlow.
-`serves(dataset, split, spec)` says when: a plain split name of an embedded dataset, train crop
+`serves(dataset, split, spec)` says when: a split of an embedded dataset (a name, or an expression
+like 'train[:90%]': the examples tfds would read, split_expr.py), train crop
 'pad_crop' or 'resize', any flip, no RandAugment, a shuffle buffer holding the whole split; eval
 crop 'resize'; channels as stored or gray tiled to 3. Resizing is bilinear without antialiasing
 on half-pixel centres (`tf.image.resize`'s convention: the same values when enlarging, within
@@ -35,6 +36,7 @@ import numpy as np
 from vit_jax.data import catalog
 from vit_jax.data import embedded
 from vit_jax.data import specs
+from vit_jax.data import split_expr
 from vit_jax.errors import UserError
 
 _TRAIN_CROPS = ('pad_crop', 'resize')
@@ -58,10 +60,12 @@ def serves(dataset: str, split: str, spec: Union[specs.TrainSpec, specs.EvalSpec
 
 @functools.lru_cache(maxsize=None)
 def _split_arrays(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, C], labels int32 [N]) of a split, rows in source order."""
+  """(images uint8 [N, H, W, C], labels int32 [N]) of a split or split expression (the examples
+  tfds would read: split_expr.py), rows in source order."""
   module = catalog.EMBEDDED[dataset]
   images, labels = module.load_arrays()
-  rows = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)[split]
+  splits = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)
+  rows = split_expr.rows(split, splits)
   out = images[rows], labels[rows].astype(np.int32)
   for array in out:
     array.flags.writeable = False

@@ -7,6 +7,7 @@ from typing import Optional
 
 from vit_jax.data import digits
 from vit_jax.data import mnist5k
+from vit_jax.data import split_expr
 
 # Built offline from installed packages on first use (vit_jax/data/embedded.py).
 EMBEDDED = {module.NAME: module for module in (mnist5k, digits)}
@@ -23,13 +24,18 @@ class SplitFacts:
 
 
 def embedded_facts(dataset: str, split: str) -> Optional[SplitFacts]:
-  """The facts of split `split` of an embedded dataset named plainly ('mnist5k', 'digits'); None
-  for any other dataset or a split expression ('train[:90%]'), which `info.get_info` answers.
-  The sizes are the ones the builders check when they build the dataset."""
+  """The facts of split `split` (a name or an expression: 'train[:90%]', 'train+test') of an
+  embedded dataset named plainly ('mnist5k', 'digits'); None for any other dataset, and for an
+  expression that reads nothing or that tfds cannot read, which `info.get_info` answers (and
+  words the error of). The sizes are the ones the builders check when they build the dataset."""
   module = EMBEDDED.get(dataset)
-  if module is None or split not in module.SPLIT_SIZES:
+  if module is None:
     return None
-  return SplitFacts(module.NUM_CLASSES, module.IMAGE_SHAPE, module.SPLIT_SIZES[split])
+  try:
+    n = split_expr.num_examples(split, module.SPLIT_SIZES)
+  except (ValueError, KeyError, AssertionError):
+    return None
+  return SplitFacts(module.NUM_CLASSES, module.IMAGE_SHAPE, n) if n else None
 
 
 __all__ = ['EMBEDDED', 'FOLDER_PREFIX', 'SplitFacts', 'embedded_facts']

@@ -1,0 +1,57 @@
+"""tfds split expressions ('train[:90%]', 'train[1000:]+test') over the embedded datasets, read
+from their source arrays without TensorFlow, naming the examples tfds would read.
+
+tfds stores a split's examples in ascending order of the md5 hash of the split's name followed by
+the example's key (`tensorflow_datasets.core.hashing`; fixed within a major version of a
+dataset's format, so that a slice names the same examples everywhere), and a slice of a split is a
+range of that stored order. The embedded datasets' keys are their source rows (embedded.py), so
+`rows` picks the rows tfds would read; tfds's own parser gives the ranges, rounding included.
+"""
+
+import hashlib
+from typing import Dict, List, Tuple
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+
+def parts(expression: str, sizes: Dict[str, int]) -> List[Tuple[str, int, int]]:
+  """[(split, start, stop)] that `expression` reads of the splits of `sizes` ({split: examples});
+  ValueError (tfds's) for an expression tfds cannot read: unknown split, bad syntax, slice out of
+  range."""
+  infos = {name: tfds.core.SplitInfo(name=name, shard_lengths=[n], num_bytes=0)
+           for name, n in sizes.items()}
+  out = []
+  for part in tfds.core.ReadInstruction.from_spec(expression).to_absolute(infos):
+    start, stop, _ = slice(part.from_, part.to).indices(sizes[part.splitname])
+    out.append((part.splitname, start, stop))
+  return out
+
+
+def num_examples(expression: str, sizes: Dict[str, int]) -> int:
+  return sum(stop - start for _, start, stop in parts(expression, sizes))
+
+
+def stored_order(split: str, rows: np.ndarray) -> np.ndarray:
+  """`rows` (the keys of split `split`) in the order tfds stores them."""
+  salted = hashlib.md5(split.encode())
+
+  def key(row) -> int:
+    digest = salted.copy()
+    digest.update(str(int(row)).encode())
+    return int(digest.hexdigest(), 16)
+
+  return np.asarray(sorted(rows, key=key), dtype=np.asarray(rows).dtype)
+
+
+def rows(expression: str, splits: Dict[str, np.ndarray]) -> np.ndarray:
+  """The source rows `expression` reads of `splits` ({split: rows}), ascending (a row read twice,
+  as by 'train+train', is there twice)."""
+  picked = []
+  for split, start, stop in parts(expression, {name: len(r) for name, r in splits.items()}):
+    whole = start == 0 and stop == len(splits[split])
+    picked.append(splits[split] if whole else stored_order(split, splits[split])[start:stop])
+  return np.sort(np.concatenate(picked))
+
+
+__all__ = ['num_examples', 'parts', 'rows', 'stored_order']
