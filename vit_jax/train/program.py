@@ -115,9 +115,9 @@ def dataset_facts(config, require_dataset: bool = True):
   """(num_classes, train examples, input channels) of the configured dataset.
 
   An embedded dataset's split (a name or an expression) is answered without TensorFlow
-  (`data.catalog`); any other through tfds. Without `require_dataset` (compile-only, benchmarks) a dataset that is
-  not prepared here is fine when `num_classes` is set (channels from `pp.channels`, else 3; 0
-  train examples).
+  (`data.catalog`); any other through tfds. Without `require_dataset` (compile-only, benchmarks)
+  a dataset that is not prepared here is fine when `num_classes` is set (channels from
+  `pp.channels`, else 3; 0 train examples).
   """
   facts = catalog.embedded_facts(config.dataset, config.train_split)
   if facts is None:
