@@ -132,3 +132,20 @@ def test_real_evaluator_on_a_tiny_builder(data_dir):
     real.RealEvaluator(model=BrightnessModel(), mesh=mesh, param_shardings=None,
                        dataset='mnist5k', data_dir=data_dir, split='test', batch_size=8,
                        pp={'crop': 'resize', 'image_size': 8})
+
+
+@pytest.mark.parametrize('split', ['train', 'train[:90%]'])
+def test_fewshot_pool_of_an_embedded_dataset_is_the_tf_data_pool(data_dir, split):
+  """The few-shot training images of mnist5k come from its arrays (no TensorFlow): the first 5
+  of each class in the order tfds reads the split, the very images, labels and order of the
+  tf.data pool."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import arrays, info  # pylint: disable=g-import-not-at-top
+  images, labels = arrays.first_per_class('mnist5k', split, 5)
+  builder = info.load_builder('mnist5k', data_dir)
+  pool = fewshot._pool_records(builder, info.info_from_builder(builder), split, 5, 10)  # pylint: disable=protected-access
+  records = list(pool.as_numpy_iterator())
+  assert len(records) == len(labels) == 50
+  np.testing.assert_array_equal(labels, [label for _, label in records])
+  np.testing.assert_array_equal(
+      images, np.stack([tf.io.decode_png(encoded).numpy() for encoded, _ in records]))

@@ -225,6 +225,25 @@ class EvalBatches:
     return self._spec.image_size, self._spec.image_size, channels
 
 
+def first_per_class(dataset: str, split: str, max_shots: int) -> tuple[np.ndarray, np.ndarray]:
+  """(images uint8, labels int32) of the first `max_shots` examples of each class of `split` in
+  the order tfds reads it (what few-shot evaluation fits on: vit_jax/evaluate/fewshot.py), in
+  that order."""
+  module = catalog.EMBEDDED[dataset]
+  images, labels = module.load_arrays()
+  splits = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)
+  order = split_expr.read_order(split, splits)
+  seen = np.zeros(module.NUM_CLASSES, np.int64)
+  keep = []
+  for row in order:
+    label = labels[row]
+    if seen[label] < max_shots:
+      seen[label] += 1
+      keep.append(row)
+  keep = np.asarray(keep, np.int64)
+  return images[keep], labels[keep].astype(np.int32)
+
+
 def eval_iterator(*, dataset: str, split: str, batch_size: int, spec: specs.EvalSpec,
                   process_index: int = 0, process_count: int = 1) -> tuple[EvalBatches, int]:
   """(batches, num_batches) of {'image', 'label', 'mask'}, as `pipeline.eval_iterator`; the
@@ -237,4 +256,4 @@ def eval_iterator(*, dataset: str, split: str, batch_size: int, spec: specs.Eval
   return batches, num_batches
 
 
-__all__ = ['EvalBatches', 'eval_iterator', 'serves', 'train_iterator']
+__all__ = ['EvalBatches', 'eval_iterator', 'first_per_class', 'serves', 'train_iterator']

@@ -44,14 +44,18 @@ def stored_order(split: str, rows: np.ndarray) -> np.ndarray:
   return np.asarray(sorted(rows, key=key), dtype=np.asarray(rows).dtype)
 
 
+def read_order(expression: str, splits: Dict[str, np.ndarray]) -> np.ndarray:
+  """The source rows `expression` reads of `splits` ({split: rows}), in the order tfds reads them
+  (its parts in turn, each in its split's stored order)."""
+  sizes = {name: len(r) for name, r in splits.items()}
+  return np.concatenate([stored_order(split, splits[split])[start:stop]
+                         for split, start, stop in parts(expression, sizes)])
+
+
 def rows(expression: str, splits: Dict[str, np.ndarray]) -> np.ndarray:
-  """The source rows `expression` reads of `splits` ({split: rows}), ascending (a row read twice,
-  as by 'train+train', is there twice)."""
-  picked = []
-  for split, start, stop in parts(expression, {name: len(r) for name, r in splits.items()}):
-    whole = start == 0 and stop == len(splits[split])
-    picked.append(splits[split] if whole else stored_order(split, splits[split])[start:stop])
-  return np.sort(np.concatenate(picked))
+  """The source rows `expression` reads of `splits`, ascending (a row read twice, as by
+  'train+train', is there twice)."""
+  return np.sort(read_order(expression, splits))
 
 
-__all__ = ['num_examples', 'parts', 'rows', 'stored_order']
+__all__ = ['num_examples', 'parts', 'read_order', 'rows', 'stored_order']

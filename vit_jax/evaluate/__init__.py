@@ -4,8 +4,9 @@
   RealEvaluator(...)(params)    -> {'accuracy': acc, 'count': n}        (real.py)
   periodic_evaluators(config, ...) -> [(name, every, evaluator)]        what the trainer runs
 
-The names load their module (and with it TensorFlow) on first use: the trainer imports this
-package at start-up but builds its evaluators only once its programs are compiling.
+The names load their module on first use (real.py imports TensorFlow; fewshot.py only for a
+dataset it reads through tf.data): the trainer imports this package at start-up but builds its
+evaluators only once its programs are compiling.
 """
 
 from vit_jax import lazy

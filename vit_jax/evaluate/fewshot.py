@@ -11,22 +11,25 @@ classified by the largest of the K outputs.
 
 Which training images: the first n of each class in the split's stored order (tfds writes shuffled
 shards), so an n-shot set contains every smaller one and the choice is the same on every run and
-any number of processes. `FewShotEvaluator` reads and caches them once, then each call computes the
-features of those and of the whole eval split with the given params (sharded over the mesh).
+any number of processes. For mnist5k and digits they come from the source arrays in that same
+order (`arrays.first_per_class`, split_expr.py), without TensorFlow, when the NumPy streams serve
+the eval preprocessing; any other dataset goes through tf.data. `FewShotEvaluator` reads and
+caches them once, then each call computes the features of those and of the whole eval split with
+the given params (sharded over the mesh).
 `python -m vit_jax fewshot` runs it on a checkpoint (`evaluate_checkpoint`).
 """
 
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import jax
 import numpy as np
-import tensorflow as tf
 from jax.experimental import multihost_utils
 
 from vit_jax import data as data_lib
 from vit_jax import parallel
-from vit_jax.data import info as info_lib
-from vit_jax.data import pipeline, specs
+from vit_jax.data import arrays
+from vit_jax.data import catalog
+from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
 
@@ -92,6 +95,8 @@ def feature_fn(model):
 
 def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int):
   """(encoded, label) of the first `max_shots` examples of each class of `split`, cached."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   records = pipeline.encoded_records(builder, split, ds_info.image_key,
                                      lambda ex: ex[ds_info.label_key], cache=False)
 
@@ -113,14 +118,15 @@ def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int
   return pool.take(max_shots * num_classes).cache()
 
 
-def _check_shots(shots, labels: np.ndarray, ds_info, dataset: str, split: str) -> None:
+def _check_shots(shots, labels: np.ndarray, class_name: Callable[[int], str], dataset: str,
+                 split: str) -> None:
   """An n-shot result needs n images of every class: a larger n is refused (never reported
   under a count it did not have)."""
   counts = np.bincount(labels)
   present = np.flatnonzero(counts)
   smallest = present[np.argmin(counts[present])]
   if max(shots) > counts[smallest]:
-    name = ds_info.tfds_info.features[ds_info.label_key].int2str(int(smallest))
+    name = class_name(int(smallest))
     raise UserError(f"{max(shots)}-shot needs {max(shots)} images of every class, but class "
                     f"{name!r} of '{dataset}' split '{split}' has {counts[smallest]}: use shots of "
                     f'at most {counts[smallest]} (--shots, or config.fewshot.shots in training)')
@@ -140,25 +146,39 @@ class FewShotEvaluator:
       raise UserError(f'fewshot.l2_reg={l2_reg} is negative: use a value >= 0, e.g. 1.0')
     self.shots, self.l2_reg, self.mesh = shots, float(l2_reg), mesh
     spec = specs.eval_spec(pp)
-    builder = info_lib.load_builder(dataset, data_dir)
-    ds_info = info_lib.info_from_builder(builder)
-    self.num_classes = ds_info.num_classes
     pcount, pindex = jax.process_count(), jax.process_index()
     local_batch = batch_size // pcount
-
-    pool = _pool_records(builder, ds_info, train_split, max(shots), self.num_classes)
-    labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
+    # An embedded dataset's pool comes from its arrays (no TensorFlow), as its eval batches do.
+    on_arrays = arrays.serves(dataset, train_split, spec) and arrays.serves(dataset, eval_split,
+                                                                            spec)
+    if on_arrays:
+      self.num_classes = catalog.EMBEDDED[dataset].NUM_CLASSES
+      images, labels = arrays.first_per_class(dataset, train_split, max(shots))
+      class_name = str  # ClassLabel(num_classes=...) names its classes '0', '1', ...
+    else:
+      from vit_jax.data import info as info_lib  # pylint: disable=g-import-not-at-top
+      builder = info_lib.load_builder(dataset, data_dir)
+      ds_info = info_lib.info_from_builder(builder)
+      self.num_classes = ds_info.num_classes
+      pool = _pool_records(builder, ds_info, train_split, max(shots), self.num_classes)
+      labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
+      class_name = ds_info.tfds_info.features[ds_info.label_key].int2str
     if not len(labels):
       raise UserError(f"few-shot split '{train_split}' of '{dataset}' is empty: set "
                       f'config.fewshot.train_split')
-    _check_shots(shots, labels, ds_info, dataset, train_split)
+    _check_shots(shots, labels, class_name, dataset, train_split)
     # Contiguous shares, so the gathered features keep the pool's order on any process count.
     counts = [len(share) for share in np.array_split(np.arange(len(labels)), pcount)]
-    mine = pool.skip(sum(counts[:pindex])).take(counts[pindex])
+    start = sum(counts[:pindex])
     num = -(-max(counts) // local_batch)
-    self._train = pipeline.padded_eval_batches(
-        mine, count=counts[pindex], num_batches=num, batch_size=local_batch, spec=spec,
-        stored_shape=ds_info.image_shape)
+    if on_arrays:
+      mine = slice(start, start + counts[pindex])
+      self._train = arrays.EvalBatches(images[mine], labels[mine], spec, local_batch, num)
+    else:
+      from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+      self._train = pipeline.padded_eval_batches(
+          pool.skip(start).take(counts[pindex]), count=counts[pindex], num_batches=num,
+          batch_size=local_batch, spec=spec, stored_shape=ds_info.image_shape)
     self._eval, _ = data_lib.eval_iterator(
         dataset=dataset, split=eval_split, data_dir=data_dir, batch_size=local_batch, pp=pp,
         process_index=pindex, process_count=pcount, cache=cache)
