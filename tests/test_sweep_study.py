@@ -192,6 +192,37 @@ def test_storage_errors_say_what_to_pass(tmp_path, data_dir):
   assert not (tmp_path / 'w').exists()
 
 
+def test_a_worker_that_loses_the_schema_race_opens_the_study_on_its_next_try(tmp_path,
+                                                                          monkeypatch):
+  """Two workers started at once on a fresh PostgreSQL study both create Optuna's tables; the
+  later one got 'relation "alembic_version" already exists' (a ProgrammingError) and a traceback
+  (seen in a fresh-clone run of the kill-9 test below). Now it tries again, as for a duplicate
+  row; another ProgrammingError still propagates."""
+  import optuna  # pylint: disable=g-import-not-at-top
+  import sqlalchemy  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import study  # pylint: disable=g-import-not-at-top
+  real, calls = optuna.storages.RDBStorage, []
+
+  def racing(message):
+    def storage(*args, **kwargs):
+      calls.append(message)
+      if len(calls) == 1:
+        raise sqlalchemy.exc.ProgrammingError('CREATE TABLE alembic_version', {},
+                                              Exception(message))
+      return real(*args, **kwargs)
+    return storage
+
+  monkeypatch.setattr(optuna.storages, 'RDBStorage',
+                      racing('relation "alembic_version" already exists'))
+  storage = study.open_storage(f'sqlite:///{tmp_path}/study.db', 60)
+  assert len(calls) == 2 and storage.get_all_studies() == []
+  calls.clear()
+  monkeypatch.setattr(optuna.storages, 'RDBStorage', racing('permission denied for schema'))
+  with pytest.raises(sqlalchemy.exc.ProgrammingError, match='permission denied'):
+    study.open_storage(f'sqlite:///{tmp_path}/other.db', 60)
+  assert len(calls) == 1
+
+
 def test_reporter_reports_evaluations_that_are_not_the_last_in_step_order(tmp_path):
   from vit_jax.sweeps import worker  # pylint: disable=g-import-not-at-top
 

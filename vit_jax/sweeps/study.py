@@ -89,7 +89,11 @@ def open_storage(url: str, heartbeat_s: int):
       if 'refused' in str(e) or 'could not translate' in str(e) or 'timeout' in str(e):
         break
       time.sleep(0.5 * (attempt + 1))
-    except sqlalchemy.exc.IntegrityError as e:
+    except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+      # Two workers creating the schema at once: a duplicate row (IntegrityError) or, on
+      # PostgreSQL, "relation alembic_version already exists" (ProgrammingError) for the later.
+      if isinstance(e, sqlalchemy.exc.ProgrammingError) and 'already exists' not in str(e):
+        raise
       last = e
       time.sleep(0.5 * (attempt + 1))
     except (ImportError, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as e:
