@@ -58,13 +58,19 @@ def serves(dataset: str, split: str, spec: Union[specs.TrainSpec, specs.EvalSpec
   return spec.crop in _EVAL_CROPS
 
 
+def _source(dataset: str) -> tuple[np.ndarray, np.ndarray, dict]:
+  """(images, labels, {split: rows}) of an embedded dataset, its splits checked."""
+  module = catalog.EMBEDDED[dataset]
+  images, labels = module.load_arrays()
+  splits = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)
+  return images, labels, splits
+
+
 @functools.lru_cache(maxsize=None)
 def _split_arrays(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, H, W, C], labels int32 [N]) of a split or split expression (the examples
   tfds would read: split_expr.py), rows in source order."""
-  module = catalog.EMBEDDED[dataset]
-  images, labels = module.load_arrays()
-  splits = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)
+  images, labels, splits = _source(dataset)
   rows = split_expr.rows(split, splits)
   out = images[rows], labels[rows].astype(np.int32)
   for array in out:
@@ -225,23 +231,12 @@ class EvalBatches:
     return self._spec.image_size, self._spec.image_size, channels
 
 
-def first_per_class(dataset: str, split: str, max_shots: int) -> tuple[np.ndarray, np.ndarray]:
-  """(images uint8, labels int32) of the first `max_shots` examples of each class of `split` in
-  the order tfds reads it (what few-shot evaluation fits on: vit_jax/evaluate/fewshot.py), in
-  that order."""
-  module = catalog.EMBEDDED[dataset]
-  images, labels = module.load_arrays()
-  splits = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)
+def in_read_order(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """(images uint8, labels int32) of a split or split expression in the order tfds reads it
+  (few-shot evaluation takes the first n of each class in this order)."""
+  images, labels, splits = _source(dataset)
   order = split_expr.read_order(split, splits)
-  seen = np.zeros(module.NUM_CLASSES, np.int64)
-  keep = []
-  for row in order:
-    label = labels[row]
-    if seen[label] < max_shots:
-      seen[label] += 1
-      keep.append(row)
-  keep = np.asarray(keep, np.int64)
-  return images[keep], labels[keep].astype(np.int32)
+  return images[order], labels[order].astype(np.int32)
 
 
 def eval_iterator(*, dataset: str, split: str, batch_size: int, spec: specs.EvalSpec,
@@ -256,4 +251,4 @@ def eval_iterator(*, dataset: str, split: str, batch_size: int, spec: specs.Eval
   return batches, num_batches
 
 
-__all__ = ['EvalBatches', 'eval_iterator', 'first_per_class', 'serves', 'train_iterator']
+__all__ = ['EvalBatches', 'eval_iterator', 'in_read_order', 'serves', 'train_iterator']

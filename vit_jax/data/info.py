@@ -76,7 +76,7 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     return module.prepare(data_dir)
   cls = _registered_class(name.name)
   looked_in = _absent_locally(cls.name if cls else name.name, data_dir)
-  if looked_in:  # said without building the tfds builder, which imports TensorFlow (2 s)
+  if looked_in:  # said without building the tfds builder, which imports TensorFlow
     if cls is None:
       raise UserError(_unknown_dataset_message(dataset))
     raise UserError(_not_prepared_message(dataset, cls, ' or '.join(looked_in),

@@ -12,7 +12,7 @@ classified by the largest of the K outputs.
 Which training images: the first n of each class in the split's stored order (tfds writes shuffled
 shards), so an n-shot set contains every smaller one and the choice is the same on every run and
 any number of processes. For mnist5k and digits they come from the source arrays in that same
-order (`arrays.first_per_class`, split_expr.py), without TensorFlow, when the NumPy streams serve
+order (`arrays.in_read_order`, split_expr.py), without TensorFlow, when the NumPy streams serve
 the eval preprocessing; any other dataset goes through tf.data. `FewShotEvaluator` reads and
 caches them once, then each call computes the features of those and of the whole eval split with
 the given params (sharded over the mesh).
@@ -118,6 +118,14 @@ def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int
   return pool.take(max_shots * num_classes).cache()
 
 
+def _pool_arrays(dataset: str, split: str, max_shots: int):
+  """(images, labels) of the first `max_shots` examples of each class of `split` of an embedded
+  dataset, in the order tfds reads it: the pool `_pool_records` reads, from the arrays."""
+  images, labels = arrays.in_read_order(dataset, split)
+  keep = first_per_class(labels, max_shots)
+  return images[keep], labels[keep]
+
+
 def _check_shots(shots, labels: np.ndarray, class_name: Callable[[int], str], dataset: str,
                  split: str) -> None:
   """An n-shot result needs n images of every class: a larger n is refused (never reported
@@ -153,7 +161,7 @@ class FewShotEvaluator:
                                                                             spec)
     if on_arrays:
       self.num_classes = catalog.EMBEDDED[dataset].NUM_CLASSES
-      images, labels = arrays.first_per_class(dataset, train_split, max(shots))
+      images, labels = _pool_arrays(dataset, train_split, max(shots))
       class_name = str  # ClassLabel(num_classes=...) names its classes '0', '1', ...
     else:
       from vit_jax.data import info as info_lib  # pylint: disable=g-import-not-at-top
