@@ -10,10 +10,15 @@ import os
 # XLA_FLAGS, and a test that trains for longer turns it off for its run (`helpers.optimized()`).
 # XLA:CPU's loop-fusion emitters off (the older elemental emitters instead): compiling costs about
 # half as much (a cold 24-step ViT-Ze/4 command-line run: 10.6-11.3 CPU-s vs 13.2-13.9, AMD EPYC
-# family 25 model 17), same result. Subprocesses that set another device count keep it: helpers.xla_flags.
+# family 25 model 17), same result. LLVM codegen in one piece instead of split into up to 32 parts
+# compiled on threads: the split buys wall time on an idle machine, but the suite keeps both cores
+# busy, and the split's own work goes (tests/test_parallel.py, test_train.py, test_scan.py on a cold
+# cache, -n 2, four runs each, alternated: 97.9-102.4 user CPU-s against 106.2-116.3; AMD EPYC
+# family 26 model 2). Subprocesses that set another device count keep both: helpers.xla_flags.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8'
-                           ' --xla_cpu_use_fusion_emitters=false').strip()
+                           ' --xla_cpu_use_fusion_emitters=false'
+                           ' --xla_cpu_parallel_codegen_split_count=1').strip()
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
