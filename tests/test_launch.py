@@ -1,11 +1,16 @@
 """The Cloud TPU launcher's gcloud commands and worker scripts (pure; tests/test_launch_e2e.py
 runs them against a stand-in gcloud)."""
 
+import base64
+import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
+import time
+import zipfile
 
 import pytest
 
@@ -29,15 +34,22 @@ def test_start_is_one_ssh_on_every_worker_running_the_command_verbatim_detached(
 
 
 def test_quoting_of_directories_with_spaces():
-  plan = remote.Plan('t', 'z', repo_dir='~/code dir', launch_dir='/var/launch here')
+  plan = remote.Plan('t', 'z', repo_dir='~/code dir', launch_dir='/var/launch here',
+                     uv='uv==0.13.9')
   script = plan.setup()[-1]
-  assert script.startswith('--command=set -e; python3 -c "import sys; sys.exit(sys.version_info '
-                           '< (3, 11))" || { echo "error: $(python3 --version 2>&1) on')
+  assert script.startswith("--command=set -e; cd ~/'code dir'; if [ \"$('/var/launch here/uv/bin/uv'"
+                           " --version 2>/dev/null | cut -d\" \" -f2)\" != 0.13.9 ]; then python3 -m "
+                           "pip install --quiet --no-deps --upgrade --target '/var/launch here/uv' "
+                           "uv==0.13.9 || {")
   assert script.endswith(
-      "cd ~/'code dir'; python3 -m pip install --quiet --no-deps -r "
-      "requirements.lock; python3 -m pip install --quiet --no-deps --require-hashes -r "
-      "requirements-tpu.lock")
-  assert "'/var/launch here/log.txt'" in plan.start(TRAIN)[-1]
+      "'/var/launch here/uv/bin/uv' venv --quiet --allow-existing --python 3.11 "
+      "'/var/launch here/venv'; '/var/launch here/uv/bin/uv' pip install --quiet --python "
+      "'/var/launch here/venv/bin/python' --no-deps -r requirements.lock; "
+      "'/var/launch here/uv/bin/uv' pip install --quiet --python '/var/launch here/venv/bin/python'"
+      " --no-deps --require-hashes -r requirements-tpu.lock")
+  start = plan.start(TRAIN)[-1]
+  assert "'/var/launch here/log.txt'" in start
+  assert """export PATH='/var/launch here/venv/bin':"$PATH"; cd ~/'code dir' && """ in start
   scp, unpack = plan.sync('/tmp/x/vit_jax_source.tar.gz')
   assert scp == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', '/tmp/x/vit_jax_source.tar.gz',
                  't:vit_jax_source.tar.gz', '--zone=z', '--worker=all']
@@ -53,19 +65,98 @@ def test_bad_launch_arguments(kwargs, needle):
     remote.Plan(**kwargs)
 
 
-def test_setup_refuses_a_python_older_than_the_pins(tmp_path):
-  fake = tmp_path / 'python3.10'
-  fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo Python 3.10.12; exit 0; fi\n'
-                  'exit 1\n')  # `-c "...version_info < (3, 11)..."` is true: exit status 1
-  fake.chmod(0o755)
-  script = remote.Plan('t', 'z', python=str(fake)).setup_script()
-  proc = subprocess.run(['bash', '-c', script], capture_output=True, text=True, cwd=tmp_path)
+def _wheel(directory, name: str) -> str:
+  """A pure-Python wheel `name` 1.0 (one module whose NAME is its name); returns its path."""
+  files = {f'{name}/__init__.py': f'NAME = {name!r}\n',
+           f'{name}-1.0.dist-info/METADATA': f'Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n',
+           f'{name}-1.0.dist-info/WHEEL': ('Wheel-Version: 1.0\nGenerator: tests\n'
+                                          'Root-Is-Purelib: true\nTag: py3-none-any\n')}
+  def digest(text):
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).decode().rstrip('=')
+  record = ''.join(f'{path},sha256={digest(text)},{len(text.encode())}\n'
+                   for path, text in files.items())
+  files[f'{name}-1.0.dist-info/RECORD'] = record + f'{name}-1.0.dist-info/RECORD,,\n'
+  path = os.path.join(directory, f'{name}-1.0-py3-none-any.whl')
+  with zipfile.ZipFile(path, 'w') as z:
+    for member, text in files.items():
+      z.writestr(member, text)
+  return path
+
+
+@pytest.mark.slow
+def test_setup_makes_a_python_3_11_venv_from_an_older_python_and_start_uses_it(tmp_path):
+  """The worker-side scripts, run here: a python3.10 whose pip only fetches uv (a stand-in that
+  links this venv's uv, the pinned one), uv makes the 3.11 venv and installs both locks (two
+  hand-made wheels from a local directory, no index, no downloads), a second setup reuses uv, and
+  the started command's python3 is the venv's."""
+  uv_real = os.path.join(os.path.dirname(sys.executable), 'uv')
+  pin = remote.uv_pin()
+  assert subprocess.run([uv_real, '--version'], capture_output=True, text=True).stdout.split()[1] \
+      == pin.split('==')[1]
+  repo, launch, wheels = tmp_path / 'code dir', tmp_path / 'launch here', tmp_path / 'wheels'
+  for d in (repo, wheels):
+    d.mkdir()
+  _wheel(wheels, 'probe_cpu')
+  with open(_wheel(wheels, 'probe_tpu'), 'rb') as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  (repo / 'requirements.lock').write_text('probe_cpu==1.0\n')
+  (repo / 'requirements-tpu.lock').write_text(f'probe_tpu==1.0 --hash=sha256:{digest}\n')
+  pip_log = tmp_path / 'pip.log'
+  old_python = tmp_path / 'python3.10'
+  old_python.write_text(
+      '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ]; then echo "$*" >> ' + shlex.quote(str(pip_log))
+      + '\n  while [ $# -gt 1 ]; do if [ "$1" = --target ]; then t=$2; fi; shift; done\n'
+      '  mkdir -p "$t/bin" && ln -sf ' + shlex.quote(uv_real) + ' "$t/bin/uv"; exit 0\nfi\nexit 1\n')
+  old_python.chmod(0o755)
+  plan = remote.Plan('t', 'z', repo_dir=str(repo), launch_dir=str(launch), python=str(old_python),
+                     uv=pin)
+  env = dict(os.environ, UV_NO_INDEX='1', UV_FIND_LINKS=str(wheels), UV_PYTHON_DOWNLOADS='never',
+             UV_CACHE_DIR=str(tmp_path / 'uv-cache'))
+  env.pop('VIRTUAL_ENV', None)
+  for _ in range(2):
+    proc = subprocess.run(['bash', '-c', plan.setup_script()], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+  # uv fetched once (the second setup found the pinned one), into the launch directory.
+  assert pip_log.read_text().splitlines() == [
+      f'-m pip install --quiet --no-deps --upgrade --target {launch}/uv {pin}']
+  venv_python = str(launch / 'venv' / 'bin' / 'python')
+  check = subprocess.run([venv_python, '-c', 'import sys, probe_cpu, probe_tpu; '
+                          'print(*sys.version_info[:2], probe_cpu.NAME, probe_tpu.NAME)'],
+                         capture_output=True, text=True)
+  assert check.stdout.split() == ['3', '11', 'probe_cpu', 'probe_tpu'], check.stderr
+  # The command's python3 is the venv's.
+  start = plan.start_script(['python3', '-c', 'import sys, probe_tpu; print(sys.prefix)'])
+  subprocess.run(['bash', '-c', start], check=True, env=env, timeout=60)
+  log = launch / 'log.txt'
+  for _ in range(200):
+    if log.exists() and log.read_text().strip():
+      break
+    time.sleep(0.05)
+  assert log.read_text().strip() == str(launch / 'venv')
+  # A worker whose pip fails: one line, exit 4.
+  no_pip = tmp_path / 'nopip'
+  no_pip.write_text('#!/bin/sh\nexit 1\n')
+  no_pip.chmod(0o755)
+  shutil.rmtree(launch / 'uv')
+  bad = remote.Plan('t', 'z', repo_dir=str(repo), launch_dir=str(launch), python=str(no_pip),
+                    uv=pin)
+  proc = subprocess.run(['bash', '-c', bad.setup_script()], capture_output=True, text=True, env=env)
   assert proc.returncode == 4
-  assert proc.stderr.startswith('error: Python 3.10.12 on ') and proc.stderr.rstrip().endswith(
-      'the pinned jax needs Python >= 3.11: install one and pass --python=python3.11')
-  ok = remote.Plan('t', 'z', repo_dir=str(tmp_path / 'nowhere'), python=sys.executable)
-  proc = subprocess.run(['bash', '-c', ok.setup_script()], capture_output=True, text=True)
-  assert proc.returncode == 1 and 'nowhere' in proc.stderr  # past the check: cd fails
+  assert proc.stderr.startswith(f'error: pip could not install {pin} on ') and \
+      proc.stderr.count('\n') == 1, proc.stderr
+
+
+def test_uv_pin_is_read_from_the_lock(tmp_path):
+  assert remote.uv_pin().startswith('uv==')
+  lock = tmp_path / 'requirements.lock'
+  lock.write_text('absl-py==2.5.1\nuv==1.2.3  # comment\n')
+  assert remote.uv_pin(str(lock)) == 'uv==1.2.3'
+  lock.write_text('absl-py==2.5.1\n')
+  with pytest.raises(UserError, match='pins no uv'):
+    remote.uv_pin(str(lock))
+  with pytest.raises(UserError, match='cannot read .*missing.lock'):
+    remote.uv_pin(str(tmp_path / 'missing.lock'))
 
 
 def test_no_command_and_no_workers():

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from vit_jax.launch import source
+from vit_jax.launch import remote, source
 from helpers import ROOT, free_port, xla_flags
 
 pytestmark = pytest.mark.slow
@@ -35,11 +35,18 @@ def tpu(tmp_path):
   (bin_dir / 'gcloud').write_text(
       f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '
       f'{shlex.quote(os.path.join(ROOT, "tests", "fake_gcloud.py"))} "$@"\n')
-  # The workers' python3: this interpreter; `pip install` is recorded, not run (no network).
+  # The workers' python3: this interpreter. Its `pip install --target DIR` (of uv) is recorded
+  # and leaves DIR/bin/uv, a stand-in that records its calls (no network): so setup's venv is not
+  # made and the command's python3 stays this one (tests/test_launch.py runs the real setup).
   (bin_dir / 'python3').write_text(
       '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ]; then\n'
-      '  for f in requirements.lock requirements-tpu.lock; do [ -f "$f" ] || exit 7; done\n'
-      '  echo "$PWD $*" >> "$FAKE_TPU_ROOT/pip.log"; exit 0\nfi\n'
+      '  echo "$PWD python3 $*" >> "$FAKE_TPU_ROOT/pip.log"\n'
+      '  while [ $# -gt 1 ]; do if [ "$1" = --target ]; then t=$2; fi; shift; done\n'
+      '  mkdir -p "$t/bin"\n'
+      '  printf \'#!/bin/sh\\n[ "$1" = --version ] && exit 0\\n'
+      'for f in requirements.lock requirements-tpu.lock; do [ -f "$f" ] || exit 7; done\\n'
+      'echo "$PWD uv $*" >> "$FAKE_TPU_ROOT/pip.log"\\n\' > "$t/bin/uv"\n'
+      '  chmod +x "$t/bin/uv"; exit 0\nfi\n'
       f'exec {shlex.quote(sys.executable)} "$@"\n')
   for f in ('gcloud', 'python3'):
     os.chmod(bin_dir / f, 0o755)
@@ -83,10 +90,16 @@ def test_sync_setup_run_status_stop_on_two_workers(tpu, tmp_path, data_dir):
   for w in ('worker0', 'worker1'):
     assert _files(root / w / 'vit_jax') == tracked  # the source, nothing else (.git, .venv, runs)
   pip = (root / 'pip.log').read_text().splitlines()
-  assert sorted(pip) == sorted(
-      f'{root / w / "vit_jax"} -m pip install --quiet --no-deps{extra} -r {lock}'
-      for w in ('worker0', 'worker1') for extra, lock in
-      (('', 'requirements.lock'), (' --require-hashes', 'requirements-tpu.lock')))
+  pin = remote.uv_pin()
+  expected = []
+  for w in ('worker0', 'worker1'):  # uv into the launch directory, then the venv and both locks
+    code, launch_dir = root / w / 'vit_jax', root / w / 'vit_jax_launch'
+    install = f'{code} uv pip install --quiet --python {launch_dir}/venv/bin/python --no-deps'
+    expected += [
+        f'{code} python3 -m pip install --quiet --no-deps --upgrade --target {launch_dir}/uv {pin}',
+        f'{code} uv venv --quiet --allow-existing --python 3.11 {launch_dir}/venv',
+        f'{install} -r requirements.lock', f'{install} --require-hashes -r requirements-tpu.lock']
+  assert sorted(pip) == sorted(expected)
 
   # A second sync replaces the code (a stale file goes, nothing nests) and keeps runs/.
   (root / 'worker0' / 'vit_jax' / 'stale.py').write_text('old')
@@ -94,7 +107,8 @@ def test_sync_setup_run_status_stop_on_two_workers(tpu, tmp_path, data_dir):
   (root / 'worker0' / 'vit_jax' / 'runs' / 'notes.txt').write_text('keep me')
   assert launch('--sync').returncode == 0
   assert _files(root / 'worker0' / 'vit_jax') == sorted(tracked + ['runs/notes.txt'])
-  assert os.listdir(root / 'worker0') == ['vit_jax']  # no archive, no .new/.old left
+  # No archive, no .new/.old left (the launch directory holds setup's uv).
+  assert sorted(os.listdir(root / 'worker0')) == ['vit_jax', 'vit_jax_launch']
 
   # The same command on both workers: one 2-process run (4 devices) writing one workdir.
   workdir = tmp_path / 'shared_run'  # as a gs:// workdir: one place both workers see

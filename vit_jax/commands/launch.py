@@ -5,8 +5,10 @@
   python -m vit_jax launch --tpu=my-v3-32 --zone=europe-west4-a --status   (or --logs, --stop)
 
 --sync ships the checkout's tracked files (git ls-files) and replaces --repo_dir on each worker;
---setup installs the pinned requirements.lock and the libtpu of requirements-tpu.lock; the command
-after -- starts detached on every worker (pid and log.txt in --launch_dir); --status says whether
+--setup installs the pinned requirements.lock and the libtpu of requirements-tpu.lock into a Python
+3.11 venv made by uv (--launch_dir/venv; the TPU images' Python 3.10 is fine to start from); the
+command after -- starts detached on every worker with that venv first on PATH (pid and log.txt in
+--launch_dir); --status says whether
 it is alive on each worker with its last --lines log lines; --logs prints them; --stop ends it on
 every worker (SIGTERM, SIGKILL after --stop_timeout s). --dry_run prints the gcloud commands.
 The logic is in vit_jax/launch/.
@@ -25,10 +27,11 @@ _PROJECT = flags.DEFINE_string('project', None, 'Google Cloud project (default: 
 _REPO = flags.DEFINE_string('repo_dir', '~/vit_jax', 'Where the code lives on each worker.')
 _LAUNCH_DIR = flags.DEFINE_string('launch_dir', '~/vit_jax_launch',
                                   "The run's pid and log.txt on each worker (outside the code).")
-_PYTHON = flags.DEFINE_string('python', 'python3', 'The Python that --setup installs into on each '
-                              'worker (>= 3.11); use the same one in the command.')
+_PYTHON = flags.DEFINE_string('python', 'python3', "The worker's Python whose pip installs uv for "
+                              '--setup (any version); the venv uv makes has Python 3.11.')
 _SYNC = flags.DEFINE_bool('sync', False, "First ship this checkout's tracked files to --repo_dir.")
-_SETUP = flags.DEFINE_bool('setup', False, 'Then pip-install the pinned locks on every worker.')
+_SETUP = flags.DEFINE_bool('setup', False, 'Then install the pinned locks into a Python 3.11 venv '
+                           '(<launch_dir>/venv, first on PATH for the command) on every worker.')
 _STATUS = flags.DEFINE_bool('status', False, 'Is the run alive on each worker (last log lines).')
 _LOGS = flags.DEFINE_bool('logs', False, "Print the last --lines of each worker's log.")
 _STOP = flags.DEFINE_bool('stop', False, 'End the launched run on every worker.')
@@ -40,7 +43,7 @@ _DRY_RUN = flag_groups.dry_run()
 def run(argv) -> int:
   from vit_jax import launch  # pylint: disable=g-import-not-at-top
   plan = launch.Plan(_TPU.value, _ZONE.value, _PROJECT.value, _REPO.value, _LAUNCH_DIR.value,
-                     _PYTHON.value)
+                     _PYTHON.value, uv=launch.uv_pin() if _SETUP.value else 'uv')
   steps = launch.Steps(sync=_SYNC.value, setup=_SETUP.value, command=argv[1:],
                        status=_STATUS.value, logs=_LOGS.value, stop=_STOP.value,
                        lines=_LINES.value, stop_timeout=_STOP_TIMEOUT.value)

@@ -8,8 +8,9 @@
 Steps run in the order stop, sync, setup, start, status, logs, each through `gcloud compute tpus
 tpu-vm` (scp / ssh --worker=all; status and logs go worker by worker, from `describe`). sync ships
 the checkout's tracked files only (source.py) and replaces the code directory on each worker;
-setup pip-installs requirements.lock and the libtpu of requirements-tpu.lock (jax[tpu] of the
-pinned jax); start detaches the command on every worker at once (remote.py). Multi-host JAX needs
+setup installs requirements.lock and the libtpu of requirements-tpu.lock (jax[tpu] of the pinned
+jax) with uv into a Python 3.11 venv in the launch directory; start detaches the command on every
+worker at once, that venv first on its PATH (remote.py). Multi-host JAX needs
 the same command on every worker: `vit_jax.main` finds the slice's coordinator by itself, and a
 worker whose peers never arrive stops after --distributed_timeout with one `error:` line in its
 log.
@@ -23,7 +24,7 @@ from typing import Callable, List, Optional, Sequence
 
 from vit_jax.errors import UserError
 from vit_jax.launch import source
-from vit_jax.launch.remote import Plan, worker_count
+from vit_jax.launch.remote import Plan, uv_pin, worker_count
 
 
 @dataclasses.dataclass
@@ -107,4 +108,4 @@ def _answer(command: List[str]) -> str:
     return f'no answer: {e}'
 
 
-__all__ = ['Plan', 'Steps', 'run', 'source']
+__all__ = ['Plan', 'Steps', 'run', 'source', 'uv_pin']

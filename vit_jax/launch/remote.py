@@ -9,6 +9,7 @@ after `stop_timeout` seconds if it has not).
 Worker-side text is quoted with shlex; only a leading `~` stays unquoted, to expand on the worker.
 """
 
+import os
 import shlex
 from typing import List, Optional, Sequence
 
@@ -17,7 +18,26 @@ from vit_jax.launch.source import ARCHIVE
 
 GCLOUD = ('gcloud', 'compute', 'tpus', 'tpu-vm')
 LOCKS = ('requirements.lock', 'requirements-tpu.lock')  # the CPU-tested pins; jax[tpu]'s libtpu
-PYTHON_MIN = (3, 11)  # Requires-Python of the pinned jax 0.10.2 / jaxlib / flax
+# The Python of the workers' venv: the one the locks were tested on (the pinned jax 0.10.2, jaxlib
+# and flax need >= 3.11; the TPU VM images of Ubuntu 22.04 ship 3.10, so uv fetches one there).
+PYTHON_VERSION = '3.11'
+
+
+def uv_pin(lock_path: Optional[str] = None) -> str:
+  """The `uv==X` line of requirements.lock (by default this checkout's): the uv that installs the
+  locks on the workers."""
+  if lock_path is None:
+    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    lock_path = os.path.join(top, LOCKS[0])
+  try:
+    with open(lock_path) as f:
+      pins = [line.split()[0] for line in f if line.startswith('uv==')]
+  except OSError as e:
+    raise UserError(f'cannot read {lock_path} ({e.strerror}): --setup installs the pinned locks '
+                    'of a checkout; run launch from one') from None
+  if not pins:
+    raise UserError(f'{lock_path} pins no uv (a line uv==VERSION): restore it from git')
+  return pins[0]
 
 
 def remote_path(path: str) -> str:
@@ -33,7 +53,7 @@ class Plan:
 
   def __init__(self, tpu: str, zone: str, project: Optional[str] = None,
                repo_dir: str = '~/vit_jax', launch_dir: str = '~/vit_jax_launch',
-               python: str = 'python3'):
+               python: str = 'python3', uv: str = 'uv'):
     if not tpu or not zone:
       raise UserError('pass --tpu=NAME and --zone=ZONE of the Cloud TPU VM')
     if repo_dir.rstrip('/') in ('', '~', '.', '/'):
@@ -43,7 +63,8 @@ class Plan:
     self.repo = repo_dir.rstrip('/')
     self.launch = launch_dir.rstrip('/')
     self.pid, self.log = f'{self.launch}/pid', f'{self.launch}/log.txt'
-    self.python = python
+    self.python, self.uv = python, uv  # the Python that bootstraps uv; uv's pin (uv_pin)
+    self.venv = f'{self.launch}/venv'
 
   # -- gcloud argument lists ---------------------------------------------------------------------
 
@@ -96,21 +117,32 @@ class Plan:
             f'rm -rf {old} ~/{ARCHIVE}')
 
   def setup_script(self) -> str:
-    python = shlex.quote(self.python)
-    pip = f'{python} -m pip install --quiet --no-deps'
-    # The pins need Python >= 3.11 (jax 0.10.2's Requires-Python); say so before pip fails.
-    check = (f'{python} -c "import sys; sys.exit(sys.version_info < {PYTHON_MIN})" || {{ echo '
-             f'"error: $({python} --version 2>&1) on $(hostname): the pinned jax needs Python '
-             f'>= {PYTHON_MIN[0]}.{PYTHON_MIN[1]}: install one and pass --python=python3.11" >&2;'
-             f' exit 4; }}; ')
-    return (f'set -e; {check}cd {remote_path(self.repo)}; {pip} -r {LOCKS[0]}; '
-            f'{pip} --require-hashes -r {LOCKS[1]}')
+    # uv (pinned) goes into <launch_dir>/uv with the worker's own pip (--target: no venv module and
+    # no PEP 668 refusal needed); it makes <launch_dir>/venv with Python PYTHON_VERSION (the
+    # worker's if it has one, else a uv-managed one it downloads) and installs both locks there.
+    # A second setup reuses uv and the venv. start_script puts the venv first on PATH.
+    python, pin = shlex.quote(self.python), shlex.quote(self.uv)
+    uv_dir = remote_path(f'{self.launch}/uv')
+    uv = remote_path(f'{self.launch}/uv/bin/uv')
+    version = shlex.quote(self.uv.split('==', 1)[-1])
+    install = (f'{uv} pip install --quiet --python {remote_path(self.venv + "/bin/python")} '
+               '--no-deps')
+    return (f'set -e; cd {remote_path(self.repo)}; '
+            f'if [ "$({uv} --version 2>/dev/null | cut -d" " -f2)" != {version} ]; then '
+            f'{python} -m pip install --quiet --no-deps --upgrade --target {uv_dir} {pin} || {{ '
+            f'echo "error: pip could not install {self.uv} on $(hostname): install pip there '
+            f'(sudo apt-get install -y python3-pip) or pass --python=A_PYTHON_WITH_PIP" >&2; '
+            f'exit 4; }}; fi; '
+            f'{uv} venv --quiet --allow-existing --python {PYTHON_VERSION} '
+            f'{remote_path(self.venv)}; '
+            f'{install} -r {LOCKS[0]}; {install} --require-hashes -r {LOCKS[1]}')
 
   def start_script(self, command: Sequence[str]) -> str:
     launch, log, pid = (remote_path(p) for p in (self.launch, self.log, self.pid))
     return (f'{self._alive()}if alive; then echo "error: a launched run is still alive (pid $p):'
             f' stop it first (launch --stop)" >&2; exit 3; fi; mkdir -p {launch}; '
             f'if [ -f {log} ]; then mv {log} {launch}/log.$(date +%s).txt; fi; '
+            f'export PATH={remote_path(self.venv + "/bin")}:"$PATH"; '
             f'cd {remote_path(self.repo)} && '
             f'{{ setsid nohup {shlex.join(command)} > {log} 2>&1 < /dev/null & echo $! > {pid}; }}')
 
@@ -143,4 +175,5 @@ def worker_count(describe_json: str, tpu: str) -> int:
   return len(endpoints)
 
 
-__all__ = ['GCLOUD', 'LOCKS', 'PYTHON_MIN', 'Plan', 'remote_path', 'worker_count']
+__all__ = ['GCLOUD', 'LOCKS', 'PYTHON_VERSION', 'Plan', 'remote_path', 'uv_pin',
+           'worker_count']
