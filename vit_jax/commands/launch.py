@@ -8,9 +8,9 @@
 --setup installs the pinned requirements.lock and the libtpu of requirements-tpu.lock into a Python
 3.11 venv made by uv (--launch_dir/venv; the TPU images' Python 3.10 is fine to start from); the
 command after -- starts detached on every worker with that venv first on PATH (pid and log.txt in
---launch_dir); --status says whether
-it is alive on each worker with its last --lines log lines; --logs prints them; --stop ends it on
-every worker (SIGTERM, SIGKILL after --stop_timeout s). --dry_run prints the gcloud commands.
+--launch_dir); --status says whether it is alive on each worker with its last --lines log lines;
+--logs prints them; --stop ends it on every worker (SIGTERM, SIGKILL after --stop_timeout s).
+--dry_run prints the gcloud commands.
 The logic is in vit_jax/launch/.
 """
 

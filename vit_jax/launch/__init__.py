@@ -10,10 +10,9 @@ tpu-vm` (scp / ssh --worker=all; status and logs go worker by worker, from `desc
 the checkout's tracked files only (source.py) and replaces the code directory on each worker;
 setup installs requirements.lock and the libtpu of requirements-tpu.lock (jax[tpu] of the pinned
 jax) with uv into a Python 3.11 venv in the launch directory; start detaches the command on every
-worker at once, that venv first on its PATH (remote.py). Multi-host JAX needs
-the same command on every worker: `vit_jax.main` finds the slice's coordinator by itself, and a
-worker whose peers never arrive stops after --distributed_timeout with one `error:` line in its
-log.
+worker at once, that venv first on its PATH (remote.py). Multi-host JAX needs the same command on
+every worker: `vit_jax.main` finds the slice's coordinator by itself, and a worker whose peers
+never arrive stops after --distributed_timeout with one `error:` line in its log.
 """
 
 import dataclasses
