@@ -3,13 +3,16 @@ standing in for gs://) gets the same JSONL log, TensorBoard events and learning-
 log is repaired when a run starts: emptied on a fresh start, cut back to the restored step on
 resume, torn lines (a kill -9 mid-write) dropped, complete lines kept."""
 
+import itertools
 import json
 import os
 import shutil
+import types
 
 import pytest
 import tensorflow as tf
 
+from vit_jax.train import events
 from vit_jax.train import logs
 
 
@@ -95,9 +98,13 @@ def test_runs_repair_the_log_on_a_fresh_start_and_on_resume(tmp_path, data_dir):
   assert TORN not in path.read_text()
 
 
-def test_tensorboard_reads_the_scalars_written_without_tensorflow(tmp_path):
-  """The event files (vit_jax/train/events.py) as TensorBoard's own reader sees them."""
+@pytest.mark.parametrize('serial', [0, 9, 99])
+def test_tensorboard_reads_the_scalars_written_without_tensorflow(tmp_path, monkeypatch, serial):
+  """The event files (vit_jax/train/events.py) as TensorBoard's own reader sees them, in the order
+  they were written whatever the process's count of writers so far (10 sorted before 9 once)."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(events, '_SERIAL', itertools.count(serial))
+  monkeypatch.setattr(events, 'time', types.SimpleNamespace(time=lambda: 1_795_000_000.5))  # 1 s
   logger = logs.MetricLogger(str(tmp_path), enabled=True)
   logger.write(1, 'train', {'loss': 2.5, 'accuracy': 0.125})
   logger.write(2, 'train', {'loss': 2.0, 'accuracy': 0.25})

@@ -14,7 +14,11 @@ from tensorboard.summary.writer import record_writer
 
 from vit_jax import fileio
 
-_SERIAL = itertools.count()  # two writers of one process in one second get two files
+# Two writers of one process in one second get two files, named in the order they were made:
+# TensorBoard reads a directory's event files in the sorted order of their names, so the serial is
+# zero-padded (unpadded, a process's 10th writer sorted before its 9th and a resumed run's steps
+# came first).
+_SERIAL = itertools.count()
 
 
 class EventWriter:
@@ -25,7 +29,7 @@ class EventWriter:
     files = fileio.files_for(logdir)
     files.makedirs(logdir)
     name = (f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.'
-            f'{next(_SERIAL)}.v2')
+            f'{next(_SERIAL):06d}.v2')
     self.path = os.path.join(logdir, name)
     self.file = files.GFile(self.path, 'wb')
     self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
