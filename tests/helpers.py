@@ -62,7 +62,8 @@ def get_sweep():
 # 145 CPU-s unoptimised, 78 CPU-s optimised, AMD EPYC family 25 model 1).
 @contextlib.contextmanager
 def optimized():
-  """Programs compiled inside get XLA's full optimisations (the suite's default is off)."""
+  """Programs compiled inside get XLA's optimisations (the suite's default is off; LLVM at level 1,
+  conftest.py)."""
   import jax  # pylint: disable=g-import-not-at-top
   before = jax.config.read('jax_disable_most_optimizations')
   jax.config.update('jax_disable_most_optimizations', False)
