@@ -16,13 +16,17 @@ import os
 # cache, -n 2, four runs each, alternated: 97.9-102.4 user CPU-s against 106.2-116.3; AMD EPYC
 # family 26 model 2). LLVM's optimisation level 1 instead of 2 where JAX's -O0 is turned off (the
 # 150-step run of helpers.optimized(): 42.0-46.7 CPU-s against 52.5-54.9, three alternated runs
-# each, same processor; every other compile of the suite is at 0 whatever this says). Subprocesses
-# that set another device count keep all of these: helpers.xla_flags.
+# each, same processor; every other compile of the suite is at 0 whatever this says). And the
+# train command's own flags (vit_jax/xla_flags.py), so that the tests that train in-process compile
+# what the command does. Subprocesses that set another device count keep all of these:
+# helpers.xla_flags.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8'
                            ' --xla_cpu_use_fusion_emitters=false'
                            ' --xla_cpu_parallel_codegen_split_count=1'
                            ' --xla_backend_optimization_level=1').strip()
+from vit_jax import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+xla_flags.apply()
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')

@@ -20,6 +20,7 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax import xla_flags
 from vit_jax.commands import flag_groups
 
 _CONFIG = flag_groups.config()
@@ -57,6 +58,8 @@ def run(argv) -> int:
     raise cli.UserError('--steps and --batch_size must be at least 1')
   if _PROFILE.value and _MODE.value == 'input':
     raise cli.UserError('--profile profiles a compiled step: use it with --mode=train or infer')
+  if _MODE.value == 'train':
+    xla_flags.apply()  # what the train command runs with (vit_jax/xla_flags.py)
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
       mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,

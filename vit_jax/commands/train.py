@@ -15,6 +15,7 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax import xla_flags
 from vit_jax.commands import flag_groups
 
 _CONFIG = flag_groups.config()
@@ -57,6 +58,7 @@ def run(argv) -> int:
 
 def main():
   flag_groups.adapt('workdir', help='Directory for checkpoints and logs.')
+  xla_flags.apply()  # before JAX starts: the training schedule (vit_jax/xla_flags.py)
   cli.run_main(run, required_flags=('config',))
 
 
