@@ -9,7 +9,7 @@ from helpers import ROOT
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
     ('errors',),
-    ('quiet', 'interrupt', 'hostmem', 'compile_cache', 'fileio', 'lazy', 'cpus'),
+    ('quiet', 'interrupt', 'hostmem', 'xla_flags', 'compile_cache', 'fileio', 'lazy', 'cpus'),
     ('parallel',),
     ('models',),
     ('tasks', 'data', 'formats', 'checkpoint'),
