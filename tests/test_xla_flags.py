@@ -23,9 +23,9 @@ SCHEDULER = '--xla_cpu_enable_concurrency_optimized_scheduler'
 def test_defaults_are_added_unless_the_user_set_them(current, expected):
   assert xla_flags.with_defaults(current) == expected
   env = {'XLA_FLAGS': current} if current else {}
-  xla_flags.apply(env=env)
+  xla_flags.apply(env)
   assert env['XLA_FLAGS'].split() == expected.split()
-  xla_flags.apply(env=env)  # once is enough: a restarted process adds nothing twice
+  xla_flags.apply(env)  # once is enough: a restarted process adds nothing twice
   assert env['XLA_FLAGS'].split() == expected.split()
 
 

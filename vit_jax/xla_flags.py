@@ -7,7 +7,8 @@ JAX starts its backends. A flag the user already set in XLA_FLAGS (to either val
   fifth to a quarter less memory for its temporaries (ViT-Ti/16 at batch 32 and 224 px: 1.55 GiB
   instead of 2.05; R50+ViT-B/16 at batch 8: 3.22 instead of 4.24), compiles about 10% faster, runs
   as fast or slightly faster, and a cold run reaches its first step sooner (fewer fresh pages to
-  fault in); the losses are bitwise the same (benchmarks/README.md, "The CPU scheduler"). Only
+  fault in); the losses are bitwise the same (AMD EPYC family 26 model 2; benchmarks/README.md,
+  "The CPU scheduler"). Only
   the commands that train set it (`train`, and `bench --mode=train`): ViT-Ti/16 inference at
   batch 32 ran 4% slower with it, so predict, export, analyze and `bench --mode=infer` keep XLA's
   default. The CPU backend's flag: other backends ignore it.
@@ -16,7 +17,7 @@ Programs that import vit_jax as a library can put the same flags in XLA_FLAGS th
 """
 
 import os
-from typing import MutableMapping, Sequence
+from typing import MutableMapping
 
 TRAINING = ('--xla_cpu_enable_concurrency_optimized_scheduler=false',)
 
@@ -25,18 +26,17 @@ def _name(flag: str) -> str:
   return flag.split('=', 1)[0]
 
 
-def with_defaults(current: str, defaults: Sequence[str] = TRAINING) -> str:
-  """`current` (an XLA_FLAGS value) with each of `defaults` whose flag it does not set appended."""
+def with_defaults(current: str) -> str:
+  """`current` (an XLA_FLAGS value) with each flag of TRAINING that it does not set appended."""
   present = {_name(f) for f in current.split()}
-  added = [f for f in defaults if _name(f) not in present]
+  added = [f for f in TRAINING if _name(f) not in present]
   return ' '.join([current.strip(), *added]).strip()
 
 
-def apply(defaults: Sequence[str] = TRAINING,
-          env: MutableMapping[str, str] = os.environ) -> None:
+def apply(env: MutableMapping[str, str] = os.environ) -> None:
   """Sets XLA_FLAGS in `env` to `with_defaults` of its value. Call it before JAX's first device:
   XLA reads XLA_FLAGS once per process."""
-  value = with_defaults(env.get('XLA_FLAGS', ''), defaults)
+  value = with_defaults(env.get('XLA_FLAGS', ''))
   if value != env.get('XLA_FLAGS', ''):
     env['XLA_FLAGS'] = value
 
