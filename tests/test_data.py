@@ -21,6 +21,7 @@ import tensorflow_datasets as tfds
 from vit_jax import data
 from vit_jax.data import arrays
 from vit_jax.data import mnist5k
+from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.data import pipeline
 from vit_jax.data import preprocess
 from vit_jax.data import specs
@@ -42,7 +43,7 @@ class VitTestRgb(tfds.core.GeneratorBasedBuilder):
     return epath.Path(__file__)
 
   def _info(self):
-    return tfds.core.DatasetInfo(
+    return OfflineDatasetInfo(  # no empty /tmp/tmp*tfds left (offline_info.py)
         builder=self,
         features=tfds.features.FeaturesDict({
             'image': tfds.features.Image(shape=(None, None, 3)),
@@ -221,6 +222,28 @@ def test_preparing_our_datasets_leaves_nothing_in_the_temp_dir(tmp_path, monkeyp
   write_colour_folder(str(tmp_path / 'images'), per_class=2)
   assert data.get_info('digits', str(tmp_path / 'tfds')).split_sizes['test'] > 0
   assert data.get_info(f'folder:{tmp_path / "images"}', str(tmp_path / 'tfds')).num_classes == 3
+  assert os.listdir(temp) == []
+
+
+def test_tf_data_pipelines_leave_nothing_in_the_temp_dir(tmp_path, monkeypatch, data_dir):
+  """AutoGraph writes every function it rewrites to a `__autograph_generated_file*.py` in the
+  temp dir and never deletes it (one per tf.data run before, for the epochs' `flat_map`; the
+  few-shot pool's three more): the pipelines' functions are traced as written instead."""
+  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.autograph.pyct import cache  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import info  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import fewshot  # pylint: disable=g-import-not-at-top
+  # An empty rewrite cache: functions an earlier test had rewritten would be rewritten again.
+  monkeypatch.setattr(api._TRANSPILER, '_cache', cache.CodeObjectCache())  # pylint: disable=protected-access
+  temp = tmp_path / 'temp'
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(temp))
+  assert next(_train(data_dir, batch_size=8))['image'].shape == (8, 28, 28, 1)
+  batches, _ = _eval(data_dir, 'tf.data', batch_size=8)
+  assert next(iter(batches))['image'].shape[1:] == (28, 28, 1)
+  builder = info.load_builder('mnist5k', data_dir)
+  pool = fewshot._pool_records(builder, info.info_from_builder(builder), 'train', 2, 10)  # pylint: disable=protected-access
+  assert len(list(pool.as_numpy_iterator())) == 20
   assert os.listdir(temp) == []
 
 

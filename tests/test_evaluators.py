@@ -8,6 +8,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from vit_jax import parallel
+from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 from vit_jax.evaluate import fewshot, real
 
@@ -76,7 +77,7 @@ class VitTestReal(tfds.core.GeneratorBasedBuilder):
     return epath.Path(__file__)
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+    return OfflineDatasetInfo(builder=self, features=tfds.features.FeaturesDict({
         'image': tfds.features.Image(shape=(None, None, 3)),
         'original_label': tfds.features.ClassLabel(num_classes=4),
         'real_label': tfds.features.Sequence(tfds.features.ClassLabel(num_classes=4)),

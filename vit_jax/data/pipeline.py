@@ -103,7 +103,8 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   start = start_step * rows
   first_epoch, skip = divmod(start, num)
   stream = epoch(tf.constant(first_epoch, tf.int64)).skip(skip)
-  stream = stream.concatenate(tf.data.Dataset.range(first_epoch + 1, _FOREVER).flat_map(epoch))
+  later = tf.data.Dataset.range(first_epoch + 1, _FOREVER).flat_map(as_written(epoch))
+  stream = stream.concatenate(later)
   positions = tf.data.Dataset.range(start, _FOREVER)
   channels = preprocess.decode_channels(ds_info.image_shape)
   out_spec = tf.TensorSpec(
@@ -127,9 +128,9 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   ds = tf.data.Dataset.zip((stream, positions)).batch(rows, drop_remainder=True)
   if not per_process:  # keep this process's rows of the global batch, before decoding
     mine = slice(process_index * batch_size, (process_index + 1) * batch_size)
-    ds = ds.map(_graph(lambda records, positions: (tuple(r[mine] for r in records),
+    ds = ds.map(as_written(lambda records, positions: (tuple(r[mine] for r in records),
                                                    positions[mine])))
-  ds = ds.map(_graph(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+  ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
   return ds.as_numpy_iterator()
 
@@ -215,7 +216,7 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
   if real_batches:
     # The records are read to their end (no `take` on them), so a cache completes in pass one.
     ds = records.batch(batch_size)
-    ds = ds.map(_graph(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
     ds = ds.concatenate(padding)
   else:
     ds = padding
@@ -223,16 +224,17 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
   return EvalBatches(ds, num_batches)
 
 
-def _graph(fn):
-  """`fn` traced as written, without AutoGraph's source rewrite: the preprocessing branches on
-  Python values only (tensor branches use tf.switch_case), and the rewrite cost ~2.6 s of every
-  run's start (cProfile of a 24-step ViT-Ze/4 run)."""
+def as_written(fn):
+  """`fn` traced as written, without AutoGraph's source rewrite, for every function this project
+  gives tf.data: they branch on Python values only (tensor branches use tf.switch_case), the
+  rewrite cost ~2.6 s of every run's start (cProfile of a 24-step ViT-Ze/4 run), and it writes
+  each rewritten function to a file in the temp dir that it never deletes."""
   return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _map_examples(fn, elems, out_spec: tf.TensorSpec) -> tf.Tensor:
   """Applies `fn` to each example of a batch (a graph loop with some intra-batch parallelism)."""
-  each = _graph(lambda args: fn(*args) if isinstance(args, tuple) else fn(args))
+  each = as_written(lambda args: fn(*args) if isinstance(args, tuple) else fn(args))
   return tf.map_fn(each, elems,
                    fn_output_signature=out_spec, parallel_iterations=16)
 
@@ -251,7 +253,7 @@ def encoded_records(builder, split, image_key: str, label_fn, *, cache: bool) ->
       decoders={image_key: tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(try_autocache=False, add_tfds_id=False),
   )
-  ds = ds.map(_graph(lambda ex: (ex[image_key], label_fn(ex))),
+  ds = ds.map(as_written(lambda ex: (ex[image_key], label_fn(ex))),
               num_parallel_calls=PARALLEL_CALLS, deterministic=True)
   ds = ds.cache() if cache else ds
   return ds.with_options(_options())

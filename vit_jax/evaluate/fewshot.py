@@ -114,7 +114,8 @@ def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int
     del take
     return record
 
-  pool = records.scan(tf.zeros([num_classes], tf.int32), keep).filter(taken).map(record_only)
+  pool = records.scan(tf.zeros([num_classes], tf.int32), pipeline.as_written(keep))
+  pool = pool.filter(pipeline.as_written(taken)).map(pipeline.as_written(record_only))
   return pool.take(max_shots * num_classes).cache()
 
 
