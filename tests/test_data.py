@@ -21,10 +21,10 @@ import tensorflow_datasets as tfds
 from vit_jax import data
 from vit_jax.data import arrays
 from vit_jax.data import mnist5k
-from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.data import pipeline
 from vit_jax.data import preprocess
 from vit_jax.data import specs
+from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 
 IDENTITY_PP = {'crop': 'resize', 'image_size': 28}  # 28 -> 28 bilinear resize is exact

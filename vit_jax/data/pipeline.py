@@ -129,7 +129,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   if not per_process:  # keep this process's rows of the global batch, before decoding
     mine = slice(process_index * batch_size, (process_index + 1) * batch_size)
     ds = ds.map(as_written(lambda records, positions: (tuple(r[mine] for r in records),
-                                                   positions[mine])))
+                                                       positions[mine])))
   ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
   return ds.as_numpy_iterator()
