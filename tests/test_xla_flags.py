@@ -29,38 +29,51 @@ def test_defaults_are_added_unless_the_user_set_them(current, expected):
   assert env['XLA_FLAGS'].split() == expected.split()
 
 
+def test_each_schedule_adds_its_flags():
+  assert set(xla_flags.SCHEDULES) == {'memory', 'concurrency'}
+  assert xla_flags.with_defaults('', xla_flags.SCHEDULES['memory']) == f'{SCHEDULER}=false'
+  assert xla_flags.with_defaults('', xla_flags.SCHEDULES['concurrency']) == ''  # XLA's default
+  env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  xla_flags.apply(env, xla_flags.SCHEDULES['concurrency'])
+  assert env == {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+
+
 # Eight independent 512x512 products, summed: the concurrency-optimised order computes them all
 # before the sum (eight 1 MiB temporaries alive at once), the memory-minimising one a few at a time.
-# The train command's own entry point (its main: flags, restart, run_main) runs it in place of
-# training.
-_TEMPS = '''
+# The train command's own entry point (its main and run: flags, restart, config checks) runs it in
+# place of the training loop.
+_TEMPS = """
 import sys
 import jax, jax.numpy as jnp
 from vit_jax.commands import train
+from vit_jax.train import loop
 
 def f(x):
   return sum(jnp.sum(jnp.sin(x @ (x + i))) for i in range(8))
 
-def run(argv):
+def train_and_evaluate(config, workdir, **kwargs):
   compiled = jax.jit(f).lower(jnp.ones((512, 512))).compile()
-  print(compiled.memory_analysis().temp_size_in_bytes)
-  return 0
+  print('TEMP', compiled.memory_analysis().temp_size_in_bytes)
+  return {'accuracy': 0.0, 'count': 0}
 
-train.run = run
-sys.argv = ['train', '--config=configs/default.py', '--workdir=unused']
+loop.train_and_evaluate = train_and_evaluate
+sys.argv = ['train', '--config=configs/mnist5k.py', '--workdir=unused', *sys.argv[1:]]
 train.main()
-'''
+"""
 
 
 @pytest.mark.slow  # a subprocess each: XLA reads XLA_FLAGS once per process
-def test_the_train_command_compiles_with_the_memory_minimising_schedule():
-  def temp_bytes(xla):
+def test_the_train_command_compiles_with_the_configs_schedule():
+  def temp_bytes(xla, *args):
     env = dict(os.environ, XLA_FLAGS=xla)
-    out = subprocess.run([sys.executable, '-c', _TEMPS], cwd=ROOT, env=env, text=True,
+    out = subprocess.run([sys.executable, '-c', _TEMPS, *args], cwd=ROOT, env=env, text=True,
                          capture_output=True, timeout=120, check=True).stdout
-    return int(out.split()[-1])
+    return int(out.split('TEMP ')[1].split()[0])
 
-  ours = temp_bytes('')  # the command adds its flag
-  theirs = temp_bytes(f'{SCHEDULER}=true')  # XLA's default scheduler, the user's choice kept
-  assert theirs >= 8 * 512 * 512 * 4  # all eight products alive at once
-  assert ours <= theirs / 2, (ours, theirs)
+  ours = temp_bytes('')  # the config's default, 'memory': the command adds its flag
+  concurrent = temp_bytes('', '--config.xla_cpu_schedule=concurrency')
+  theirs = temp_bytes(f'{SCHEDULER}=true')  # the user's XLA_FLAGS win over the config
+  assert concurrent >= 8 * 512 * 512 * 4 and theirs >= 8 * 512 * 512 * 4  # all eight at once
+  assert ours <= concurrent / 2, (ours, concurrent)
+  assert theirs == concurrent
+

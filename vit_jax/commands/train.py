@@ -37,6 +37,8 @@ def run(argv) -> int:
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
+  # Before JAX's first device (init_distributed, check_placement): XLA reads XLA_FLAGS then.
+  xla_flags.apply(flags=xla_flags.SCHEDULES[_CONFIG.value.xla_cpu_schedule])
   from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
@@ -58,7 +60,6 @@ def run(argv) -> int:
 
 def main():
   flag_groups.adapt('workdir', help='Directory for checkpoints and logs.')
-  xla_flags.apply()  # before JAX starts: the training schedule (vit_jax/xla_flags.py)
   cli.run_main(run, required_flags=('config',))
 
 

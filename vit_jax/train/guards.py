@@ -35,7 +35,7 @@ OPERATIONAL_KEYS = frozenset({
     'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'compile_for', 'parallelism',
     'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
     'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
-    'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
+    'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split', 'xla_cpu_schedule',
 })
 
 
