@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from vit_jax import xla_flags
@@ -33,6 +34,11 @@ def test_each_schedule_adds_its_flags():
   assert set(xla_flags.SCHEDULES) == {'memory', 'concurrency'}
   assert xla_flags.with_defaults('', xla_flags.SCHEDULES['memory']) == f'{SCHEDULER}=false'
   assert xla_flags.with_defaults('', xla_flags.SCHEDULES['concurrency']) == ''  # XLA's default
+  config = ml_collections.ConfigDict({'xla_cpu_schedule': 'concurrency'})
+  assert xla_flags.schedule_flags(config) == ()
+  config.xla_cpu_schedule = None  # a config's None is the key's default
+  assert xla_flags.schedule_flags(config) == xla_flags.TRAINING
+  assert xla_flags.schedule_flags(ml_collections.ConfigDict()) == xla_flags.TRAINING
   env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
   xla_flags.apply(env, xla_flags.SCHEDULES['concurrency'])
   assert env == {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}

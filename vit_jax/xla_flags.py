@@ -30,7 +30,8 @@ SCHEDULES = {
     'memory': ('--xla_cpu_enable_concurrency_optimized_scheduler=false',),
     'concurrency': (),
 }
-TRAINING = SCHEDULES['memory']  # configs/common.py's default, and `bench --mode=train`'s
+DEFAULT_SCHEDULE = 'memory'  # configs/common.py's, and `bench --mode=train`'s
+TRAINING = SCHEDULES[DEFAULT_SCHEDULE]
 
 
 def _name(flag: str) -> str:
@@ -44,6 +45,11 @@ def with_defaults(current: str, flags: Sequence[str] = TRAINING) -> str:
   return ' '.join([current.strip(), *added]).strip()
 
 
+def schedule_flags(config) -> Sequence[str]:
+  """The flags of `config.xla_cpu_schedule` (validated; absent or None: the default)."""
+  return SCHEDULES[config.get('xla_cpu_schedule') or DEFAULT_SCHEDULE]
+
+
 def apply(env: MutableMapping[str, str] = os.environ, flags: Sequence[str] = TRAINING) -> None:
   """Sets XLA_FLAGS in `env` to `with_defaults` of its value. Call it before JAX's first device:
   XLA reads XLA_FLAGS once per process."""
@@ -52,4 +58,5 @@ def apply(env: MutableMapping[str, str] = os.environ, flags: Sequence[str] = TRA
     env['XLA_FLAGS'] = value
 
 
-__all__ = ['SCHEDULES', 'TRAINING', 'with_defaults', 'apply']
+__all__ = ['DEFAULT_SCHEDULE', 'SCHEDULES', 'TRAINING', 'apply', 'schedule_flags',
+           'with_defaults']
