@@ -8,10 +8,10 @@ JAX starts its backends. A flag the user already set in XLA_FLAGS (to either val
   instead of 2.05; R50+ViT-B/16 at batch 8: 3.22 instead of 4.24), compiles about 10% faster, runs
   as fast or slightly faster, and a cold run reaches its first step sooner (fewer fresh pages to
   fault in); the losses are bitwise the same (AMD EPYC family 26 model 2; benchmarks/README.md,
-  "The CPU scheduler"). Only
-  the commands that train set it (`train`, and `bench --mode=train`): ViT-Ti/16 inference at
-  batch 32 ran 4% slower with it, so predict, export, analyze and `bench --mode=infer` keep XLA's
-  default. The CPU backend's flag: other backends ignore it.
+  "The CPU scheduler"). Only the commands that train set it (`train`, and `bench --mode=train`
+  for its config): ViT-Ti/16 inference at batch 32 ran 4% slower with it, so predict, export,
+  analyze and `bench --mode=infer` keep XLA's default. The CPU backend's flag: other backends
+  ignore it.
   A config chooses with `xla_cpu_schedule` ('memory', the default, or 'concurrency': XLA's own
   order). Where every operation is small, running independent ones together wins and memory does
   not matter: `configs/default.py` (ViT-Mu/7, batch 64 of 17 tokens of width 64) trained its 3,600
@@ -30,7 +30,7 @@ SCHEDULES = {
     'memory': ('--xla_cpu_enable_concurrency_optimized_scheduler=false',),
     'concurrency': (),
 }
-DEFAULT_SCHEDULE = 'memory'  # configs/common.py's, and `bench --mode=train`'s
+DEFAULT_SCHEDULE = 'memory'  # configs/common.py's; the test suite's (tests/conftest.py)
 TRAINING = SCHEDULES[DEFAULT_SCHEDULE]
 
 

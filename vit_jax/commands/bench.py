@@ -59,7 +59,8 @@ def run(argv) -> int:
   if _PROFILE.value and _MODE.value == 'input':
     raise cli.UserError('--profile profiles a compiled step: use it with --mode=train or infer')
   if _MODE.value == 'train':
-    xla_flags.apply()  # what the train command runs with (vit_jax/xla_flags.py)
+    # What the train command runs this config with (vit_jax/xla_flags.py).
+    xla_flags.apply(flags=xla_flags.schedule_flags(_CONFIG.value))
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
       mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,
