@@ -27,8 +27,4 @@ def get_config(arg: str | None = None):
   c.polyak_decay = 0.995
   c.eval_every = 600
   c.checkpoint_every = 1200
-  # Small operations (batch 64 of 17 tokens of width 64): XLA's concurrent order runs independent
-  # ones together, 83 s of training against 89 s with the memory-minimising one, the same losses
-  # (AMD EPYC family 26 model 2; vit_jax/xla_flags.py).
-  c.xla_cpu_schedule = 'concurrency'
   return c

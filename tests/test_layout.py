@@ -9,10 +9,10 @@ from helpers import ROOT
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
     ('errors',),
-    ('quiet', 'interrupt', 'hostmem', 'xla_flags', 'compile_cache', 'fileio', 'lazy', 'cpus'),
+    ('quiet', 'interrupt', 'hostmem', 'compile_cache', 'fileio', 'lazy', 'cpus'),
     ('parallel',),
     ('models',),
-    ('tasks', 'data', 'formats', 'checkpoint'),
+    ('tasks', 'data', 'formats', 'checkpoint', 'xla_flags'),
     ('analysis', 'serving'),
     ('evaluate',),
     ('train',),

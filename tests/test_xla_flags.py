@@ -30,15 +30,62 @@ def test_defaults_are_added_unless_the_user_set_them(current, expected):
   assert env['XLA_FLAGS'].split() == expected.split()
 
 
+def _config(model_name, image_size, batch_size, **kwargs):
+  return ml_collections.ConfigDict(dict(model_name=model_name, image_size=image_size,
+                                        batch_size=batch_size, **kwargs))
+
+
 def test_each_schedule_adds_its_flags():
   assert set(xla_flags.SCHEDULES) == {'memory', 'concurrency'}
+  assert xla_flags.CHOICES == ('auto', 'memory', 'concurrency')
   assert xla_flags.with_defaults('', xla_flags.SCHEDULES['memory']) == f'{SCHEDULER}=false'
   assert xla_flags.with_defaults('', xla_flags.SCHEDULES['concurrency']) == ''  # XLA's default
-  config = ml_collections.ConfigDict({'xla_cpu_schedule': 'concurrency'})
-  assert xla_flags.schedule_flags(config) == ()
-  config.xla_cpu_schedule = None  # a config's None is the key's default
-  assert xla_flags.schedule_flags(config) == xla_flags.TRAINING
-  assert xla_flags.schedule_flags(ml_collections.ConfigDict()) == xla_flags.TRAINING
+  config = _config('ViT-Ti/16', 224, 32, xla_cpu_schedule='concurrency')
+  assert xla_flags.schedule_flags(config, {}) == ()  # a config's choice wins over the size
+  config.xla_cpu_schedule = None  # a config's None is the key's default, 'auto'
+  assert xla_flags.schedule_flags(config, {}) == xla_flags.SCHEDULES['memory']
+  del config['xla_cpu_schedule']
+  assert xla_flags.resolve(config, {}) == 'memory'
+
+
+@pytest.mark.parametrize('model, image, batch, extra, values', [
+    ('ViT-Ti/16', 224, 32, {}, 32 * (14 * 14 + 1) * 192),                     # 1.2 M: memory
+    ('ViT-Ti/16', 224, 32, {'accum_steps': 2}, 16 * (14 * 14 + 1) * 192),     # a micro-batch
+    ('ViT-Ti/16', 160, 32, {}, 32 * (10 * 10 + 1) * 192),
+    ('ViT-Mu/7', 28, 64, {}, 64 * (4 * 4 + 1) * 64),                          # make train's
+    ('R50+ViT-B/16', 224, 8, {}, 8 * 56 * 56 * 256),                          # the stem's map
+    ('R+ViT-Mu/4', 28, 64, {}, 64 * (7 * 7 + 1) * 64),                        # stem only: 7x7x64
+    ('BiT-R50x1', 224, 8, {}, 8 * 56 * 56 * 256),
+    ('BiT-R14x0.5', 28, 64, {}, 64 * 7 * 7 * 128),
+])
+def test_auto_decides_by_the_largest_activation(model, image, batch, extra, values):
+  config = _config(model, image, batch, **extra)
+  assert xla_flags.largest_activation(config, {}) == values
+  expected = 'memory' if values >= 2 ** 20 else 'concurrency'
+  assert xla_flags.resolve(config, {}) == expected
+  # Simulated CPU devices split the batch (the suite's 8 here).
+  devices = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8 --xla_cpu_foo=1'}
+  assert xla_flags.largest_activation(config, devices) == values // 8
+
+
+def test_auto_on_the_two_sides_of_the_threshold():
+  assert xla_flags.AUTO_MEMORY_FROM == 2 ** 20
+  assert xla_flags.resolve(_config('ViT-Ti/16', 224, 32), {}) == 'memory'
+  assert xla_flags.resolve(_config('ViT-Ti/16', 224, 16), {}) == 'concurrency'  # 605 k
+  assert xla_flags.resolve(_config('ViT-B/16', 224, 8), {}) == 'memory'
+  assert xla_flags.resolve(_config('ViT-Mu/7', 28, 64), {}) == 'concurrency'
+
+
+@pytest.mark.parametrize('value, expected', [
+    ('', 'concurrency'), ('--xla_force_host_platform_device_count=8', 'concurrency'),
+    (f'{SCHEDULER}=false', 'memory'), (f'--xla_foo=1 {SCHEDULER}=False', 'memory'),
+    (f'{SCHEDULER}=true', 'concurrency'),
+])
+def test_the_schedule_in_effect_is_read_from_xla_flags(value, expected):
+  assert xla_flags.in_effect({'XLA_FLAGS': value}) == expected
+
+
+def test_the_apply_of_a_concurrency_schedule_adds_nothing():
   env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
   xla_flags.apply(env, xla_flags.SCHEDULES['concurrency'])
   assert env == {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
@@ -76,9 +123,10 @@ def test_the_train_command_compiles_with_the_configs_schedule():
                          capture_output=True, timeout=120, check=True).stdout
     return int(out.split('TEMP ')[1].split()[0])
 
-  ours = temp_bytes('')  # the config's default, 'memory': the command adds its flag
-  concurrent = temp_bytes('', '--config.xla_cpu_schedule=concurrency')
-  theirs = temp_bytes(f'{SCHEDULER}=true')  # the user's XLA_FLAGS win over the config
+  large = ('--config.model_name=ViT-Ti/16', '--config.image_size=224', '--config.batch_size=32')
+  concurrent = temp_bytes('')  # 'auto' on the config's small model: XLA's order, nothing added
+  ours = temp_bytes('', *large)  # 'auto' on a 1.2 M-value activation: the command adds its flag
+  theirs = temp_bytes(f'{SCHEDULER}=true', '--config.xla_cpu_schedule=memory')  # XLA_FLAGS win
   assert concurrent >= 8 * 512 * 512 * 4 and theirs >= 8 * 512 * 512 * 4  # all eight at once
   assert ours <= concurrent / 2, (ours, concurrent)
   assert theirs == concurrent

@@ -9,29 +9,36 @@ JAX starts its backends. A flag the user already set in XLA_FLAGS (to either val
   as fast or slightly faster, and a cold run reaches its first step sooner (fewer fresh pages to
   fault in); the losses are bitwise the same (AMD EPYC family 26 model 2; benchmarks/README.md,
   "The CPU scheduler"). Only the commands that train set it (`train`, and `bench --mode=train`
-  for its config): ViT-Ti/16 inference at batch 32 ran 4% slower with it, so predict, export,
+  for the step it times): ViT-Ti/16 inference at batch 32 ran 4% slower with it, so predict, export,
   analyze and `bench --mode=infer` keep XLA's default. The CPU backend's flag: other backends
   ignore it.
-  A config chooses with `xla_cpu_schedule` ('memory', the default, or 'concurrency': XLA's own
-  order). Where every operation is small, running independent ones together wins and memory does
-  not matter: `configs/default.py` (ViT-Mu/7, batch 64 of 17 tokens of width 64) trained its 3,600
-  steps in 83 s with XLA's order against 89 s with the memory-minimising one (1,200 steps: 26 and
-  28 s against 30 and 31 s; the same losses; AMD EPYC family 26 model 2), so it asks for
-  'concurrency'.
+  A config chooses with `xla_cpu_schedule`: 'memory', 'concurrency' (XLA's own order) or 'auto',
+  the default: 'memory' when one activation of the step (a micro-batch on one device times the
+  transformer's tokens x width, or a ResNet's first feature map) holds at least `AUTO_MEMORY_FROM`
+  values, else 'concurrency'. Where every operation is small, running independent ones together
+  wins and memory does not matter. Train steps of ViT-Ti/16 at batch 32 (`bench --mode=train`,
+  img/s with XLA's order / the memory-minimising one, two alternated rounds, AMD EPYC family 26
+  model 2): 64 px (104 k values) 339 / 311 and 344 / 309; 112 px (307 k) 150 / 139 and 148 / 150;
+  160 px (620 k) 70 / 65 and 72 / 75; 224 px (1.2 M) 31.3 / 31.6, where the memory order needs
+  1.55 GiB of temporaries instead of 2.05 and a cold run reaches its first step sooner.
+  `configs/default.py` (ViT-Mu/7 at batch 64: 70 k values) trained its 3,600 steps in 83 s with
+  XLA's order against 89 s, the same losses.
 
 Programs that import vit_jax as a library can put the same flags in XLA_FLAGS themselves.
 """
 
 import os
-from typing import MutableMapping, Sequence
+from typing import Mapping, MutableMapping, Sequence
 
 # config.xla_cpu_schedule -> the flags it adds ('concurrency' is XLA's default: nothing to add).
 SCHEDULES = {
     'memory': ('--xla_cpu_enable_concurrency_optimized_scheduler=false',),
     'concurrency': (),
 }
-DEFAULT_SCHEDULE = 'memory'  # configs/common.py's; the test suite's (tests/conftest.py)
-TRAINING = SCHEDULES[DEFAULT_SCHEDULE]
+CHOICES = ('auto', *SCHEDULES)  # config.xla_cpu_schedule's valid values
+DEFAULT_SCHEDULE = 'auto'  # configs/common.py's
+AUTO_MEMORY_FROM = 2 ** 20  # values in the step's largest activation (4 MiB in fp32)
+TRAINING = SCHEDULES['memory']  # the test suite's (tests/conftest.py): its programs compile faster
 
 
 def _name(flag: str) -> str:
@@ -45,9 +52,41 @@ def with_defaults(current: str, flags: Sequence[str] = TRAINING) -> str:
   return ' '.join([current.strip(), *added]).strip()
 
 
-def schedule_flags(config) -> Sequence[str]:
-  """The flags of `config.xla_cpu_schedule` (validated; absent or None: the default)."""
-  return SCHEDULES[config.get('xla_cpu_schedule') or DEFAULT_SCHEDULE]
+def _cpu_devices(env: Mapping[str, str]) -> int:
+  for flag in env.get('XLA_FLAGS', '').split():
+    if _name(flag) == '--xla_force_host_platform_device_count':
+      return max(int(flag.split('=', 1)[1]), 1)
+  return 1
+
+
+def largest_activation(config, env: Mapping[str, str] = os.environ) -> int:
+  """Values in the largest activation of `config`'s train step on one CPU device
+  (`models.cost.largest_activation` of a micro-batch: batch / accum_steps / the CPU devices of
+  XLA_FLAGS)."""
+  from vit_jax.models import cost  # pylint: disable=g-import-not-at-top (keeps configs light)
+  batch = config.batch_size // max(config.get('accum_steps') or 1, 1) // _cpu_devices(env)
+  return cost.largest_activation(config.model_name, config.image_size, max(batch, 1))
+
+
+def resolve(config, env: Mapping[str, str] = os.environ) -> str:
+  """`config.xla_cpu_schedule` (validated; absent or None: the default) with 'auto' decided."""
+  name = config.get('xla_cpu_schedule') or DEFAULT_SCHEDULE
+  if name == 'auto':
+    return 'memory' if largest_activation(config, env) >= AUTO_MEMORY_FROM else 'concurrency'
+  return name
+
+
+def schedule_flags(config, env: Mapping[str, str] = os.environ) -> Sequence[str]:
+  """The flags of `config.xla_cpu_schedule` (`resolve`)."""
+  return SCHEDULES[resolve(config, env)]
+
+
+def in_effect(env: Mapping[str, str] = os.environ) -> str:
+  """The schedule XLA:CPU compiles with under `env`'s XLA_FLAGS ('memory' or 'concurrency')."""
+  for flag in env.get('XLA_FLAGS', '').split():
+    if _name(flag) == _name(SCHEDULES['memory'][0]):
+      return 'concurrency' if flag.split('=', 1)[1].lower() in ('true', '1') else 'memory'
+  return 'concurrency'
 
 
 def apply(env: MutableMapping[str, str] = os.environ, flags: Sequence[str] = TRAINING) -> None:
@@ -58,5 +97,5 @@ def apply(env: MutableMapping[str, str] = os.environ, flags: Sequence[str] = TRA
     env['XLA_FLAGS'] = value
 
 
-__all__ = ['DEFAULT_SCHEDULE', 'SCHEDULES', 'TRAINING', 'apply', 'schedule_flags',
-           'with_defaults']
+__all__ = ['AUTO_MEMORY_FROM', 'CHOICES', 'DEFAULT_SCHEDULE', 'SCHEDULES', 'TRAINING', 'apply',
+           'in_effect', 'largest_activation', 'resolve', 'schedule_flags', 'with_defaults']

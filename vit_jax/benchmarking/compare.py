@@ -103,6 +103,8 @@ def format_result(r: dict) -> str:
            f'  {r["img_per_s"]:.1f} img/s (median of {len(r.get("step_s_all", [])) or r["steps"]}'
            f' steps), first result after {r["compile_s"]:.1f} s']
   if r['mode'] != 'input':
+    if 'xla_cpu_schedule' in r:
+      lines[0] = lines[0][:-1] + f', XLA:CPU schedule {r["xla_cpu_schedule"]}:'
     lines += [f'  {r["flops_per_img"] / 1e9:.2f} GFLOP/img, {r["achieved_flops"] / 1e9:.1f} '
               f'GFLOP/s achieved = {100 * r["utilization"]:.0f}% of the measured matmul rate '
               f'({r["matmul_peak_flops"] / 1e9:.1f} GFLOP/s)',
