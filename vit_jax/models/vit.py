@@ -46,6 +46,7 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import inits
 from vit_jax.models import layout
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.parallel.sharding import constrain
@@ -118,7 +119,7 @@ class AddPositionEmbs(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind == 'learned':
-      pe = self.param('pos_embedding', nn.initializers.normal(stddev=POSEMB_STDDEV),
+      pe = self.param('pos_embedding', inits.normal(POSEMB_STDDEV),
                       (1, x.shape[1], x.shape[2]), self.param_dtype)
     else:  # sincos2d: fixed, not a param; the cls slot gets a zero row.
       pe = sincos2d_posemb(*self.grid, x.shape[2])
@@ -144,7 +145,7 @@ class MultiHeadDotProductAttention(nn.Module):
     width = x.shape[-1]
     head_dim = width // self.num_heads
     dense = lambda name: nn.DenseGeneral(
-        features=(self.num_heads, head_dim), axis=-1, kernel_init=nn.initializers.xavier_uniform(),
+        features=(self.num_heads, head_dim), axis=-1, kernel_init=inits.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
     if kernel in attention_lib.FUSED:
@@ -164,7 +165,7 @@ class MultiHeadDotProductAttention(nn.Module):
       weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
       y = jnp.swapaxes(constrain(jnp.einsum('bhqk,bhkd->bhqd', weights, v), names), 1, 2)
     return nn.DenseGeneral(
-        features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
+        features=width, axis=(-2, -1), kernel_init=inits.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
         name='out')(y)
 
@@ -180,8 +181,8 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     dense = lambda features: nn.Dense(
-        features, kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=MLP_BIAS_STDDEV), dtype=self.dtype,
+        features, kernel_init=inits.xavier_uniform(),
+        bias_init=inits.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
         param_dtype=self.param_dtype)
     width = x.shape[-1]
     x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
@@ -384,11 +385,12 @@ class VisionTransformer(nn.Module):
       x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
 
     x = nn.Conv(self.hidden_size, kernel_size=self.patch, strides=self.patch, padding='VALID',
-                dtype=self.dtype, param_dtype=self.param_dtype, name='embedding')(x)
+                kernel_init=inits.lecun_normal(), dtype=self.dtype, param_dtype=self.param_dtype,
+                name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
     if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings
-      mask = self.param('mask_token', nn.initializers.normal(stddev=POSEMB_STDDEV), (1, 1, d),
+      mask = self.param('mask_token', inits.normal(POSEMB_STDDEV), (1, 1, d),
                         self.param_dtype)
       if corrupt is not None:
         x = jnp.take_along_axis(x, corrupt['source'][..., None], axis=1)
@@ -415,8 +417,8 @@ class VisionTransformer(nn.Module):
 
     x = x.astype(jnp.float32)
     if self.representation_size is not None:
-      x = nn.Dense(self.representation_size, dtype=jnp.float32, param_dtype=self.param_dtype,
-                   name='pre_logits')(x)
+      x = nn.Dense(self.representation_size, kernel_init=inits.lecun_normal(), dtype=jnp.float32,
+                   param_dtype=self.param_dtype, name='pre_logits')(x)
       x = jnp.tanh(x)
     self.sow('intermediates', 'features', x)
     return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,

@@ -1,0 +1,53 @@
+"""The initial train state made in small programs (`program.Init.on_host`, models/inits.py) is the
+one program's, bitwise, for every model family and init option, in the same shardings."""
+
+import jax
+import numpy as np
+import pytest
+
+from configs import mnist5k
+from vit_jax.train import program
+
+
+def _config(model_name, **overrides):
+  c = mnist5k.get_config(f'model_name={model_name},steps=3')
+  c.warmup_steps = 1
+  for key, value in overrides.items():
+    node = c
+    *parents, last = key.split('.')
+    for parent in parents:
+      node = node[parent]
+    node[last] = value
+  return c
+
+
+@pytest.mark.parametrize('model_name, overrides', [
+    ('ViT-Ze/4', {'polyak_decay': 0.9, 'mesh.data': 1, 'mesh.fsdp': -1}),  # 8 devices, FSDP
+    ('ViT-Ze/4', {'model.representation_size': 16, 'model.scan': True}),   # pre_logits; stacked
+    ('ViT-Ze/4', {'loss': 'mpp'}),                                          # the mask token
+    ('R+ViT-Ze/4', {}),
+    ('BiT-R14x0.5', {'model.head_bias_init': -1.0}),
+], ids=['fsdp-polyak', 'repr-scan', 'mpp', 'hybrid', 'bit'])
+def test_state_made_in_small_programs_equals_the_one_program(model_name, overrides):
+  prog = program.build_program(_config(model_name, **overrides))
+  one = jax.jit(prog.init_fn, out_shardings=prog.state_shardings)(prog.init_rng)
+  small = prog.init_fn.on_host(prog.init_rng, prog.state_shardings)
+  assert jax.tree.structure(one) == jax.tree.structure(small)
+  flat_one = jax.tree_util.tree_leaves_with_path(one)
+  for (path, a), b in zip(flat_one, jax.tree.leaves(small)):
+    where = jax.tree_util.keystr(path)
+    assert a.dtype == b.dtype and a.sharding == b.sharding, where
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
+  params = np.concatenate([np.ravel(p) for p in jax.tree.leaves(one.params)])
+  assert np.std(params) > 1e-3  # random initialisers ran (not a tree of zeros)
+
+
+def test_a_cpu_run_makes_its_state_in_small_programs(monkeypatch):
+  prog = program.build_program(_config('ViT-Ze/4'))
+  calls = []
+  on_host = program.Init.on_host
+  monkeypatch.setattr(program.Init, 'on_host',
+                      lambda self, *args: calls.append(args) or on_host(self, *args))
+  state = prog.init_state()
+  assert len(calls) == 1 and calls[0][1] is prog.state_shardings
+  assert jax.tree.structure(state) == jax.tree.structure(prog.abstract_state)
