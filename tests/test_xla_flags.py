@@ -74,6 +74,8 @@ def test_auto_on_the_two_sides_of_the_threshold():
   assert xla_flags.resolve(_config('ViT-Ti/16', 224, 16), {}) == 'concurrency'  # 605 k
   assert xla_flags.resolve(_config('ViT-B/16', 224, 8), {}) == 'memory'
   assert xla_flags.resolve(_config('ViT-Mu/7', 28, 64), {}) == 'concurrency'
+  bad = {'XLA_FLAGS': '--xla_force_host_platform_device_count=eight'}  # XLA refuses it later
+  assert xla_flags.largest_activation(_config('ViT-Ti/16', 224, 32), bad) == 32 * 197 * 192
 
 
 @pytest.mark.parametrize('value, expected', [

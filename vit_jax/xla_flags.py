@@ -55,7 +55,8 @@ def with_defaults(current: str, flags: Sequence[str] = TRAINING) -> str:
 def _cpu_devices(env: Mapping[str, str]) -> int:
   for flag in env.get('XLA_FLAGS', '').split():
     if _name(flag) == '--xla_force_host_platform_device_count':
-      return max(int(flag.split('=', 1)[1]), 1)
+      count = flag.split('=', 1)[-1]
+      return max(int(count), 1) if count.isdigit() else 1  # XLA itself refuses a bad value
   return 1
 
 

@@ -169,8 +169,9 @@ class Init:
   (each random initialiser one small program compiled once per shape, models/inits.py) and the
   optimizer state from a small jitted program; for single-process meshes of CPU devices, where
   the one program's compile is the slow part of a cold start (ViT-Ti/16: 3.6-3.8 s against
-  1.8 s, AMD EPYC family 26 model 2). With `mesh`, both trace under the mesh's activation rules, as the
-  steps do (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU host).
+  1.8 s, AMD EPYC family 26 model 2). With `mesh`, both trace under the mesh's activation rules,
+  as the steps do (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU
+  host).
   """
   model: Any
   tx: Any
