@@ -5,19 +5,14 @@ import jax
 import numpy as np
 import pytest
 
-from configs import mnist5k
+from configs import common, mnist5k
 from vit_jax.train import program
 
 
 def _config(model_name, **overrides):
   c = mnist5k.get_config(f'model_name={model_name},steps=3')
   c.warmup_steps = 1
-  for key, value in overrides.items():
-    node = c
-    *parents, last = key.split('.')
-    for parent in parents:
-      node = node[parent]
-    node[last] = value
+  common.apply(c, overrides)
   return c
 
 

@@ -177,6 +177,7 @@ class Init:
   tx: Any
   image_shape: Tuple[int, ...]
   mesh: Optional[jax.sharding.Mesh] = None
+  __name__ = 'init'  # what jit names the program ('jit_init')
 
   def _under_mesh(self, fn: Callable) -> Callable:
     return fn if self.mesh is None else sharding.with_activation_sharding(fn, self.mesh)
