@@ -12,6 +12,7 @@ from vit_jax import xla_flags
 from helpers import ROOT
 
 SCHEDULER = '--xla_cpu_enable_concurrency_optimized_scheduler'
+MEMORY = xla_flags.SCHEDULES['memory']
 
 
 @pytest.mark.parametrize('current, expected', [
@@ -22,11 +23,11 @@ SCHEDULER = '--xla_cpu_enable_concurrency_optimized_scheduler'
     (f' {SCHEDULER}=false ', f'{SCHEDULER}=false'),
 ])
 def test_defaults_are_added_unless_the_user_set_them(current, expected):
-  assert xla_flags.with_defaults(current) == expected
+  assert xla_flags.with_defaults(current, MEMORY) == expected
   env = {'XLA_FLAGS': current} if current else {}
-  xla_flags.apply(env)
+  xla_flags.apply(env, MEMORY)
   assert env['XLA_FLAGS'].split() == expected.split()
-  xla_flags.apply(env)  # once is enough: a restarted process adds nothing twice
+  xla_flags.apply(env, MEMORY)  # once is enough: a restarted process adds nothing twice
   assert env['XLA_FLAGS'].split() == expected.split()
 
 
@@ -82,6 +83,8 @@ def test_auto_on_the_two_sides_of_the_threshold():
     ('', 'concurrency'), ('--xla_force_host_platform_device_count=8', 'concurrency'),
     (f'{SCHEDULER}=false', 'memory'), (f'--xla_foo=1 {SCHEDULER}=False', 'memory'),
     (f'{SCHEDULER}=true', 'concurrency'),
+    (SCHEDULER, 'concurrency'),                                # a bare boolean flag is true
+    (f'{SCHEDULER}=true {SCHEDULER}=false', 'memory'),         # the last setting counts
 ])
 def test_the_schedule_in_effect_is_read_from_xla_flags(value, expected):
   assert xla_flags.in_effect({'XLA_FLAGS': value}) == expected

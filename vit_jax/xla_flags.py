@@ -28,7 +28,7 @@ Programs that import vit_jax as a library can put the same flags in XLA_FLAGS th
 """
 
 import os
-from typing import Mapping, MutableMapping, Sequence
+from typing import Mapping, MutableMapping, Optional, Sequence
 
 # config.xla_cpu_schedule -> the flags it adds ('concurrency' is XLA's default: nothing to add).
 SCHEDULES = {
@@ -38,26 +38,29 @@ SCHEDULES = {
 CHOICES = ('auto', *SCHEDULES)  # config.xla_cpu_schedule's valid values
 DEFAULT_SCHEDULE = 'auto'  # configs/common.py's
 AUTO_MEMORY_FROM = 2 ** 20  # values in the step's largest activation (4 MiB in fp32)
-TRAINING = SCHEDULES['memory']  # the test suite's (tests/conftest.py): its programs compile faster
 
 
 def _name(flag: str) -> str:
   return flag.split('=', 1)[0]
 
 
-def with_defaults(current: str, flags: Sequence[str] = TRAINING) -> str:
+def with_defaults(current: str, flags: Sequence[str]) -> str:
   """`current` (an XLA_FLAGS value) with each of `flags` that it does not set appended."""
   present = {_name(f) for f in current.split()}
   added = [f for f in flags if _name(f) not in present]
   return ' '.join([current.strip(), *added]).strip()
 
 
+def _value(env: Mapping[str, str], name: str) -> Optional[str]:
+  """The value `env`'s XLA_FLAGS gives flag `name` (its last setting; '' for a bare flag), or
+  None when it is not set."""
+  values = [f.partition('=')[2] for f in env.get('XLA_FLAGS', '').split() if _name(f) == name]
+  return values[-1] if values else None
+
+
 def _cpu_devices(env: Mapping[str, str]) -> int:
-  for flag in env.get('XLA_FLAGS', '').split():
-    if _name(flag) == '--xla_force_host_platform_device_count':
-      count = flag.split('=', 1)[-1]
-      return max(int(count), 1) if count.isdigit() else 1  # XLA itself refuses a bad value
-  return 1
+  count = _value(env, '--xla_force_host_platform_device_count') or ''
+  return max(int(count), 1) if count.isdigit() else 1  # unset: 1; a bad value: XLA refuses it
 
 
 def largest_activation(config, env: Mapping[str, str] = os.environ) -> int:
@@ -84,13 +87,11 @@ def schedule_flags(config, env: Mapping[str, str] = os.environ) -> Sequence[str]
 
 def in_effect(env: Mapping[str, str] = os.environ) -> str:
   """The schedule XLA:CPU compiles with under `env`'s XLA_FLAGS ('memory' or 'concurrency')."""
-  for flag in env.get('XLA_FLAGS', '').split():
-    if _name(flag) == _name(SCHEDULES['memory'][0]):
-      return 'concurrency' if flag.split('=', 1)[1].lower() in ('true', '1') else 'memory'
-  return 'concurrency'
+  value = _value(env, _name(SCHEDULES['memory'][0]))
+  return 'memory' if value is not None and value.lower() in ('false', '0') else 'concurrency'
 
 
-def apply(env: MutableMapping[str, str] = os.environ, flags: Sequence[str] = TRAINING) -> None:
+def apply(env: MutableMapping[str, str], flags: Sequence[str]) -> None:
   """Sets XLA_FLAGS in `env` to `with_defaults` of its value. Call it before JAX's first device:
   XLA reads XLA_FLAGS once per process."""
   value = with_defaults(env.get('XLA_FLAGS', ''), flags)
@@ -98,5 +99,5 @@ def apply(env: MutableMapping[str, str] = os.environ, flags: Sequence[str] = TRA
     env['XLA_FLAGS'] = value
 
 
-__all__ = ['AUTO_MEMORY_FROM', 'CHOICES', 'DEFAULT_SCHEDULE', 'SCHEDULES', 'TRAINING', 'apply',
+__all__ = ['AUTO_MEMORY_FROM', 'CHOICES', 'DEFAULT_SCHEDULE', 'SCHEDULES', 'apply',
            'in_effect', 'largest_activation', 'resolve', 'schedule_flags', 'with_defaults']

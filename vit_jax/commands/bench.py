@@ -15,6 +15,7 @@ The base config is --config (default configs/mnist5k.py: no Polyak averaging or 
 """
 
 import json
+import os
 import sys
 
 from absl import flags
@@ -63,7 +64,7 @@ def run(argv) -> int:
     from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
     ours.set_benchmark_values(_CONFIG.value, _MODEL.value, _BATCH.value, _IMAGE.value,
                               _DTYPE.value)
-    xla_flags.apply(flags=xla_flags.schedule_flags(_CONFIG.value))
+    xla_flags.apply(os.environ, xla_flags.schedule_flags(_CONFIG.value))
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
       mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,

@@ -9,6 +9,7 @@ Multi-host: run the same command on every host with --coordinator_address (proce
 processes do not all arrive within --distributed_timeout seconds, every one fails with one line.
 """
 
+import os
 import signal
 import sys
 
@@ -38,7 +39,7 @@ def run(argv) -> int:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
   # Before JAX's first device (init_distributed, check_placement): XLA reads XLA_FLAGS then.
-  xla_flags.apply(flags=xla_flags.schedule_flags(_CONFIG.value))
+  xla_flags.apply(os.environ, xla_flags.schedule_flags(_CONFIG.value))
   from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
