@@ -69,6 +69,24 @@ def test_auto_decides_by_the_largest_activation(model, image, batch, extra, valu
   assert xla_flags.largest_activation(config, devices) == values // 8
 
 
+@pytest.mark.parametrize('mesh, parallelism, ways', [
+    (dict(data=-1, fsdp=1, model=1), 'jit', 8),
+    (dict(data=1, fsdp=-1, model=1), 'jit', 8),   # FSDP splits the batch too
+    (dict(data=4, fsdp=1, model=2), 'jit', 4),    # the model axis holds the same activations
+    (dict(data=2, fsdp=1, model=-1), 'jit', 2),
+    (dict(data=-1, fsdp=1, model=1), 'pmap', 8),
+    (dict(data=3, fsdp=1, model=1), 'jit', 8),    # 3 does not divide 8: the program says so later
+])
+def test_auto_counts_the_devices_that_split_the_batch(mesh, parallelism, ways):
+  config = _config('ViT-Ti/16', 224, 32, parallelism=parallelism, mesh=mesh)
+  devices = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  assert xla_flags.largest_activation(config, devices) == 32 // ways * 197 * 192
+  # ViT-B/16 at batch 64 on 8 devices: 8 images per device under data parallelism (1.2 M
+  # values, the memory order); 16 with a model axis of 2 (2.4 M).
+  config = _config('ViT-B/16', 224, 64, parallelism=parallelism, mesh=mesh)
+  assert xla_flags.largest_activation(config, devices) == 64 // ways * 197 * 768
+
+
 def test_auto_on_the_two_sides_of_the_threshold():
   assert xla_flags.AUTO_MEMORY_FROM == 2 ** 20
   assert xla_flags.resolve(_config('ViT-Ti/16', 224, 32), {}) == 'memory'

@@ -30,6 +30,8 @@ Programs that import vit_jax as a library can put the same flags in XLA_FLAGS th
 import os
 from typing import Mapping, MutableMapping, Optional, Sequence
 
+from vit_jax.errors import UserError
+
 # config.xla_cpu_schedule -> the flags it adds ('concurrency' is XLA's default: nothing to add).
 SCHEDULES = {
     'memory': ('--xla_cpu_enable_concurrency_optimized_scheduler=false',),
@@ -63,12 +65,28 @@ def _cpu_devices(env: Mapping[str, str]) -> int:
   return max(int(count), 1) if count.isdigit() else 1  # unset: 1; a bad value: XLA refuses it
 
 
+def _batch_ways(config, devices: int) -> int:
+  """The devices that split a step's batch: the mesh's data x fsdp axes (a tensor-parallel axis
+  holds the same residual stream on each of its devices); all of them under pmap, without a
+  mesh, or when the mesh does not fit these devices (the program's own check reports that)."""
+  mesh = config.get('mesh')
+  if mesh is None or config.get('parallelism') == 'pmap':
+    return devices
+  from vit_jax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  try:
+    data, fsdp, _ = mesh_lib.mesh_shape(mesh, devices)
+  except UserError:
+    return devices
+  return data * fsdp
+
+
 def largest_activation(config, env: Mapping[str, str] = os.environ) -> int:
   """Values in the largest activation of `config`'s train step on one CPU device
   (`models.cost.largest_activation` of a micro-batch: batch / accum_steps / the CPU devices of
-  XLA_FLAGS)."""
+  XLA_FLAGS that split the batch, `_batch_ways`)."""
   from vit_jax.models import cost  # pylint: disable=g-import-not-at-top (keeps configs light)
-  batch = config.batch_size // max(config.get('accum_steps') or 1, 1) // _cpu_devices(env)
+  ways = _batch_ways(config, _cpu_devices(env))
+  batch = config.batch_size // max(config.get('accum_steps') or 1, 1) // ways
   return cost.largest_activation(config.model_name, config.image_size, max(batch, 1))
 
 
