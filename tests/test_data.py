@@ -21,6 +21,7 @@ import tensorflow_datasets as tfds
 from vit_jax import data
 from vit_jax.data import arrays
 from vit_jax.data import mnist5k
+from vit_jax.data import offline_info
 from vit_jax.data import pipeline
 from vit_jax.data import preprocess
 from vit_jax.data import specs
@@ -269,14 +270,31 @@ def _finishes_within(fn, seconds):
   return not thread.is_alive(), result.get('error'), time.monotonic() - start
 
 
-def test_not_prepared_in_a_dataset_directory_that_exists(tmp_path):
+def test_not_prepared_in_a_dataset_directory_that_exists(tmp_path, monkeypatch):
   """With a `cifar10` directory in data_dir, tfds's builder decides (it may hold a version
-  prepared without the code); here it holds none, and the message names the version's path."""
+  prepared without the code); here it holds none, and the message names the version's path.
+  tfds's builder made an empty `tmp*tfds` directory for GCS metadata and left it: it goes."""
+  temp = tmp_path / 'temp'
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(temp))
   (tmp_path / 'cifar10').mkdir()
   with pytest.raises(UserError) as e:
     data.get_info('cifar10', str(tmp_path))
   assert f"dataset 'cifar10' is not prepared: tfds looked in {tmp_path}/cifar10/3.0.2 " in str(
       e.value)
+  assert not os.listdir(temp)
+
+
+def test_only_new_empty_tfds_temp_dirs_are_removed(tmp_path, monkeypatch):
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+  (tmp_path / 'tmpoldtfds').mkdir()  # there before: stays, though empty
+  with offline_info.no_leftover_temp_dirs():
+    made = [tempfile.mkdtemp('tfds') for _ in range(3)]
+    with open(os.path.join(made[1], 'dataset_info.json'), 'w') as f:
+      f.write('{}')  # one in use: stays
+    os.mkdir(tmp_path / 'tmpother')  # not tfds's: stays
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      ['tmpoldtfds', os.path.basename(made[1]), 'tmpother'])
 
 
 def test_unknown_dataset_fails_fast(tmp_path):

@@ -17,6 +17,7 @@ import tensorflow_datasets as tfds
 from vit_jax import fileio
 from vit_jax.data import catalog
 from vit_jax.data import embedded
+from vit_jax.data import offline_info
 from vit_jax.errors import UserError
 
 # Dataset names listed as examples in the "unknown dataset" message.
@@ -82,7 +83,8 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     raise UserError(_not_prepared_message(dataset, cls, ' or '.join(looked_in),
                                           data_dir or _default_data_dir(), data_dir))
   try:
-    builder = tfds.builder(dataset, data_dir=data_dir, try_gcs=False)
+    with offline_info.no_leftover_temp_dirs():  # a directory without dataset_info.json
+      builder = tfds.builder(dataset, data_dir=data_dir, try_gcs=False)
   except tfds.core.registered.DatasetNotFoundError:
     raise UserError(_unknown_dataset_message(dataset)) from None
   except (ValueError, AssertionError) as e:  # unknown config or version: 'cifar10/x', 'cifar10:9.9'
