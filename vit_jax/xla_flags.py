@@ -9,7 +9,9 @@ JAX starts its backends. A flag the user already set in XLA_FLAGS (to either val
   as fast or slightly faster, and a cold run reaches its first step sooner (fewer fresh pages to
   fault in); the losses are bitwise the same (AMD EPYC family 26 model 2; benchmarks/README.md,
   "The CPU scheduler"). Only the commands that train set it (`train`, and `bench --mode=train`
-  for the step it times): ViT-Ti/16 inference at batch 32 ran 4% slower with it, so predict, export,
+  for the step it times): ViT-Ti/16 inference at batch 32 and 224 px ran 4% slower with it (75.2 and
+  90.0 img/s against 92.1 and 93.4 in a later check, `bench --mode=infer`, AMD EPYC family 26
+  model 2; benchmarks/README.md), so predict, export,
   analyze and `bench --mode=infer` keep XLA's default. The CPU backend's flag: other backends
   ignore it.
   A config chooses with `xla_cpu_schedule`: 'memory', 'concurrency' (XLA's own order) or 'auto',
@@ -66,18 +68,18 @@ def _cpu_devices(env: Mapping[str, str]) -> int:
 
 
 def _batch_ways(config, devices: int) -> int:
-  """The devices that split a step's batch: the mesh's data x fsdp axes (a tensor-parallel axis
-  holds the same residual stream on each of its devices); all of them under pmap, without a
-  mesh, or when the mesh does not fit these devices (the program's own check reports that)."""
-  mesh = config.get('mesh')
-  if mesh is None or config.get('parallelism') == 'pmap':
+  """The devices that split a step's batch (`parallel.sharding.batch_ways` of the config's mesh on
+  `devices`: a tensor-parallel axis holds the same residual stream on each of its devices); all
+  of them without a mesh, or when the mesh does not fit these devices (the program's own check
+  reports that)."""
+  if config.get('mesh') is None:
     return devices
-  from vit_jax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.parallel import mesh as mesh_lib, sharding  # pylint: disable=g-import-not-at-top
   try:
-    data, fsdp, _ = mesh_lib.mesh_shape(mesh, devices)
+    sizes = mesh_lib.mesh_shape(config.mesh, devices)
   except UserError:
     return devices
-  return data * fsdp
+  return sharding.batch_ways(dict(zip(mesh_lib.AXES, sizes)))
 
 
 def largest_activation(config, env: Mapping[str, str] = os.environ) -> int:

@@ -122,9 +122,15 @@ def batch_sharding(mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def batch_ways(axis_sizes) -> int:
+  """How many ways a batch is split on a mesh of these {axis: size} (the 'model' axis holds
+  copies); the mesh need not exist yet (`xla_flags` asks before JAX's first device)."""
+  return int(np.prod([int(axis_sizes.get(a, 1)) for a in BATCH_AXES]))
+
+
 def batch_devices(mesh) -> int:
-  """How many ways a batch is split (the 'model' axis holds copies)."""
-  return int(np.prod([_axis_size(mesh, a) for a in BATCH_AXES]))
+  """How many ways a batch is split on `mesh` (`batch_ways` of its shape)."""
+  return batch_ways(mesh.shape)
 
 
 def check_batch(global_batch: int, mesh, what: str = 'batch_size', flag: str = 'batch_size'):
