@@ -51,7 +51,7 @@ def main():
   jax.block_until_ready(state)
   rss_before_steps = _rss_bytes()
   for _ in range(3):
-    state, metrics = prog.train_fn(state, batch, prog.dropout_rng)
+    state, metrics = prog.train_fn(state, batch, prog.dropout_rng, prog.hyper)
   jax.block_until_ready((state, metrics))
   rss_after = _rss_bytes()
 

@@ -51,7 +51,7 @@ def main():
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        prog.abstract_state, prog.state_shardings)
   start = time.perf_counter()
-  lowered = prog.train_fn.lower(state, prog.abstract_batch(), prog.dropout_rng)
+  lowered = prog.train_fn.lower(state, *prog.abstract_train_args()[1:])
   lowered_at = time.perf_counter()
   compiled = lowered.compile()
   compiled_at = time.perf_counter()

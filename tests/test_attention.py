@@ -232,8 +232,7 @@ def test_flash_train_step_compiles_for_tpu_v3(tpu_v3_2x2, mesh_model, dtype):
   config.model.attention = 'flash'
   prog = program.build_program(config, tpu_v3_2x2, require_dataset=False)
   assert dict(prog.mesh.shape) == {'data': 8 // mesh_model, 'fsdp': 1, 'model': mesh_model}
-  compiled = prog.train_fn.lower(prog.abstract_state, prog.abstract_batch(),
-                                 prog.dropout_rng).compile()
+  compiled = prog.train_fn.lower(*prog.abstract_train_args()).compile()
   hlo = compiled.as_text()
   # One Mosaic custom call per kernel per layer (2 layers): forward, dq and dkv.
   assert len(re.findall(r'custom_call_target="tpu_custom_call"', hlo)) == 3 * 2

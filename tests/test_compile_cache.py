@@ -38,7 +38,7 @@ def test_host_key_separates_processors(tmp_path):
   assert key(zen) != key(xeon)
 
 
-def _compile_only(tmp_path, run, **env):
+def _compile_only(tmp_path, run, *flags, **env):
   environ = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
   environ.update(HOME=str(tmp_path), VIT_JAX_HUGEPAGES='0',
                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
@@ -48,7 +48,7 @@ def _compile_only(tmp_path, run, **env):
              '--config.model_name=ViT-Ze/4', '--config.compile_only=True',
              '--config.dataset=imagenet2012', f'--config.data_dir={tmp_path}/no_data',
              '--config.num_classes=10',
-             f'--workdir={tmp_path}/{run}', '--verbosity=0']
+             f'--workdir={tmp_path}/{run}', '--verbosity=0', *flags]
   result = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -63,8 +63,12 @@ def test_command_line_runs_reuse_compiled_programs(tmp_path):
   entries = sorted(os.listdir(root / host))
   assert any(e.startswith('jit_wrapped-') and e.endswith('-cache') for e in entries), entries
   assert 'Persistent compilation cache hit' not in first
-  second = _compile_only(tmp_path, 'b')
-  assert "Persistent compilation cache hit for 'jit_wrapped'" in second
+  # Another point of a sweep: the learning rate, the schedule and the weight decay are the train
+  # step's arguments, so both steps (train and eval) come from the cache and nothing is added.
+  second = _compile_only(tmp_path, 'b', '--config.lr=0.05', '--config.total_steps=700',
+                         '--config.warmup_steps=30', '--config.weight_decay=0.3')
+  assert second.count("Persistent compilation cache hit for 'jit_wrapped'") == 2, second[-3000:]
+  assert sorted(os.listdir(root / host)) == entries
 
 
 def test_the_cache_can_be_turned_off(monkeypatch):

@@ -297,7 +297,7 @@ def test_train_step_compiled_in_background_is_the_jitted_step():
   future = prog.compile_train_step_in_background()
   batch = sharding.shard_batch(
       ours._synthetic_batch(8, 28, prog.num_classes), prog.mesh)  # pylint: disable=protected-access
-  expected = prog.train_fn(prog.init_state(), batch, prog.dropout_rng)
-  got = future.result()(prog.init_state(), batch, prog.dropout_rng)
+  expected = prog.train_fn(prog.init_state(), batch, prog.dropout_rng, prog.hyper)
+  got = future.result()(prog.init_state(), batch, prog.dropout_rng, prog.hyper)
   for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -52,6 +52,42 @@ def test_schedule_lr_end_and_bad_values():
     optim.make_schedule(lr=1.0, total_steps=10, warmup_steps=10, decay_type='linear')
 
 
+@pytest.mark.parametrize('decay_type', ['linear', 'cosine'])
+@pytest.mark.parametrize('warmup', [0, 7])
+def test_schedule_of_traced_hyperparameters_equals_the_constant_one(decay_type, warmup):
+  """The train step's schedule reads its values from its arguments (one compiled program for
+  every learning rate): bitwise the schedule of the same values as constants."""
+  values = dict(lr=3e-3, lr_end=1e-5, warmup_steps=warmup, total_steps=50)
+  steps = jnp.arange(0, 60)
+  constant = jax.jit(jax.vmap(optim.make_schedule(decay_type=decay_type, **values)))(steps)
+  hyper = {k: np.float32(v) for k, v in values.items()}
+  traced = jax.jit(lambda h, s: jax.vmap(optim.schedule_of(decay_type, h))(s))(hyper, steps)
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(constant))
+  assert traced[0] == (0.0 if warmup else np.float32(3e-3))  # warmup starts at 0
+
+
+def test_runs_differing_in_lr_schedule_and_weight_decay_lower_to_one_program():
+  """What the persistent compilation cache keys on: the train step's program text. Changing the
+  learning rate, its end value, the warmup, the step count or a non-zero weight decay changes
+  only the step's arguments; turning weight decay off changes the program."""
+  from configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
+
+  def train_text(**overrides):
+    c = mnist5k.get_config('model_name=ViT-Ze/4,steps=1000,batch_size=16')
+    for k, v in overrides.items():
+      c[k] = v
+    prog = program.build_program(c, jax.devices()[:1], require_dataset=False)
+    return prog.train_fn.lower(*prog.abstract_train_args()).as_text(), prog.hyper
+
+  base, hyper = train_text()
+  other, other_hyper = train_text(lr=0.123, lr_end=1e-4, warmup_steps=3, total_steps=77,
+                                  weight_decay=0.05)
+  assert other == base
+  assert hyper != other_hyper and other_hyper['total_steps'] == np.float32(77)
+  assert train_text(weight_decay=0.0)[0] != base
+
+
 # ---------------------------------------------------------------- optimizers
 
 
@@ -129,9 +165,10 @@ def _tiny_setup(accum_steps=1, optimizer='adam', lr=1e-3, dropout=0.0):
   labels = jnp.arange(16) % 4
   params = model.init({'params': jax.random.PRNGKey(0)}, images[:1], train=False)['params']
   state = step_lib.TrainState.create(params, tx)
-  train_step = step_lib.make_train_step(
-      apply_fn=model.apply, tx=tx, loss_fn=losses.softmax_xent, num_classes=4,
-      label_smoothing=0.0, accum_steps=accum_steps, schedule=schedule)
+  step = step_lib.make_train_step(
+      apply_fn=model.apply, optimizer=lambda hyper: (tx, schedule), loss_fn=losses.softmax_xent,
+      num_classes=4, label_smoothing=0.0, accum_steps=accum_steps)
+  train_step = lambda state, batch, rng: step(state, batch, rng, {})
   return model, state, train_step, {'image': images, 'label': labels}
 
 

@@ -143,7 +143,7 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
   holder = {'state': state}
 
   def step():
-    holder['state'], metrics = compiled(holder['state'], batch, prog.dropout_rng)
+    holder['state'], metrics = compiled(holder['state'], batch, prog.dropout_rng, prog.hyper)
     return metrics
 
   jax.block_until_ready(step())
@@ -151,7 +151,7 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
   flops, unrolled = _flops(compiled), _unrolled(config)
   if unrolled is not None:
     p = program_lib.build_program(unrolled, devices or jax.devices()[:1], require_dataset=False)
-    flops = _flops(p.train_fn.lower(p.abstract_state, p.abstract_batch(), p.dropout_rng))
+    flops = _flops(p.train_fn.lower(*p.abstract_train_args()))
   return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
 
 

@@ -106,8 +106,8 @@ def program_report(prog) -> Dict[str, Any]:
                        prog.abstract_state, prog.state_shardings)
   try:
     with contextlib.nullcontext() if prog.target is None else _persistent_cache_off():
-      train, train_s = _compile(lambda: prog.train_fn.lower(state, prog.abstract_batch(),
-                                                            prog.dropout_rng))
+      train, train_s = _compile(lambda: prog.train_fn.lower(
+          state, *prog.abstract_train_args()[1:]))
       evaluate, eval_s = _compile(lambda: prog.eval_fn.lower(state.params,
                                                              prog.abstract_eval_batch()))
   except Exception as e:  # pylint: disable=broad-except  # only out-of-memory is the user's

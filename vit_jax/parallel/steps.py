@@ -39,7 +39,8 @@ def check_parallelism(parallelism: str, mesh) -> None:
 
 
 def compile_train_step(train_step, parallelism: str, mesh, state_shardings):
-  """The jitted `train_step(state, batch, rng) -> (state, metrics)` for this path and mesh."""
+  """The jitted `train_step(state, batch, rng, hyper) -> (state, metrics)` for this path and
+  mesh (`hyper`: replicated scalars, vit_jax/train/step.py)."""
   check_parallelism(parallelism, mesh)
   if parallelism == 'jit':
     fn = sharding.with_activation_sharding(train_step, mesh)
@@ -47,10 +48,10 @@ def compile_train_step(train_step, parallelism: str, mesh, state_shardings):
     # check_vma=False gives pmap's semantics: gradients of the replicated parameters stay
     # per-device until the step's explicit pmean (with check_vma=True, differentiating a
     # replicated input already psums the gradient, so the pmean would see a sum).
-    fn = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P(PMAP_AXES), P()),
+    fn = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), P(PMAP_AXES), P(), P()),
                        out_specs=(P(), P()), check_vma=False)
   repl = sharding.replicated(mesh)
-  return jax.jit(fn, in_shardings=(state_shardings, sharding.batch_sharding(mesh), repl),
+  return jax.jit(fn, in_shardings=(state_shardings, sharding.batch_sharding(mesh), repl, repl),
                  out_shardings=(state_shardings, repl), donate_argnums=(0,))
 
 

@@ -206,7 +206,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
     history = []
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
-      state, metrics = train_fn(state, batch, prog.dropout_rng)
+      state, metrics = train_fn(state, batch, prog.dropout_rng, prog.hyper)
       guard.check_previous_then_hold(step, metrics)
       history.append(metrics)
       pending.flush()  # step N-1's metrics are read only after step N is dispatched

@@ -8,6 +8,7 @@ The training loop runs it; `compile_only` and the benchmarks compile it without 
 
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import sys
 from typing import Any, Callable, Optional, Tuple
@@ -40,12 +41,13 @@ class Program:
   total_steps: int
   image_shape: Tuple[int, int, int]
   schedule: Callable
+  hyper: dict                # the train step's last argument (optim.hyperparameters)
   init_fn: 'Init'            # init(rng) -> TrainState
   init_rng: jax.Array
   dropout_rng: jax.Array
   abstract_state: Any        # ShapeDtypeStructs of the TrainState
   state_shardings: Any
-  train_fn: Callable         # jitted (state, global batch, rng) -> (state, metrics)
+  train_fn: Callable         # jitted (state, global batch, rng, hyper) -> (state, metrics)
   eval_fn: Callable          # jitted (params, global batch) -> sums
   target: Optional[targets.TpuSlice] = None  # the TPU slice compiled for (config.compile_for)
 
@@ -67,10 +69,13 @@ class Program:
     the two compilations overlap on a multi-core host (ViT-Ti/16 at
     batch 32: time to first step 16.2 -> 12.5 s, benchmarks/README.md)."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile_train_step')
-    future = pool.submit(lambda: self.train_fn.lower(self.abstract_state, self.abstract_batch(),
-                                                     self.dropout_rng).compile())
+    future = pool.submit(lambda: self.train_fn.lower(*self.abstract_train_args()).compile())
     pool.shutdown(wait=False)
     return future
+
+  def abstract_train_args(self) -> tuple:
+    """The train step's arguments, the state and batch as shapes (to lower it)."""
+    return self.abstract_state, self.abstract_batch(), self.dropout_rng, self.hyper
 
   def abstract_batch(self) -> dict:
     sh = sharding.batch_sharding(self.mesh)
@@ -260,24 +265,24 @@ def build_program(config, devices: Optional[list] = None, *,
     require_dataset = not (config.compile_only or config.compile_for)
   num_classes, num_train, channels = dataset_facts(config, require_dataset)
   num_classes = task.num_outputs(num_classes, channels)  # masked patch prediction: 8**C
-  # Compile-only without the dataset: epochs cannot be counted, and the step count only shapes
-  # the learning-rate schedule, which does not change the compiled program.
+  # Compile-only without the dataset: epochs cannot be counted, and the step count is only an
+  # argument of the compiled step (the learning-rate schedule's length).
   total_steps = (resolve_steps(config, num_train) if num_train or config.total_steps
                  else config.warmup_steps + 1)
   model = tasks.build_model(config, num_classes)
   _check_tensor_parallel(model, mesh)
-  schedule = optim.make_schedule(lr=config.lr, total_steps=total_steps,
-                                 warmup_steps=config.warmup_steps, decay_type=config.decay_type,
-                                 lr_end=config.lr_end)
-  tx = optim.make_optimizer(config, schedule)
+  optim.check_warmup(config.warmup_steps, total_steps)
+  hyper = optim.hyperparameters(config, total_steps)
+  tx, schedule = optim.from_hyperparameters(config, hyper)
   image_shape = (config.image_size, config.image_size, channels)
 
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng, mesh)
   state_shardings = sharding.param_shardings(abstract, mesh)
   train_step = step_lib.make_train_step(
-      apply_fn=model.apply, tx=tx, loss_fn=task.loss_fn, num_classes=num_classes,
-      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps, schedule=schedule,
+      apply_fn=model.apply, optimizer=functools.partial(optim.from_hyperparameters, config),
+      loss_fn=task.loss_fn, num_classes=num_classes,
+      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps,
       reduce_axis=steps_lib.reduce_axis(config.parallelism),
       skip_nonfinite=config.max_nonfinite_steps > 0,
       objective=task.objective(model, num_classes))
@@ -286,7 +291,7 @@ def build_program(config, devices: Optional[list] = None, *,
                                         state_shardings.params)
   return Program(config=config, mesh=mesh, model=model, tx=tx, num_classes=num_classes,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
-                 schedule=schedule, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
+                 schedule=schedule, hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
                  eval_fn=eval_fn, target=target)
 

@@ -1,7 +1,9 @@
 """The pure train and eval steps. No I/O, no globals: jitted once by the loop.
 
-`train_step(state, batch, rng) -> (state, metrics)`; the batch is the global batch (images
-[B,H,W,C] in [-1,1], int labels [B]). Gradient accumulation splits it into `accum_steps`
+`train_step(state, batch, rng, hyper) -> (state, metrics)`; the batch is the global batch (images
+[B,H,W,C] in [-1,1], int labels [B]); `hyper` holds the run's learning rate, schedule and weight
+decay as float32 scalars (`optim.hyperparameters`), arguments rather than constants of the
+program, so that runs differing only in them share one compiled step. Gradient accumulation splits it into `accum_steps`
 micro-batches, each a strided slice so that every device keeps working on its own rows.
 
 The same step serves both parallel paths. Under `jax.jit` with shardings (`reduce_axis=None`) it
@@ -40,11 +42,14 @@ def _l2(tree):
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
-def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, loss_fn: Callable,
+def make_train_step(*, apply_fn: Callable, optimizer: Callable, loss_fn: Callable,
                     num_classes: int, label_smoothing: float, accum_steps: int,
-                    schedule: Callable, reduce_axis: Optional[str] = None,
+                    reduce_axis: Optional[str] = None,
                     skip_nonfinite: bool = False, objective: Optional[Callable] = None):
   """Returns the pure train step for this model, optimizer and loss (see the module docstring).
+
+  `optimizer(hyper) -> (optax transformation, lr schedule)` (`optim.from_hyperparameters`) is
+  called inside the step with its `hyper` argument; its state must not depend on `hyper`.
 
   `objective(params, images, labels, rng) -> (mean loss, number correct)` replaces the default
   classification objective (mixup: tasks/mixup.py; masked patch prediction: tasks/mpp.py).
@@ -67,7 +72,8 @@ def make_train_step(*, apply_fn: Callable, tx: optax.GradientTransformation, los
 
   grad_fn = jax.value_and_grad(objective or classification, has_aux=True)
 
-  def train_step(state: TrainState, batch, rng):
+  def train_step(state: TrainState, batch, rng, hyper):
+    tx, schedule = optimizer(hyper)
     rng = jax.random.fold_in(rng, state.step)
     if reduce_axis is not None:
       rng = jax.random.fold_in(rng, jax.lax.axis_index(reduce_axis))
