@@ -24,9 +24,7 @@ HYPERPARAMETERS = ('lr', 'lr_end', 'warmup_steps', 'total_steps', 'weight_decay'
 
 def hyperparameters(config, total_steps: int) -> dict:
   """`HYPERPARAMETERS` of `config` as float32 scalars (step counts are exact up to 2**24)."""
-  values = dict(lr=config.lr, lr_end=config.lr_end, warmup_steps=config.warmup_steps,
-                total_steps=total_steps, weight_decay=config.weight_decay)
-  return {k: np.float32(v) for k, v in values.items()}
+  return {k: np.float32(total_steps if k == 'total_steps' else config[k]) for k in HYPERPARAMETERS}
 
 
 def make_schedule(*, lr: float, total_steps: int, warmup_steps: int, decay_type: str,
