@@ -50,3 +50,20 @@ def test_a_cpu_run_makes_its_state_in_small_programs(monkeypatch):
   state = prog.init_state()
   assert len(calls) == 1 and calls[0][1] is prog.state_shardings
   assert jax.tree.structure(state) == jax.tree.structure(prog.abstract_state)
+
+
+def test_each_process_of_a_cpu_run_makes_the_state_in_small_programs(monkeypatch):
+  """With several processes, each makes the whole parameters and keeps its shards (here one
+  process poses as one of two; the real two-process run: tests/test_multiprocess.py)."""
+  prog = program.build_program(_config('ViT-Ze/4', **{'mesh.data': 2, 'mesh.fsdp': 4}))
+  one = jax.jit(prog.init_fn, out_shardings=prog.state_shardings)(prog.init_rng)
+  calls = []
+  on_host = program.Init.on_host
+  monkeypatch.setattr(program.Init, 'on_host',
+                      lambda self, *args: calls.append(args) or on_host(self, *args))
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  state = prog.init_state()
+  assert len(calls) == 1
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(state)):
+    assert a.sharding == b.sharding
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

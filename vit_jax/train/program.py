@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import data as data_lib
 from vit_jax.data import catalog
@@ -57,9 +58,8 @@ class Program:
 
   def init_state(self):
     """The initial train state, created directly in its shardings (`Init`: in small programs
-    when this process alone holds the mesh's devices and they are CPUs, else as one program)."""
-    devices = self.mesh.devices.flat
-    if jax.process_count() == 1 and all(d.platform == 'cpu' for d in devices):
+    when the mesh's devices are CPUs, in one process or several; else as one program)."""
+    if all(d.platform == 'cpu' for d in self.mesh.devices.flat):
       return self.init_fn.on_host(self.init_rng, self.state_shardings)
     return jax.jit(self.init_fn, out_shardings=self.state_shardings)(self.init_rng)
 
@@ -172,9 +172,10 @@ class Init:
   unsharded. `on_host(rng, shardings)` gives the same state, bitwise, without one program that
   holds every layer's initialisers: the parameters come from `Module.lazy_init` outside a jit
   (each random initialiser one small program compiled once per shape, models/inits.py) and the
-  optimizer state from a small jitted program; for single-process meshes of CPU devices, where
-  the one program's compile is the slow part of a cold start (ViT-Ti/16: 3.6-3.8 s against
-  1.8 s, AMD EPYC family 26 model 2). With `mesh`, both trace under the mesh's activation rules,
+  optimizer state from a small jitted program; for meshes of CPU devices, where the one
+  program's compile is the slow part of a cold start (ViT-Ti/16: 3.6-3.8 s against 1.8 s, AMD
+  EPYC family 26 model 2). With several processes each makes the whole parameters (the same
+  values) and `device_put` keeps its shards. With `mesh`, both trace under the mesh's activation rules,
   as the steps do (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU
   host).
   """
@@ -202,6 +203,8 @@ class Init:
   def on_host(self, rng, shardings):
     lazy = lambda rng: self.model.lazy_init({'params': rng}, self._input(), train=False)['params']
     params = self._under_mesh(lazy)(rng)
+    if jax.process_count() > 1:  # each process made the same values: place them on the mesh
+      params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
     return jax.jit(self._state, out_shardings=shardings)(params)
 
 
