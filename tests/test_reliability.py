@@ -21,10 +21,12 @@ import pytest
 from configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.analysis import inputs
+from vit_jax.checkpoint import train_ckpt
 from vit_jax.errors import UserError
 from vit_jax.train import guards
 from vit_jax.train import logs
 from vit_jax.train import loop
+from vit_jax.train import program
 from helpers import ROOT, free_port, xla_flags
 
 # One worker runs this module, so its shared fixtures are computed once per session.
@@ -190,6 +192,28 @@ def test_config_drift_is_refused_unless_allowed(tmp_path, data_dir):
   result = loop.train_and_evaluate(_config(data_dir, total_steps=4, lr=0.02), str(workdir),
                                    allow_config_change=True)
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['3', '4']
+
+
+def test_a_resumed_run_compiles_its_train_step_while_the_checkpoint_is_read(
+    tmp_path, data_dir, reference, monkeypatch):
+  """Once a checkpoint's config and shapes are accepted, the train step compiles on another
+  thread while its arrays are read; a finished run, which trains no step, compiles nothing."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(reference, workdir)
+  events = []
+  compile_step = program.Program.compile_train_step_in_background
+  restore = train_ckpt.Checkpointer.restore
+  monkeypatch.setattr(program.Program, 'compile_train_step_in_background',
+                      lambda self: events.append('compile') or compile_step(self))
+  monkeypatch.setattr(train_ckpt.Checkpointer, 'restore',
+                      lambda self, *args: events.append('restore') or restore(self, *args))
+  loop.train_and_evaluate(_config(data_dir), str(workdir))
+  assert events == ['restore']
+  events.clear()
+  loop.train_and_evaluate(_config(data_dir, total_steps=STEPS + 2), str(workdir),
+                          allow_config_change=True)
+  assert events == ['compile', 'restore']
+  assert _trained_steps(workdir) == STEPS + 2
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, data_dir):

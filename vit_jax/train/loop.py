@@ -118,11 +118,12 @@ def _stopped(error: BaseException, ckpt) -> str:
 
 def _start(prog, ckpt, workdir, allow_config_change):
   """(start step, state, train step): the newest readable checkpoint (refusing one of another
-  config or other shapes before its arrays are read), or a fresh state. For a fresh state the
-  train step compiles while the initial state's program compiles and runs (the train step is a
-  future then); after a restore it compiles at the first step."""
+  config or other shapes before its arrays are read), or a fresh state. The train step compiles
+  on another thread (it is a future then) while the checkpoint's arrays are read, once its config
+  and shapes are accepted, or while the initial state's programs compile and run."""
   abstract = train_ckpt.abstract_with_shardings(prog.abstract_state, prog.state_shardings)
   facts = run_facts(prog)
+  compiling = []  # the train step's future, started once a checkpoint is accepted
 
   def check(stored):
     guards.refuse_mismatch(
@@ -130,8 +131,11 @@ def _start(prog, ckpt, workdir, allow_config_change):
         stored_facts=stored.facts, facts=facts,
         shape_changes=train_ckpt.shape_changes(stored, prog.abstract_state),
         allow_config_change=allow_config_change)
+    if not compiling and stored.step < prog.total_steps:  # (a finished run trains no step)
+      compiling.append(prog.compile_train_step_in_background())
 
   start_step, state, stored_config = ckpt.restore_latest(abstract, check)
+  train_fn = compiling[0] if compiling else None
   if start_step is not None:
     for key, value in guards.recorded_values(stored_config, prog.config.to_dict()).items():
       prog.config[key] = value  # continues as it was recorded (and saves the key from now on)
@@ -145,14 +149,14 @@ def _start(prog, ckpt, workdir, allow_config_change):
       pretrained = transfer.read_init(
           prog.config.init, prog.abstract_state.params, model=prog.model,
           image_size=prog.config.image_size, method=prog.config.init_posemb_resize)
-    train_fn = prog.compile_train_step_in_background()
+    train_fn = train_fn or prog.compile_train_step_in_background()
     state = prog.init_state()
     if pretrained is not None:
       state = transfer.apply_init(pretrained, state, tx=prog.tx, shardings=prog.state_shardings)
       _say(f'initialised from {pretrained.source}')
     return 0, state, train_fn
   _say(f'resumed from {ckpt.directory} at step {start_step}')
-  return start_step, state, prog.train_fn
+  return start_step, state, train_fn
 
 
 def run_facts(prog) -> dict:
