@@ -48,10 +48,8 @@ def main():
   if devices is not None:
     config.mesh.data = -1
   prog = program.build_program(config, devices or jax.devices()[:1], require_dataset=False)
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       prog.abstract_state, prog.state_shardings)
   start = time.perf_counter()
-  lowered = prog.train_fn.lower(state, *prog.abstract_train_args()[1:])
+  lowered = prog.train_fn.lower(*prog.abstract_train_args())
   lowered_at = time.perf_counter()
   compiled = lowered.compile()
   compiled_at = time.perf_counter()

@@ -102,13 +102,10 @@ def program_report(prog) -> Dict[str, Any]:
   Top-level byte/FLOP keys are the train step's; `eval` holds the eval step's.
   """
   devices = list(prog.mesh.devices.flat)
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       prog.abstract_state, prog.state_shardings)
   try:
     with contextlib.nullcontext() if prog.target is None else _persistent_cache_off():
-      train, train_s = _compile(lambda: prog.train_fn.lower(
-          state, *prog.abstract_train_args()[1:]))
-      evaluate, eval_s = _compile(lambda: prog.eval_fn.lower(state.params,
+      train, train_s = _compile(lambda: prog.train_fn.lower(*prog.abstract_train_args()))
+      evaluate, eval_s = _compile(lambda: prog.eval_fn.lower(prog.abstract_state.params,
                                                              prog.abstract_eval_batch()))
   except Exception as e:  # pylint: disable=broad-except  # only out-of-memory is the user's
     error = _out_of_memory(e, prog.describe(), devices)

@@ -1,7 +1,7 @@
 """What a config compiles to, before any data is read or parameter allocated: the `Program`.
 
 `build_program(config, devices)` resolves the dataset facts and the step count, builds the mesh,
-the model, the optimizer and its schedule, the abstract train state and its shardings (parameters
+the model, the optimizer, the abstract train state and its shardings (parameters
 are born sharded from `init_fn`), and the jitted train and eval steps of the chosen parallel path.
 The training loop runs it; `compile_only` and the benchmarks compile it without training.
 """
@@ -41,7 +41,6 @@ class Program:
   num_train: int             # train examples (0 if the dataset is absent in compile-only mode)
   total_steps: int
   image_shape: Tuple[int, int, int]
-  schedule: Callable
   hyper: dict                # the train step's last argument (optim.hyperparameters)
   init_fn: 'Init'            # init(rng) -> TrainState
   init_rng: jax.Array
@@ -276,7 +275,7 @@ def build_program(config, devices: Optional[list] = None, *,
   _check_tensor_parallel(model, mesh)
   optim.check_warmup(config.warmup_steps, total_steps)
   hyper = optim.hyperparameters(config, total_steps)
-  tx, schedule = optim.from_hyperparameters(config, hyper)
+  tx, _ = optim.from_hyperparameters(config, hyper)  # for the state's shapes and init
   image_shape = (config.image_size, config.image_size, channels)
 
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -294,7 +293,7 @@ def build_program(config, devices: Optional[list] = None, *,
                                         state_shardings.params)
   return Program(config=config, mesh=mesh, model=model, tx=tx, num_classes=num_classes,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
-                 schedule=schedule, hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
+                 hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
                  eval_fn=eval_fn, target=target)
 
