@@ -23,15 +23,22 @@ HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 install: $(STAMP)
 
 # The locks are installed by uv (its version pinned in requirements.lock, bootstrapped by pip):
-# the same packages as `pip install --no-deps -r requirements.lock`, byte-compiled too, in 9.8 s
-# (uv's cache warm) instead of 33 s (AMD EPYC 26/2, docs/speed.md). uv reads PyPI (or
-# UV_INDEX_URL), not pip's configuration.
-UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps --compile-bytecode
+# the same packages as `pip install --no-deps -r requirements.lock` in 0.8 s (uv's cache warm)
+# instead of 33 s (AMD EPYC 26/2, docs/speed.md). uv reads PyPI (or UV_INDEX_URL), not pip's
+# configuration. Not byte-compiled (that took 10.7 s of the install's 15): every command below
+# writes the .pyc of what it imports on first import instead, the suite ~10 CPU-s of them
+# (`unexport` below: even where the environment sets PYTHONDONTWRITEBYTECODE).
+UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps
+unexport PYTHONDONTWRITEBYTECODE
 
-# The venv's own pip (ensurepip's) only bootstraps uv; uv installs the project too (editable).
+# pip bootstraps uv; uv installs the project too (editable). The venv gets no pip of its own
+# (ensurepip: 2.3 s) when the machine's pip can install into it (`--python`, pip >= 22.3).
+PIP = $$([ -x $(BIN)/pip ] && echo $(BIN)/pip || echo $(PYTHON) -m pip --python $(BIN)/python)
 $(STAMP): requirements.lock setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --no-deps "$$(grep -E '^uv==' requirements.lock)"
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(BIN)/python --version >/dev/null 2>&1 \
+	  || $(BIN)/python -m ensurepip --default-pip >/dev/null
+	$(PIP) install --quiet --no-deps "$$(grep -E '^uv==' requirements.lock)"
 	$(UV) -r requirements.lock
 	$(UV) --no-build-isolation -e .
 	touch $(STAMP)
@@ -54,7 +61,7 @@ test-fast: install $(TPU_STAMP)
 	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m 'not slow' tests --ignore=tests/interop $(PYTEST_ARGS)
 
 $(INTEROP_STAMP): $(STAMP) requirements-interop.lock
-	$(BIN)/pip install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock
+	$(PIP) install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock
 	touch $(INTEROP_STAMP)
 
 test-interop: $(INTEROP_STAMP)
