@@ -10,14 +10,15 @@ never downloading), `specs` (what preprocessing is asked for), `preprocess` (TF 
 (NumPy streams of the embedded datasets, no TensorFlow), `choices` (the valid values of the data
 keys).
 
-Importing this package registers the `mnist5k` tfds builder (that is its one side effect; tfds
-alone, 0.3 s). The other names load their module on first use, so `vit_jax.data.choices` (what
-config validation reads) does not import TensorFlow.
+Importing this package imports neither tfds nor TensorFlow: the names load their module on first
+use, so `vit_jax.data.choices` (what config validation reads) and a run on the NumPy streams do
+not import them. The embedded datasets' tfds builders are defined (and registered with tfds) on
+first use (`mnist5k.prepare`, `mnist5k.Mnist5k`; embedded_builder.py).
 """
 
 from vit_jax import lazy
 
-from vit_jax.data import mnist5k  # registers the builder
+from vit_jax.data import mnist5k
 
 # name -> the module that defines it (submodules, `data.preprocess` etc., load by their own name)
 _HOMES = {

@@ -11,10 +11,10 @@ Used at higher resolution (`pp.eval_crop='resize'`, `image_size=32`: bilinear up
 second small dataset, e.g. to fine-tune a model pre-trained on mnist5k at another resolution.
 """
 
-from typing import Optional
+import sys
+from typing import Any, Optional
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from vit_jax.data import embedded
 
@@ -22,6 +22,10 @@ NAME = 'digits'
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 1)
 SPLIT_SIZES = {'train': 1438, 'test': 359}  # checked when the dataset is built
+RELEASE_NOTES = {'1.0.0': 'First release: 1,438 train / 359 test.'}
+HOMEPAGE = 'https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html'
+BUILDER_NAME = 'Digits'  # `Digits`: its tfds builder class, defined on first use
+DESCRIPTION = "scikit-learn's 8x8 digits; 80/20 per class in file order (see module docstring)."
 TRAIN_FRACTION = 0.8
 
 
@@ -38,24 +42,10 @@ def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
   return embedded.split_per_class(labels, NUM_CLASSES, lambda n: int(round(TRAIN_FRACTION * n)))
 
 
-class Digits(embedded.EmbeddedBuilder):
-  """scikit-learn's 8x8 digits; 80/20 per class in file order (see module docstring)."""
-
-  name = NAME
-  RELEASE_NOTES = {'1.0.0': 'First release: 1,438 train / 359 test.'}
-  IMAGE_SHAPE = IMAGE_SHAPE
-  NUM_CLASSES = NUM_CLASSES
-  SPLIT_SIZES = SPLIT_SIZES
-  HOMEPAGE = 'https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html'
-  DESCRIPTION = __doc__
-
-  def arrays(self):
-    return load_arrays()
-
-  def splits(self, labels):
-    return split_indices(labels)
-
-
-def prepare(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
+def prepare(data_dir: Optional[str]) -> Any:
   """Builds digits in `data_dir` if needed (offline) and returns the prepared builder."""
-  return embedded.prepare(Digits, data_dir)
+  return embedded.prepare(sys.modules[__name__], data_dir)
+
+
+# `digits.Digits`, the tfds builder, is defined on first use (embedded_builder.py).
+__getattr__ = embedded.builder_attribute(__name__)

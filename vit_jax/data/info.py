@@ -70,7 +70,7 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
                     f"name and --data_dir")
   if name.name in catalog.EMBEDDED:
     module = catalog.EMBEDDED[name.name]
-    version = str(embedded.EmbeddedBuilder.VERSION)
+    version = embedded.VERSION
     if name_kwargs and name_kwargs != {'version': version}:
       raise UserError(f"dataset {dataset!r}: {name.name} has no configs and only version "
                       f"{version}; use dataset='{name.name}'")

