@@ -13,8 +13,8 @@ setup(
     install_requires=[
         'jax>=0.10', 'flax>=0.12', 'optax>=0.2.8', 'orbax-checkpoint>=0.12',
         'tensorflow-cpu>=2.21', 'tensorflow-datasets>=4.9.10', 'ml-collections>=1.1',
-        'mlxtend>=0.25', 'tensorboard>=2.21', 'matplotlib', 'numpy', 'scipy', 'absl-py',
-        'safetensors>=0.8', 'filelock>=3',
+        'mlxtend>=0.25', 'tensorboard>=2.21', 'matplotlib', 'pillow>=10.1', 'numpy', 'scipy',
+        'absl-py', 'safetensors>=0.8', 'filelock>=3',
     ],
     # Accelerators: the JAX wheels matching the tested jax 0.10.2 (requirements.lock pins the CPU
     # build). `pip install -e '.[tpu]'` on a Cloud TPU VM; '.[cuda12]' or '.[cuda13]' on a GPU.

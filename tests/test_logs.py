@@ -9,6 +9,7 @@ import os
 import shutil
 import types
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -71,6 +72,60 @@ def test_torn_lines_do_not_break_reading_or_the_learning_curve(tmp_path):
       (1, 'train'), (2, 'train'), (2, 'eval')]
   logs.plot_learning_curve(str(path), str(tmp_path / 'curve.png'))
   assert (tmp_path / 'curve.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def _curve_records():
+  train = [{'step': st, 'split': 'train', 'loss': loss, 'accuracy': acc}
+           for st, loss, acc in ((0, 10.0, 0.0), (500, 1.0, 0.5), (1000, 0.1, 1.0))]
+  evals = [{'step': st, 'split': 'eval', 'loss': loss, 'accuracy': acc}
+           for st, loss, acc in ((200, 10 ** 0.4, 0.4), (600, 10 ** -0.6, 0.8))]
+  return train + evals
+
+
+def test_learning_curve_puts_each_evaluation_where_its_axes_say(tmp_path):
+  """Each panel's plot area is x 56..486 (left) or 556..986 (right), y 30..360 of the 1000 x 400
+  PNG; steps 0..1000 span it, loss 0.1..10 (log) and accuracy 0..1 too. So eval loss 10**0.4 at
+  step 200 is at (142, 129) and 10**-0.6 at step 600 at (314, 294); eval top-1 0.4 and 0.8 at
+  (642, 228) and (814, 96)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import curve  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text(''.join(json.dumps(r) + '\n' for r in _curve_records()))
+  logs.plot_learning_curve(str(path), str(tmp_path / 'curve.png'))
+  image = Image.open(tmp_path / 'curve.png').convert('RGB')
+  assert image.size == (1000, 400)
+
+  def near(xy, color):
+    return all(abs(a - b) <= 40 for a, b in zip(image.getpixel(xy), color))
+
+  for xy in ((142, 129), (314, 294)):
+    assert near(xy, curve.ORANGE), (xy, image.getpixel(xy))  # eval loss markers
+  for xy in ((642, 228), (814, 96)):
+    assert near(xy, curve.BLUE), (xy, image.getpixel(xy))  # eval top-1 markers
+  assert near((271, 195), curve.BLUE)  # the train loss line through (500, 1.0)
+  assert near((30, 200), (255, 255, 255)) and near((700, 380), (255, 255, 255))  # margins
+
+
+def test_learning_curve_ticks_and_legend():
+  import math  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import curve  # pylint: disable=g-import-not-at-top
+  assert curve.nice_ticks(0, 3600, integer=True) == [0, 1000, 2000, 3000, 4000]
+  assert curve.nice_ticks(0.22, 0.995) == [0.2, 0.4, 0.6, 0.8, 1.0]
+  assert curve.nice_ticks(3, 3, integer=True) == [2, 3, 4]  # one step: a range around it
+  decades = curve.log_ticks(math.log10(0.003), math.log10(20))  # > 2 decades: powers of ten
+  np.testing.assert_allclose(decades, [-3, -2, -1, 0, 1, 2])
+  fine = curve.log_ticks(math.log10(0.17), math.log10(2.14))
+  np.testing.assert_allclose([10 ** t for t in fine], [0.1, 0.2, 0.5, 1, 2, 5])
+  # The rising accuracy fills the top right corner: the legend goes to the bottom right.
+  panel, series, _, _ = curve.panels(_curve_records())[1]
+  assert curve.legend_box(panel, series) == (860, 312, 978, 352)
+  # Non-finite losses, and zero on the log scale, are left out; an empty log draws empty axes.
+  odd = [{'step': 1, 'split': 'train', 'loss': float('nan'), 'accuracy': 0.1},
+         {'step': 2, 'split': 'train', 'loss': 0.0, 'accuracy': 0.1}]
+  (loss, _, _, _), (accuracy, _, _, _) = curve.panels(odd)
+  assert loss.x_range == loss.y_range == (0.0, 1.0)  # no loss to draw: the default axes
+  assert accuracy.x_range == (1.0, 2.0)
+  assert curve.render(odd).size == curve.render([]).size == (1000, 400)
 
 
 @pytest.mark.slow

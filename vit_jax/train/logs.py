@@ -6,12 +6,14 @@ bucket (gs://...), as on a TPU pod; TensorFlow is imported for a bucket only.
 """
 
 import contextlib
+import io
 import json
 import os
 import sys
 import time
 
 from vit_jax import fileio
+from vit_jax.train import curve
 from vit_jax.train import events
 from vit_jax.errors import UserError
 
@@ -123,26 +125,11 @@ def repair_log(path: str, step: int) -> None:
 
 
 def plot_learning_curve(metrics_path: str, out_png: str) -> None:
-  """Train loss and eval accuracy against step, from the JSONL log."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  records = read_metrics(metrics_path)
-  train = [r for r in records if r['split'] == 'train']
-  evals = [r for r in records if r['split'] == 'eval']
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-  ax1.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss')
-  if evals:
-    ax1.plot([r['step'] for r in evals], [r['loss'] for r in evals], 'o-', label='eval loss')
-    ax2.plot([r['step'] for r in evals], [r['accuracy'] for r in evals], 'o-', label='eval top-1')
-  ax2.plot([r['step'] for r in train], [r['accuracy'] for r in train], alpha=0.5,
-           label='train top-1')
-  ax1.set_xlabel('step'); ax1.set_ylabel('loss'); ax1.set_yscale('log'); ax1.legend()
-  ax2.set_xlabel('step'); ax2.set_ylabel('top-1 accuracy'); ax2.legend()
-  fig.tight_layout()
+  """Train and eval loss and accuracy against step, from the JSONL log (curve.py)."""
+  out = io.BytesIO()
+  curve.render(read_metrics(metrics_path)).save(out, format='PNG')
   with fileio.files_for(out_png).GFile(out_png, 'wb') as f:
-    fig.savefig(f, dpi=100, format='png')
-  plt.close(fig)
+    f.write(out.getvalue())
 
 
 class Progress:
