@@ -57,8 +57,10 @@ class Program:
 
   def init_state(self):
     """The initial train state, created directly in its shardings (`Init`: in small programs
-    when the mesh's devices are CPUs, in one process or several; else as one program)."""
-    if all(d.platform == 'cpu' for d in self.mesh.devices.flat):
+    when the mesh's devices are CPUs and the parameters share their shapes, `in_small_programs`,
+    in one process or several; else as one program). Both give the same values, bitwise."""
+    if (all(d.platform == 'cpu' for d in self.mesh.devices.flat)
+        and in_small_programs(self.abstract_state.params)):
       return self.init_fn.on_host(self.init_rng, self.state_shardings)
     return jax.jit(self.init_fn, out_shardings=self.state_shardings)(self.init_rng)
 
@@ -163,6 +165,24 @@ def head_width(config, dataset_classes: int) -> int:
   return n
 
 
+# Parameter arrays per distinct shape from which a CPU run makes its initial state in small
+# programs (`in_small_programs`).
+SMALL_PROGRAMS_FROM = 8
+
+
+def in_small_programs(params) -> bool:
+  """Whether a CPU run makes these parameters (a tree of arrays or shapes) in small programs,
+  `Init.on_host`: one initialiser program per shape pays when many arrays share each shape (a
+  deep ViT), the one program when few do (a ResNet's many shapes, a 2-layer ViT). Cold, with the
+  train command's flags, seconds in small programs / as one program (AMD EPYC family 26 model 2;
+  arrays per shape): ViT-Ti/16 1.94 / 4.27 (16.7), R50+ViT-B/16 8.89 / 9.66 (11.1), ViT-Mu/4
+  2.22 / 2.45 (8.7), BiT-R50x1 8.57 / 5.08 (5.5), ViT-Ze/4 1.68 / 1.22 (3.3), R+ViT-Ze/4
+  2.02 / 1.24 (3.3), BiT-R14x0.5 6.51 / 2.50 (1.9)."""
+  leaves = jax.tree.leaves(params)
+  shapes = {(tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves}
+  return len(leaves) >= SMALL_PROGRAMS_FROM * len(shapes)
+
+
 @dataclasses.dataclass(eq=False)
 class Init:
   """The initial train state of `model` and `tx` for images of `image_shape`.
@@ -171,12 +191,12 @@ class Init:
   unsharded. `on_host(rng, shardings)` gives the same state, bitwise, without one program that
   holds every layer's initialisers: the parameters come from `Module.lazy_init` outside a jit
   (each random initialiser one small program compiled once per shape, models/inits.py) and the
-  optimizer state from a small jitted program; for meshes of CPU devices, where the one
-  program's compile is the slow part of a cold start (ViT-Ti/16: 3.6-3.8 s against 1.8 s, AMD
-  EPYC family 26 model 2). With several processes each makes the whole parameters (the same
-  values) and `device_put` keeps its shards. With `mesh`, both trace under the mesh's activation rules,
-  as the steps do (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU
-  host).
+  optimizer state from a small jitted program; for meshes of CPU devices and parameters that
+  share their shapes (`in_small_programs`), where the one program's compile is the slow part of
+  a cold start (ViT-Ti/16: 3.6-3.8 s against 1.8 s, AMD EPYC family 26 model 2). With several
+  processes each makes the whole parameters (the same values) and `device_put` keeps its
+  shards. With `mesh`, both trace under the mesh's activation rules, as the steps do
+  (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU host).
   """
   model: Any
   tx: Any
