@@ -26,6 +26,29 @@ def test_cache_dir_policy(tmp_path, monkeypatch):
                                   'VIT_JAX_COMPILATION_CACHE': '/v'}) is None
 
 
+def test_a_local_cache_keeps_every_program():
+  assert compile_cache.min_compile_seconds('/home/u/.cache/vit_jax/xla/h', {}) == 0.0
+  assert compile_cache.min_compile_seconds('gs://b/xla', {}) is None  # JAX's threshold
+  env = {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '2'}  # the user's own setting wins
+  assert compile_cache.min_compile_seconds('/c', env) is None
+
+
+def test_enable_sets_the_local_threshold(tmp_path, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  before = (jax.config.jax_compilation_cache_dir,
+            jax.config.jax_persistent_cache_min_compile_time_secs)
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', raising=False)
+  monkeypatch.setenv('VIT_JAX_COMPILATION_CACHE', str(tmp_path / 'xla'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
+  try:
+    assert compile_cache.enable() == str(tmp_path / 'xla')
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+  finally:
+    jax.config.update('jax_compilation_cache_dir', before[0])
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', before[1])
+
+
 def test_host_key_separates_processors(tmp_path):
   def key(text):
     path = tmp_path / 'cpuinfo'
