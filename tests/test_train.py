@@ -244,8 +244,9 @@ def test_a_run_on_an_embedded_dataset_never_imports_tensorflow(tmp_path):
   """A whole run on mnist5k (workdir checked, a torn log repaired, program built and compiled,
   NumPy input streams, TensorBoard events, checkpoints, the learning curve) imports no
   TensorFlow: 2.1 CPU-s less for every such run (AMD EPYC 26/2, docs/speed.md), and, on whole
-  splits, no tfds either (0.15-0.2 s); nor does a run on a sweep's dev splits with few-shot
-  evaluation import TensorFlow (their split expressions go through tfds's parser)."""
+  splits, no tfds either (0.15-0.2 s, AMD EPYC 26/2); nor does a run on a sweep's dev splits
+  with few-shot evaluation import TensorFlow (their split expressions go through tfds's
+  parser)."""
   log = tmp_path / 'w' / 'metrics.jsonl'
   log.parent.mkdir()
   log.write_text('{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "spl')  # a torn line
@@ -277,7 +278,8 @@ print('train', prog.num_train, 'count', int(result['count']), 'fewshot', sorted(
                         timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.splitlines() == [
-      'classes 10 train 4000 steps 4', 'log repaired: True', 'count 1000 tensorflow: False tfds: False',
+      'classes 10 train 4000 steps 4', 'log repaired: True',
+      'count 1000 tensorflow: False tfds: False',
       "train 3600 count 400 fewshot ['1shot', '2shot'] tensorflow: False"]
   records = [json.loads(line) for line in log.read_text().splitlines()]
   assert [(r['step'], r['split']) for r in records] == [(4, 'train'), (4, 'eval')]

@@ -3,8 +3,9 @@
 `train_step(state, batch, rng, hyper) -> (state, metrics)`; the batch is the global batch (images
 [B,H,W,C] in [-1,1], int labels [B]); `hyper` holds the run's learning rate, schedule and weight
 decay as float32 scalars (`optim.hyperparameters`), arguments rather than constants of the
-program, so that runs differing only in them share one compiled step. Gradient accumulation splits it into `accum_steps`
-micro-batches, each a strided slice so that every device keeps working on its own rows.
+program, so that runs differing only in them share one compiled step. Gradient accumulation
+splits it into `accum_steps` micro-batches, each a strided slice so that every device keeps
+working on its own rows.
 
 The same step serves both parallel paths. Under `jax.jit` with shardings (`reduce_axis=None`) it
 sees the global batch and XLA inserts the reductions. As a per-device program (the 'pmap' path,
