@@ -156,6 +156,30 @@ def test_killed_sweep_reruns_only_the_unfinished_runs(tmp_path, data_dir):
   assert '| lr | accuracy |' in proc.stdout
 
 
+def test_a_result_cut_short_by_a_kill_reads_as_unfinished_and_results_are_written_whole(
+    tmp_path, monkeypatch):
+  """A sweep killed while writing a run's sweep_result.json (seen on Intel Xeon 6/207: the rerun
+  died on an empty file with a JSONDecodeError traceback) leaves a file the rerun treats as not
+  finished; results are now written to a temporary file and renamed, so a reader sees none or all."""
+  path = tmp_path / 's.py'
+  path.write_text("def get_sweep():\n  return {'config': 'c.py', 'grid': {'lr': [0.1]}}\n")
+  run = spec_lib.load(str(path)).grid_runs()[0]
+  os.makedirs(runner.run_dir(str(tmp_path), run))
+  result = os.path.join(runner.run_dir(str(tmp_path), run), runner.RESULT)
+  for partial in ('', '{"metric": 0.5, "sec'):
+    with open(result, 'w') as f:
+      f.write(partial)
+    assert runner.read_result(str(tmp_path), run) is None
+  written = []
+  real_replace = os.replace
+  monkeypatch.setattr(os, 'replace', lambda src, dst: (written.append(
+      (dst, open(src).read())), real_replace(src, dst))[1])
+  runner.write_result(runner.run_dir(str(tmp_path), run), run, 0.25, 3.0, 7)
+  assert [d for d, _ in written] == [result]
+  assert json.loads(written[0][1])['metric'] == 0.25
+  assert runner.read_result(str(tmp_path), run)['step'] == 7
+
+
 def test_variants_name_sets_of_overrides_and_templates_use_run_values(tmp_path):
   path = tmp_path / 'two_stage.py'
   path.write_text('''

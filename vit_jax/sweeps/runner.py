@@ -28,6 +28,7 @@ from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import files_for, is_remote
+from vit_jax.formats.files import atomic_write
 from vit_jax.sweeps.spec import Run, Sweep
 
 RESULT = 'sweep_result.json'
@@ -64,11 +65,24 @@ def run_dir(root: str, run: Run) -> str:
 
 
 def read_result(root: str, run: Run) -> Optional[dict]:
+  """The run's `sweep_result.json`; None when it has none, or one that a kill cut short."""
   path = os.path.join(run_dir(root, run), RESULT)
   if not files_for(path).exists(path):
     return None
   with files_for(path).GFile(path) as f:
-    return json.load(f)
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:  # cut short by a kill before writes were atomic: run it again
+    return None
+
+
+def write_result(workdir: str, run: Run, metric: float, seconds: float, step: int) -> None:
+  """A finished run's `sweep_result.json`, written whole (a temporary file renamed): a sweep killed
+  while writing it leaves no partial result behind."""
+  result = json.dumps({'metric': metric, 'seconds': seconds, 'step': step,
+                       'values': dict(run.values), 'overrides': dict(run.overrides)}, indent=1)
+  atomic_write(os.path.join(workdir, RESULT), lambda f: f.write(result.encode()))
 
 
 def log_path(workdir: str) -> str:
@@ -225,9 +239,7 @@ def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trai
   if record is None or sweep.metric not in record:
     return Outcome(run, 'failed', error=f'no eval record with {sweep.metric!r} in metrics.jsonl')
   metric = float(record[sweep.metric])
-  with files_for(workdir).GFile(os.path.join(workdir, RESULT), 'w') as f:
-    json.dump({'metric': metric, 'seconds': seconds, 'step': record['step'],
-               'values': dict(run.values), 'overrides': dict(run.overrides)}, f, indent=1)
+  write_result(workdir, run, metric, seconds, record['step'])
   return Outcome(run, 'done', metric, seconds)
 
 
@@ -304,4 +316,5 @@ def _quote(arg: str) -> str:
 
 
 __all__ = ['Outcome', 'plan', 'run_one', 'check_launch', 'command', 'run_dir', 'read_result',
-           'final_eval', 'load_config', 'apply_overrides', 'RESULT', 'LAUNCHERS']
+           'final_eval', 'load_config', 'apply_overrides', 'RESULT', 'LAUNCHERS',
+           'write_result']
