@@ -28,7 +28,6 @@ from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import files_for, is_remote
-from vit_jax.formats.files import atomic_write
 from vit_jax.sweeps.spec import Run, Sweep
 
 RESULT = 'sweep_result.json'
@@ -80,6 +79,8 @@ def read_result(root: str, run: Run) -> Optional[dict]:
 def write_result(workdir: str, run: Run, metric: float, seconds: float, step: int) -> None:
   """A finished run's `sweep_result.json`, written whole (a temporary file renamed): a sweep killed
   while writing it leaves no partial result behind."""
+  # pylint: disable-next=g-import-not-at-top  (vit_jax.formats imports JAX; a sweep reads without)
+  from vit_jax.formats.files import atomic_write
   result = json.dumps({'metric': metric, 'seconds': seconds, 'step': step,
                        'values': dict(run.values), 'overrides': dict(run.overrides)}, indent=1)
   atomic_write(os.path.join(workdir, RESULT), lambda f: f.write(result.encode()))
