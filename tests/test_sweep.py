@@ -160,7 +160,8 @@ def test_a_result_cut_short_by_a_kill_reads_as_unfinished_and_results_are_writte
     tmp_path, monkeypatch):
   """A sweep killed while writing a run's sweep_result.json (seen on Intel Xeon 6/207: the rerun
   died on an empty file with a JSONDecodeError traceback) leaves a file the rerun treats as not
-  finished; results are now written to a temporary file and renamed, so a reader sees none or all."""
+  finished; results are now written to a temporary file and renamed, so a reader sees none or
+  all."""
   path = tmp_path / 's.py'
   path.write_text("def get_sweep():\n  return {'config': 'c.py', 'grid': {'lr': [0.1]}}\n")
   run = spec_lib.load(str(path)).grid_runs()[0]

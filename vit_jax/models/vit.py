@@ -101,6 +101,12 @@ def drop_path(x: jax.Array, rate: Union[float, jax.Array], rng: jax.Array) -> ja
 TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence between blocks
 
 
+def row_major_target() -> bool:
+  """Whether the trace compiles for a CPU, where the Dense layers run on [B*N, ...] rows and the
+  patch embedding as a matmul (`flat_rows`, `PatchEmbedding`): the one rule both follow."""
+  return attention_lib.platform() == 'cpu'
+
+
 def flat_rows(dense: nn.Module, x: jax.Array, features_in: int = 1) -> jax.Array:
   """`dense` (a Dense or DenseGeneral over the last `features_in` axes of `x`) applied to `x`
   with its leading axes merged into one row axis when the trace compiles for a CPU; as is
@@ -109,12 +115,12 @@ def flat_rows(dense: nn.Module, x: jax.Array, features_in: int = 1) -> jax.Array
   Why: for [B, N, D] inputs XLA:CPU computes the kernel's gradient (contracting over B and N) by
   first copying the incoming gradient to a transposed layout, [mlp, B*N] for Dense_0: 168 copies
   per ViT-Ti/16 train step (batch 32, 224 px), 419 ms of its 3,119 ms of kernel time, on an
-  Intel Xeon (family 6 model 207), where a [6304, 768] transpose runs at 2.4 GB/s. With [B*N, D]
-  rows the gradient is one dot contracting the row axis of both operands, with no copy: a Dense
-  layer's forward + backward alone, 57-59 ms against 96-100 ms there (benchmarks/README.md, "The
-  row-major Dense layers"). Not on TPU: there merging N (197 tokens, not a multiple of its 8-row
-  tiles) into the row axis would force a relayout."""
-  if attention_lib.platform() != 'cpu':
+  Intel Xeon (family 6 model 207), where a [6304, 768] transpose runs at 2.2-2.4 GB/s. With
+  [B*N, D] rows the gradient is one dot contracting the row axis of both operands, with no copy:
+  a Dense layer's forward + backward alone, 57-59 ms against 96-100 ms there
+  (benchmarks/README.md, "The row-major Dense layers"). Not on TPU: there merging N (197
+  tokens, not a multiple of its 8-row tiles) into the row axis would force a relayout."""
+  if not row_major_target():
     return dense(x)
   lead = x.shape[:x.ndim - features_in]
   y = dense(x.reshape((-1,) + x.shape[x.ndim - features_in:]))
@@ -169,7 +175,7 @@ class PatchEmbedding(nn.Module):
                         self.param_dtype).astype(self.dtype)
     bias = self.param('bias', nn.initializers.zeros, (self.features,),
                       self.param_dtype).astype(self.dtype)
-    if attention_lib.platform() != 'cpu':
+    if not row_major_target():
       y = jax.lax.conv_general_dilated(x, kernel, self.patch, 'VALID',
                                        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
       return y + bias
