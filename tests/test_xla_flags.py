@@ -87,6 +87,18 @@ def test_auto_counts_the_devices_that_split_the_batch(mesh, parallelism, ways):
   assert xla_flags.largest_activation(config, devices) == 64 // ways * 197 * 768
 
 
+def test_auto_splits_the_global_batch_over_every_process():
+  """--num_processes=N: the batch is global, so each process's devices get 1/N of it."""
+  config = _config('ViT-Ti/16', 224, 32)
+  devices = {'XLA_FLAGS': '--xla_force_host_platform_device_count=1'}
+  assert xla_flags.largest_activation(config, devices, processes=2) == 16 * 197 * 192
+  assert xla_flags.resolve(config, devices) == 'memory'  # 32 images on the one device: 1.2 M
+  assert xla_flags.resolve(config, devices, processes=2) == 'concurrency'  # 16 each: 605 k
+  assert xla_flags.schedule_flags(config, devices, processes=2) == ()
+  devices = {'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
+  assert xla_flags.largest_activation(config, devices, processes=2) == 4 * 197 * 192
+
+
 def test_auto_on_the_two_sides_of_the_threshold():
   assert xla_flags.AUTO_MEMORY_FROM == 2 ** 20
   assert xla_flags.resolve(_config('ViT-Ti/16', 224, 32), {}) == 'memory'

@@ -82,27 +82,31 @@ def _batch_ways(config, devices: int) -> int:
   return sharding.batch_ways(dict(zip(mesh_lib.AXES, sizes)))
 
 
-def largest_activation(config, env: Mapping[str, str] = os.environ) -> int:
+def largest_activation(config, env: Mapping[str, str] = os.environ, processes: int = 1) -> int:
   """Values in the largest activation of `config`'s train step on one CPU device
-  (`models.cost.largest_activation` of a micro-batch: batch / accum_steps / the CPU devices of
-  XLA_FLAGS that split the batch, `_batch_ways`)."""
+  (`models.cost.largest_activation` of a micro-batch: batch / accum_steps / the devices that
+  split the batch, `_batch_ways` of the CPU devices of XLA_FLAGS in each of `processes`: the
+  batch is global, so a run of several processes splits it over all of their devices)."""
   from vit_jax.models import cost  # pylint: disable=g-import-not-at-top (keeps configs light)
-  ways = _batch_ways(config, _cpu_devices(env))
+  ways = _batch_ways(config, _cpu_devices(env) * max(processes, 1))
   batch = config.batch_size // max(config.get('accum_steps') or 1, 1) // ways
   return cost.largest_activation(config.model_name, config.image_size, max(batch, 1))
 
 
-def resolve(config, env: Mapping[str, str] = os.environ) -> str:
-  """`config.xla_cpu_schedule` (validated; absent or None: the default) with 'auto' decided."""
+def resolve(config, env: Mapping[str, str] = os.environ, processes: int = 1) -> str:
+  """`config.xla_cpu_schedule` (validated; absent or None: the default) with 'auto' decided for
+  a run of `processes` processes."""
   name = config.get('xla_cpu_schedule') or DEFAULT_SCHEDULE
   if name == 'auto':
-    return 'memory' if largest_activation(config, env) >= AUTO_MEMORY_FROM else 'concurrency'
+    big = largest_activation(config, env, processes) >= AUTO_MEMORY_FROM
+    return 'memory' if big else 'concurrency'
   return name
 
 
-def schedule_flags(config, env: Mapping[str, str] = os.environ) -> Sequence[str]:
-  """The flags of `config.xla_cpu_schedule` (`resolve`)."""
-  return SCHEDULES[resolve(config, env)]
+def schedule_flags(config, env: Mapping[str, str] = os.environ,
+                   processes: int = 1) -> Sequence[str]:
+  """The flags of `config.xla_cpu_schedule` (`resolve`) for a run of `processes` processes."""
+  return SCHEDULES[resolve(config, env, processes)]
 
 
 def in_effect(env: Mapping[str, str] = os.environ) -> str:

@@ -39,7 +39,9 @@ def run(argv) -> int:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
   # Before JAX's first device (init_distributed, check_placement): XLA reads XLA_FLAGS then.
-  xla_flags.apply(os.environ, xla_flags.schedule_flags(_CONFIG.value))
+  # The batch is global: a run of N processes splits it over all their devices.
+  xla_flags.apply(os.environ, xla_flags.schedule_flags(_CONFIG.value,
+                                                       processes=_NUM_PROCESSES.value or 1))
   from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
