@@ -1,6 +1,6 @@
 """Helpers the test modules share (fixtures are in conftest.py): the repository root, a free
 loopback port, a run's metrics log, a sweep spec file, and XLA's optimisations for the tests that
-train longer."""
+train longer (in-process or in a subprocess)."""
 
 import contextlib
 import json
@@ -71,3 +71,9 @@ def optimized():
     yield
   finally:
     jax.config.update('jax_disable_most_optimizations', before)
+
+
+def optimized_env() -> dict:
+  """The environment for a subprocess whose programs get XLA's optimisations (as `optimized()`
+  does in-process): for a run whose running, not its compiling, is the time."""
+  return dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='0')

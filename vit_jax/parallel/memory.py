@@ -140,6 +140,13 @@ def fit_line(report: Dict[str, Any]) -> str:
           f'{peak - hbm:.2f} GiB')
 
 
+def _flops_text(flops: Optional[float]) -> str:
+  if flops is None:  # Program.memory_report: a scanned encoder
+    return ('FLOPs not counted (XLA counts a scanned encoder\'s loop once; '
+            'config.model.scan=False counts them)')
+  return f'{flops / 1e12:.3f} TFLOP per train step per device'
+
+
 def format_report(report: Dict[str, Any], what: str) -> str:
   """A few readable lines (GiB per device)."""
   g = lambda key, r=report: r[key] / GIB
@@ -156,8 +163,7 @@ def format_report(report: Dict[str, Any], what: str) -> str:
       f'{g("output_bytes"):.3f} GiB (of which {g("alias_bytes"):.3f} GiB reuse the donated '
       f'state), temporaries {g("temp_bytes"):.3f} GiB',
       f'  peak per device: train step {g("peak_bytes"):.3f} GiB, eval step '
-      f'{g("peak_bytes", ev):.3f} GiB; {report["flops"] / 1e12:.3f} TFLOP per train step per '
-      f'device',
+      f'{g("peak_bytes", ev):.3f} GiB; {_flops_text(report["flops"])}',
       f'  compile time: train step {report["compile_seconds"]:.1f} s, eval step '
       f'{ev["compile_seconds"]:.1f} s',
   ]
