@@ -145,6 +145,9 @@ def train_and_evaluate(config, workdir, **kwargs):
   return {'accuracy': 0.0, 'count': 0}
 
 loop.train_and_evaluate = train_and_evaluate
+# One process stands for each of --num_processes: joining the others is not what is tested here.
+from vit_jax import parallel
+parallel.init_distributed = lambda *args, **kwargs: None
 sys.argv = ['train', '--config=configs/mnist5k.py', '--workdir=unused', *sys.argv[1:]]
 train.main()
 """
@@ -165,4 +168,6 @@ def test_the_train_command_compiles_with_the_configs_schedule():
   assert concurrent >= 8 * 512 * 512 * 4 and theirs >= 8 * 512 * 512 * 4  # all eight at once
   assert ours <= concurrent / 2, (ours, concurrent)
   assert theirs == concurrent
+  # Two processes split the same global batch: 16 images per device, 605 k values, XLA's order.
+  assert temp_bytes('', *large, '--num_processes=2') == concurrent
 
