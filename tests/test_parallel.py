@@ -264,7 +264,7 @@ def test_compile_only_of_a_scanned_encoder_gives_bytes_but_no_flops(tmp_path, ca
   scanned, 7.72 unrolled)."""
   common = dict(compile_only=True, data_dir=str(tmp_path / 'no_data'))
   unrolled = loop.train_and_evaluate(_config(**common), str(tmp_path / 'a'))
-  capsys.readouterr()
+  assert 'TFLOP per train step per device' in capsys.readouterr().out
   scanned = loop.train_and_evaluate(_config(**common, **{'model.scan': True}), str(tmp_path / 'b'))
   out = capsys.readouterr().out
   assert unrolled['flops'] > 0 and unrolled['eval']['flops'] > 0
