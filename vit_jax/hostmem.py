@@ -91,8 +91,8 @@ def keep_freed_memory(env: Mapping[str, str] = os.environ) -> bool:
   removed the faults but gave no img/s (ViT-Ti/16 b32 train against timm 0.92x with it, 1.00x
   without, one run each, AMD EPYC family 25 model 17; 0.73-0.87x with it against 0.72-0.79x
   without, four alternated pairs, Intel Xeon family 6 model 207), keeps the process at its peak
-  memory and serialises malloc on one arena. Returns whether it was applied (glibc only). Call it before
-  threads start allocating.
+  memory and serialises malloc on one arena. Returns whether it was applied (glibc only). Call it
+  before threads start allocating.
   """
   if env.get(KEEP_OPT_IN, '0') != '1' or glibc_version() is None:
     return False
