@@ -65,3 +65,20 @@ def test_input_pipeline_and_cli_json(tmp_path, data_dir):
   assert all(result[f] > 0 for f in FIELDS)
   assert result['processor']['model_name'] and result['processor']['cpus'] >= 1
   assert result['xla_cpu_schedule'] == 'memory'  # the suite's XLA_FLAGS (conftest.py)
+
+
+def test_matmul_shapes_are_one_vit_layers():
+  """benchmarks/matmul_shapes.py: the shapes of one ViT-Ti/16 layer at batch 32, 224 px, and
+  their FLOPs (the figures of benchmarks/README.md's kernel-level table)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from benchmarks import matmul_shapes  # pylint: disable=g-import-not-at-top
+  got = {name: (spec, lhs, rhs) for name, spec, lhs, rhs in
+         matmul_shapes.shapes('ViT-Ti/16', 32, 224)}
+  assert got['dense x W (q/k/v, out)'] == ('rd,df->rf', (6304, 192), (192, 192))
+  assert got['MLP x^T dy (kernel grad)'] == ('rd,rf->df', (6304, 192), (6304, 768))
+  assert got['attention Q K^T'] == ('bqd,bkd->bqk', (96, 197, 64), (96, 197, 64))
+  assert got['attention weights^T dY'] == ('bqk,bqd->bkd', (96, 197, 197), (96, 197, 64))
+  assert matmul_shapes.flops(*got['MLP x^T dy (kernel grad)']) == 2 * 6304 * 192 * 768
+  assert matmul_shapes.flops(*got['attention weights^T dY']) == 2 * 96 * 197 * 197 * 64
+  with pytest.raises(app.UsageError, match='is a hybrid'):
+    matmul_shapes.shapes('R50+ViT-B/16', 8, 224)

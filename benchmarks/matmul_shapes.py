@@ -1,0 +1,109 @@
+"""XLA:CPU's matmuls against PyTorch's at the shapes of one ViT train step, alternated in one
+process: where the compiled step loses to timm at the kernel level (needs torch:
+`make test-interop`).
+
+  PYTHONPATH=. .venv/bin/python benchmarks/matmul_shapes.py --model=ViT-Ti/16 --batch_size=32
+
+Two kinds of shape, each forward and as the backward pass computes it:
+  dense    the Dense layers on the flattened rows, [B*N, D] x [D, F] (q/k/v and out: F = D; the
+           MLP: F = mlp_dim), and the kernel gradient x^T dy (contracting the rows)
+  batched  the attention core over B*heads matrices of N tokens x head_dim: Q K^T, weights V,
+           and the backward's weights^T dY (contracting the query axis)
+Each shape is a jitted `jnp.einsum` (fp32, the default threads) and the same product in PyTorch
+(`torch.matmul` / `torch.bmm` on transposed views, `torch.get_num_threads()` threads), timed in
+turn `--rounds` times, `--calls` calls each; prints the median milliseconds and GFLOP/s of each
+side and the ratio, with the processor.
+"""
+
+import statistics
+import time
+from typing import Callable, List, Tuple
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.benchmarking import processor
+from vit_jax.models import variants
+
+_MODEL = flags.DEFINE_string('model', 'ViT-Ti/16', 'A ViT variant (its width, heads, MLP).')
+_BATCH = flags.DEFINE_integer('batch_size', 32, 'Images per step.')
+_IMAGE = flags.DEFINE_integer('image_size', 224, 'Image side in pixels.')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternations of the two sides.')
+_CALLS = flags.DEFINE_integer('calls', 10, 'Timed calls per side per round.')
+
+# (name, einsum, lhs shape, rhs shape) of one layer, built by `shapes`.
+Shape = Tuple[str, str, Tuple[int, ...], Tuple[int, ...]]
+
+
+def shapes(model: str, batch: int, image_size: int) -> List[Shape]:
+  """The matmuls of one encoder layer of `model` at `batch` x `image_size` px."""
+  _, kw = variants.decode(model)
+  if kw.get('resnet') is not None:
+    raise app.UsageError(f'{model} is a hybrid: give a plain ViT (its encoder has the same shapes)')
+  d, heads, mlp = kw['hidden_size'], kw['num_heads'], kw['mlp_dim']
+  tokens = (image_size // kw['patch_size'][0]) ** 2 + 1
+  rows, bh, hd = batch * tokens, batch * heads, d // heads
+  return [
+      ('dense x W (q/k/v, out)', 'rd,df->rf', (rows, d), (d, d)),
+      ('dense x^T dy (kernel grad)', 'rd,rf->df', (rows, d), (rows, d)),
+      ('MLP x W', 'rd,df->rf', (rows, d), (d, mlp)),
+      ('MLP x^T dy (kernel grad)', 'rd,rf->df', (rows, d), (rows, mlp)),
+      ('attention Q K^T', 'bqd,bkd->bqk', (bh, tokens, hd), (bh, tokens, hd)),
+      ('attention weights V', 'bqk,bkd->bqd', (bh, tokens, tokens), (bh, tokens, hd)),
+      ('attention weights^T dY', 'bqk,bqd->bkd', (bh, tokens, tokens), (bh, tokens, hd)),
+  ]
+
+
+def flops(spec: str, lhs: Tuple[int, ...], rhs: Tuple[int, ...]) -> float:
+  """2 x the product of every distinct axis of the einsum (multiply-adds)."""
+  ins, _ = spec.split('->')
+  sizes = {}
+  for names, shape in zip(ins.split(','), (lhs, rhs)):
+    sizes.update(zip(names, shape))
+  return 2.0 * float(np.prod(list(sizes.values())))
+
+
+def _median_ms(fn: Callable[[], object], calls: int) -> float:
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(times)
+
+
+def main(argv):
+  del argv
+  jax.config.update('jax_platforms', 'cpu')  # this CPU's XLA (no accelerator probing)
+  import torch  # pylint: disable=g-import-not-at-top  # optional: make test-interop
+  rng = np.random.default_rng(0)
+  print(f'processor: {processor.one_line(processor.describe())}; torch threads '
+        f'{torch.get_num_threads()}')
+  print(f'{_MODEL.value}, batch {_BATCH.value}, {_IMAGE.value} px: one layer\'s matmuls, '
+        f'median of {_CALLS.value} calls x {_ROUNDS.value} rounds')
+  print('| matmul | einsum | XLA ms | XLA GFLOP/s | torch ms | torch GFLOP/s | XLA / torch speed |')
+  print('|---|---|---|---|---|---|---|')
+  for name, spec, lhs, rhs in shapes(_MODEL.value, _BATCH.value, _IMAGE.value):
+    a = rng.standard_normal(lhs, dtype=np.float32)
+    b = rng.standard_normal(rhs, dtype=np.float32)
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    ours = jax.jit(lambda x, y, s=spec: jnp.einsum(s, x, y))
+    theirs = lambda s=spec: torch.einsum(s, ta, tb)  # a matmul/bmm on transposed views
+    jax.block_until_ready(ours(ja, jb))
+    theirs()
+    xla, tch = [], []
+    for _ in range(_ROUNDS.value):
+      xla.append(_median_ms(lambda: jax.block_until_ready(ours(ja, jb)), _CALLS.value))
+      tch.append(_median_ms(theirs, _CALLS.value))
+    x, t = statistics.median(xla), statistics.median(tch)
+    gflop = flops(spec, lhs, rhs) / 1e9
+    print(f'| {name} | `{spec}` | {x:.2f} | {gflop / x * 1e3:.0f} | {t:.2f} | '
+          f'{gflop / t * 1e3:.0f} | {t / x:.2f} |')
+
+
+if __name__ == '__main__':
+  app.run(main)
