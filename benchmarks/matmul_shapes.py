@@ -28,12 +28,6 @@ import numpy as np
 from vit_jax.benchmarking import processor
 from vit_jax.models import variants
 
-_MODEL = flags.DEFINE_string('model', 'ViT-Ti/16', 'A ViT variant (its width, heads, MLP).')
-_BATCH = flags.DEFINE_integer('batch_size', 32, 'Images per step.')
-_IMAGE = flags.DEFINE_integer('image_size', 224, 'Image side in pixels.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternations of the two sides.')
-_CALLS = flags.DEFINE_integer('calls', 10, 'Timed calls per side per round.')
-
 # (name, einsum, lhs shape, rhs shape) of one layer, built by `shapes`.
 Shape = Tuple[str, str, Tuple[int, ...], Tuple[int, ...]]
 
@@ -75,18 +69,29 @@ def _median_ms(fn: Callable[[], object], calls: int) -> float:
   return 1e3 * statistics.median(times)
 
 
+def _define_flags() -> None:
+  """The command's flags, defined only when it runs: importing `shapes` and `flops` (the tests
+  do) adds nothing to absl's global flags."""
+  flags.DEFINE_string('model', 'ViT-Ti/16', 'A ViT variant (its width, heads, MLP).')
+  flags.DEFINE_integer('batch_size', 32, 'Images per step.')
+  flags.DEFINE_integer('image_size', 224, 'Image side in pixels.')
+  flags.DEFINE_integer('rounds', 3, 'Alternations of the two sides.')
+  flags.DEFINE_integer('calls', 10, 'Timed calls per side per round.')
+
+
 def main(argv):
   del argv
+  f = flags.FLAGS
   jax.config.update('jax_platforms', 'cpu')  # this CPU's XLA (no accelerator probing)
   import torch  # pylint: disable=g-import-not-at-top  # optional: make test-interop
   rng = np.random.default_rng(0)
   print(f'processor: {processor.one_line(processor.describe())}; torch threads '
         f'{torch.get_num_threads()}')
-  print(f'{_MODEL.value}, batch {_BATCH.value}, {_IMAGE.value} px: one layer\'s matmuls, '
-        f'median of {_CALLS.value} calls x {_ROUNDS.value} rounds')
+  print(f'{f.model}, batch {f.batch_size}, {f.image_size} px: one layer\'s matmuls, '
+        f'median of {f.calls} calls x {f.rounds} rounds')
   print('| matmul | einsum | XLA ms | XLA GFLOP/s | torch ms | torch GFLOP/s | XLA / torch speed |')
   print('|---|---|---|---|---|---|---|')
-  for name, spec, lhs, rhs in shapes(_MODEL.value, _BATCH.value, _IMAGE.value):
+  for name, spec, lhs, rhs in shapes(f.model, f.batch_size, f.image_size):
     a = rng.standard_normal(lhs, dtype=np.float32)
     b = rng.standard_normal(rhs, dtype=np.float32)
     ja, jb = jnp.asarray(a), jnp.asarray(b)
@@ -96,9 +101,9 @@ def main(argv):
     jax.block_until_ready(ours(ja, jb))
     theirs()
     xla, tch = [], []
-    for _ in range(_ROUNDS.value):
-      xla.append(_median_ms(lambda: jax.block_until_ready(ours(ja, jb)), _CALLS.value))
-      tch.append(_median_ms(theirs, _CALLS.value))
+    for _ in range(f.rounds):
+      xla.append(_median_ms(lambda: jax.block_until_ready(ours(ja, jb)), f.calls))
+      tch.append(_median_ms(theirs, f.calls))
     x, t = statistics.median(xla), statistics.median(tch)
     gflop = flops(spec, lhs, rhs) / 1e9
     print(f'| {name} | `{spec}` | {x:.2f} | {gflop / x * 1e3:.0f} | {t:.2f} | '
@@ -106,4 +111,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)
