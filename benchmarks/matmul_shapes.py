@@ -9,9 +9,9 @@ Two kinds of shape, each forward and as the backward pass computes it:
            MLP: F = mlp_dim), and the kernel gradient x^T dy (contracting the rows)
   batched  the attention core over B*heads matrices of N tokens x head_dim: Q K^T, weights V,
            and the backward's weights^T dY (contracting the query axis)
-Each shape is a jitted `jnp.einsum` (fp32, the default threads) and the same product in PyTorch
-(`torch.matmul` / `torch.bmm` on transposed views, `torch.get_num_threads()` threads), timed in
-turn `--rounds` times, `--calls` calls each; prints the median milliseconds and GFLOP/s of each
+Each shape is a jitted `jnp.einsum` (fp32, the default threads) and the same `torch.einsum`
+(which runs it as a matmul or bmm on transposed views; `torch.get_num_threads()` threads), timed
+in turn `--rounds` times, `--calls` calls each; prints the median milliseconds and GFLOP/s of each
 side and the ratio, with the processor.
 """
 
