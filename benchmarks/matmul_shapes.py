@@ -16,8 +16,7 @@ side and the ratio, with the processor.
 """
 
 import statistics
-import time
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 from absl import app
 from absl import flags
@@ -25,8 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import models
+from vit_jax.benchmarking import ours as ours_lib
 from vit_jax.benchmarking import processor
-from vit_jax.models import variants
+from vit_jax.models import vit
 
 # (name, einsum, lhs shape, rhs shape) of one layer, built by `shapes`.
 Shape = Tuple[str, str, Tuple[int, ...], Tuple[int, ...]]
@@ -34,11 +35,13 @@ Shape = Tuple[str, str, Tuple[int, ...], Tuple[int, ...]]
 
 def shapes(model: str, batch: int, image_size: int) -> List[Shape]:
   """The matmuls of one encoder layer of `model` at `batch` x `image_size` px."""
-  _, kw = variants.decode(model)
-  if kw.get('resnet') is not None:
-    raise app.UsageError(f'{model} is a hybrid: give a plain ViT (its encoder has the same shapes)')
-  d, heads, mlp = kw['hidden_size'], kw['num_heads'], kw['mlp_dim']
-  tokens = (image_size // kw['patch_size'][0]) ** 2 + 1
+  module = models.create_model(model, num_classes=1)
+  if getattr(module, 'resnet', None) is not None or not hasattr(module, 'num_heads'):
+    raise app.UsageError(f'{model} is not a plain ViT: give one (a hybrid\'s encoder has the same '
+                         'shapes)')
+  d, heads, mlp = module.hidden_size, module.num_heads, module.mlp_dim
+  gh, gw = vit.token_grid(module, image_size)
+  tokens = gh * gw + 1
   rows, bh, hd = batch * tokens, batch * heads, d // heads
   return [
       ('dense x W (q/k/v, out)', 'rd,df->rf', (rows, d), (d, d)),
@@ -58,15 +61,6 @@ def flops(spec: str, lhs: Tuple[int, ...], rhs: Tuple[int, ...]) -> float:
   for names, shape in zip(ins.split(','), (lhs, rhs)):
     sizes.update(zip(names, shape))
   return 2.0 * float(np.prod(list(sizes.values())))
-
-
-def _median_ms(fn: Callable[[], object], calls: int) -> float:
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times)
 
 
 def _define_flags() -> None:
@@ -98,12 +92,10 @@ def main(argv):
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     ours = jax.jit(lambda x, y, s=spec: jnp.einsum(s, x, y))
     theirs = lambda s=spec: torch.einsum(s, ta, tb)  # a matmul/bmm on transposed views
-    jax.block_until_ready(ours(ja, jb))
-    theirs()
     xla, tch = [], []
-    for _ in range(f.rounds):
-      xla.append(_median_ms(lambda: jax.block_until_ready(ours(ja, jb)), f.calls))
-      tch.append(_median_ms(theirs, f.calls))
+    for r in range(f.rounds):  # the first round warms both sides up
+      xla.append(1e3 * ours_lib.time_calls(lambda: ours(ja, jb), f.calls, int(r == 0)).median)
+      tch.append(1e3 * ours_lib.time_calls(theirs, f.calls, int(r == 0)).median)
     x, t = statistics.median(xla), statistics.median(tch)
     gflop = flops(spec, lhs, rhs) / 1e9
     print(f'| {name} | `{spec}` | {x:.2f} | {gflop / x * 1e3:.0f} | {t:.2f} | '

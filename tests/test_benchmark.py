@@ -80,5 +80,7 @@ def test_matmul_shapes_are_one_vit_layers():
   assert got['attention weights^T dY'] == ('bqk,bqd->bkd', (96, 197, 197), (96, 197, 64))
   assert matmul_shapes.flops(*got['MLP x^T dy (kernel grad)']) == 2 * 6304 * 192 * 768
   assert matmul_shapes.flops(*got['attention weights^T dY']) == 2 * 96 * 197 * 197 * 64
-  with pytest.raises(app.UsageError, match='is a hybrid'):
+  with pytest.raises(app.UsageError, match='is not a plain ViT'):
     matmul_shapes.shapes('R50+ViT-B/16', 8, 224)
+  with pytest.raises(app.UsageError, match='is not a plain ViT'):
+    matmul_shapes.shapes('BiT-R50x1', 8, 224)
