@@ -87,7 +87,9 @@ def _config(**overrides):
   c.dataset, c.num_classes, c.pp.channels = 'imagenet2012', 1000, 3
   c.data_dir = '/nonexistent/tfds'  # not prepared anywhere: compile-only needs no data
   c.compile_for = 'v3-8'
-  c.model.num_layers = 2  # 2 of Mu/4's 6 layers: every kind of parameter, half the compile time
+  # 2 of Mu/4's 6 layers: every kind of parameter, about half the compile time (the fixture's
+  # tests 64.6 -> 35.2 CPU-s cold, Intel Xeon family 6 model 207).
+  c.model.num_layers = 2
   common.apply(c, overrides)
   return c
 
