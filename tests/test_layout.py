@@ -9,7 +9,7 @@ from helpers import ROOT
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
     ('errors',),
-    ('quiet', 'interrupt', 'hostmem', 'compile_cache', 'fileio', 'lazy', 'cpus'),
+    ('quiet', 'interrupt', 'hostmem', 'compile_cache', 'fileio', 'lazy', 'cpus', 'platform'),
     ('parallel',),
     ('models',),
     ('tasks', 'data', 'formats', 'checkpoint', 'xla_flags'),
