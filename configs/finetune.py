@@ -26,7 +26,7 @@ Arguments:
   headline  ImageNet only: 512 px (L/16) or 518 px (H/14) with Polyak averaging 0.9999 (P Tab.2)
   steps, image_size (mnist5k and digits only)
 
-Expected: P Table 2 / Table 5 (facts sheet section 6); the mnist5k recipe is measured in README.md.
+Expected: P Table 2 / Table 5; the mnist5k recipe is measured in docs/recipes.md.
 """
 
 from configs import common

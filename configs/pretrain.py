@@ -22,8 +22,8 @@ Arguments:
             the recommendation (wd 0.1, no dropout/sd without one)
   steps, lr (mnist5k only)
 
-Expected: the paper's numbers come after fine-tuning (configs/finetune.py; facts sheet section 6).
-The mnist5k recipe is measured in README.md.
+Expected: the paper's numbers come after fine-tuning (configs/finetune.py; P Tables 2 and 5).
+The mnist5k recipe is measured in docs/recipes.md.
 """
 
 from configs import common

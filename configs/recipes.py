@@ -1,4 +1,4 @@
-"""The numbers of the paper's recipes, in one place (facts sheet sections 4 and 5).
+"""The numbers of the paper's recipes, in one place (P Section 4.1, Appendix B.1 and Tables 3-4).
 
 configs/pretrain.py and configs/finetune.py read these tables; tests/test_recipes.py checks every
 row against the paper. Model names here are short: 'B/16', 'R50+B/16'; `variant()` gives the
@@ -122,7 +122,7 @@ def plan_settings(recipe: str, model: str) -> dict:
 
 
 # VTAB-1k: 19 tasks, 800 train + 200 val images each, 2,500 steps at lr 0.01 (P App. B.1.1).
-# VTAB's own split definitions (task_adaptation) are not in the facts sheet: here the 1,000 images
+# VTAB's own split definitions (task_adaptation) are not in the paper: here the 1,000 images
 # are the first 1,000 of the tfds train split (first 800 = train, next 200 = dev).
 VTAB_STEPS = 2_500
 VTAB_LR = 0.01

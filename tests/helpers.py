@@ -58,8 +58,7 @@ def get_sweep():
 
 
 # The suite compiles with most of XLA's optimisations off (conftest.py): right for its many
-# small programs, 2x the CPU time for a run of 100+ steps (ViT-Mu/4, 150 steps of batch 64:
-# 145 CPU-s unoptimised, 78 CPU-s optimised, AMD EPYC family 25 model 1).
+# small programs, about twice the CPU time for a run of 100+ steps.
 @contextlib.contextmanager
 def optimized():
   """Programs compiled inside get XLA's optimisations (the suite's default is off; LLVM at level 1,

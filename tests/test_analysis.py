@@ -23,7 +23,7 @@ from vit_jax.errors import UserError
 from vit_jax.models import create_model
 from helpers import ROOT, optimized
 
-# One worker runs this module, so its shared fixtures are computed once per session.
+# One worker runs this module, so its shared fixtures are computed once per test run.
 pytestmark = pytest.mark.xdist_group('analysis')
 
 FIGURES = ('embedding_filters', 'posemb_similarity', 'attention_distance', 'attention_rollout')
@@ -299,10 +299,10 @@ SHORT_STEPS = 150
 
 @pytest.fixture(scope='session')
 def short_run(tmp_path_factory, data_dir):
-  """Workdir of ViT-Mu/4 trained SHORT_STEPS steps on mnist5k (trained once per session)."""
+  """Workdir of ViT-Mu/4 trained SHORT_STEPS steps on mnist5k (trained once per test run)."""
   base = tmp_path_factory.getbasetemp()
   if os.environ.get('PYTEST_XDIST_WORKER'):
-    base = base.parent  # shared by this session's workers only
+    base = base.parent  # shared by this test run's workers only
   workdir = base / f'analysis_vit_mu4_{SHORT_STEPS}'
   with open(base / 'analysis_short_run.lock', 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)

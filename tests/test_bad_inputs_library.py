@@ -1,4 +1,4 @@
-"""The bad-input catalogue's cases that need no command line (issue 19), each its own test: the
+"""The bad-input catalogue's cases that need no command line, each its own test: the
 library raises one UserError line (the CLIs print it as `error: ...`, exit 2: test_bad_inputs.py
 checks that path), nothing already written is lost, and odd inputs that can be used are used.
 

@@ -69,7 +69,7 @@ def test_input_pipeline_and_cli_json(tmp_path, data_dir):
 
 def test_matmul_shapes_are_one_vit_layers():
   """benchmarks/matmul_shapes.py: the shapes of one ViT-Ti/16 layer at batch 32, 224 px, and
-  their FLOPs (the figures of benchmarks/README.md's kernel-level table)."""
+  their FLOPs (the shapes the script times)."""
   from absl import app  # pylint: disable=g-import-not-at-top
   from benchmarks import matmul_shapes  # pylint: disable=g-import-not-at-top
   got = {name: (spec, lhs, rhs) for name, spec, lhs, rhs in

@@ -423,8 +423,8 @@ def test_xla_flops_match_the_closed_form():
 
 @pytest.mark.slow
 def test_main_trains_a_bit(tmp_path, data_dir):
-  # With XLA's optimisations: the convolutions unoptimised made this 6-step run and its eval of
-  # 1,000 images cost 35.9 CPU-s against 25.9 (Intel Xeon family 6 model 207, cold cache).
+  # With XLA's optimisations: unoptimised convolutions make this 6-step run and its eval of
+  # 1,000 images cost more CPU than compiling them optimised.
   proc = subprocess.run(
       [sys.executable, '-m', 'vit_jax.main',
        '--config=configs/mnist5k.py:model_name=BiT-R14x0.5,steps=6,batch_size=32,lr=3e-3',

@@ -22,7 +22,7 @@ from vit_jax.parallel import targets
 from vit_jax.train import loop
 from helpers import ROOT
 
-# One worker runs this module, so its shared fixtures are computed once per session.
+# One worker runs this module, so its shared fixtures are computed once per test run.
 pytestmark = pytest.mark.xdist_group('compile_targets')
 
 GIB = 2 ** 30
@@ -87,8 +87,7 @@ def _config(**overrides):
   c.dataset, c.num_classes, c.pp.channels = 'imagenet2012', 1000, 3
   c.data_dir = '/nonexistent/tfds'  # not prepared anywhere: compile-only needs no data
   c.compile_for = 'v3-8'
-  # 2 of Mu/4's 6 layers: every kind of parameter, about half the compile time (the fixture's
-  # tests 64.6 -> 35.2 CPU-s cold, Intel Xeon family 6 model 207).
+  # 2 of Mu/4's 6 layers: every kind of parameter, about half the compile time.
   c.model.num_layers = 2
   common.apply(c, overrides)
   return c

@@ -1,7 +1,7 @@
 """Tests of vit_jax.models: variant table, exact param counts, param tree, options, init, numerics.
 
 Big models are only traced (`jax.eval_shape`), never materialised. Expected numbers come from the
-facts sheet (/work/shared/facts/vit_facts.md section 1), which quotes the original models_test.py.
+original code's `models_test.py` (the paper's Table 1 models).
 """
 
 import functools
@@ -98,7 +98,7 @@ def _apply(model, params, x, train=False, seed=0, **kwargs):
 
 
 # ---------------------------------------------------------------------------------------------
-# Exact parameter counts (facts sheet section 1).
+# Exact parameter counts (the original `models_test.py`).
 
 COUNT_224_1K = {
     'ViT-Ti/16': 5_717_416,
@@ -115,7 +115,7 @@ COUNT_224_1K = {
     'R26+ViT-B/32': 101_383_976,
     'R50+ViT-B/16': 98_659_112,
     'R50+ViT-L/32': 328_994_856,
-    # Not in the facts sheet; derived from it: R50 backbone = R50+ViT-L/32 - ViT-L/32 with a
+    # Not in `models_test.py`; derived from it: R50 backbone = R50+ViT-L/32 - ViT-L/32 with a
     # [1,1,2048,1024] instead of a [32,32,3,1024] embedding = 23,508,032; then
     # ViT-B/32 - 32*32*3*768 + 2048*768 + 23,508,032 = 110,945,832.
     'R50+ViT-B/32': 110_945_832,
@@ -164,7 +164,7 @@ def test_param_count_224_21k(name, expected):
 
 
 def test_param_count_21k_with_pre_logits():
-  # The original i21k checkpoints also carry pre_logits: add D*D + D (facts sheet).
+  # The original i21k checkpoints also carry pre_logits: add D*D + D.
   assert _count('ViT-B/32', num_classes=21843, representation_size=768) == (
       104_252_499 + 768 * 768 + 768)
 
@@ -472,7 +472,7 @@ def test_representation_size_adds_pre_logits():
 
 
 def _sincos_reference(h, w, width):
-  """Element by element, straight from the formula in the facts sheet."""
+  """Element by element, straight from the formula of big_vision's `posemb_sincos_2d`."""
   q = width // 4
   out = np.zeros((h * w, width))
   for row in range(h):
@@ -646,7 +646,7 @@ def test_remat():
 
 
 # ---------------------------------------------------------------------------------------------
-# Initialisation (facts sheet section 3).
+# Initialisation (the original `models_vit.py`).
 
 
 def test_init_statistics_vit():
@@ -734,8 +734,7 @@ def test_std_conv_is_conv_with_standardised_kernel():
 @pytest.mark.parametrize('padding', ['SAME', ((0, 0), (0, 0))])
 def test_pointwise_std_conv_is_the_convolution_with_its_gradients(padding):
   """A 1x1 stride-1 StdConv runs as a matmul over the channels (its kernel gradient then needs no
-  channels-first copy of the input: the hybrid's train step 1.16-1.20x -> 1.35x timm on AMD EPYC
-  26/2); values and both gradients equal the convolution's."""
+  channels-first copy of the input on CPU); values and both gradients equal the convolution's."""
   x = _normal((2, 6, 6, 8), seed=3)
   params = {'kernel': _normal((1, 1, 8, 16), seed=4) * 0.5 + 0.1}
   conv = resnet_lib.StdConv(16, (1, 1), padding=padding)
@@ -765,8 +764,7 @@ def test_pointwise_std_conv_is_the_convolution_with_its_gradients(padding):
 @pytest.mark.parametrize('size', [28, 30])
 def test_cpu_patch_embedding_is_the_convolution_with_its_gradients(size):
   """On CPU the patch embedding runs as one matmul of the patches (no dilated convolution for its
-  kernel's gradient; ViT-Ti/16's train step 9-17% faster with the row-major Dense layers on Intel
-  Xeon 6/207); values and both gradients equal the p x p stride-p VALID convolution's, also when
+  kernel's gradient); values and both gradients equal the p x p stride-p VALID convolution's, also when
   the image is not a multiple of the patch (30 px, patch 7: the last 2 rows and columns unused)."""
   x = _normal((2, size, size, 3), seed=5)
   kernel, bias = _normal((7, 7, 3, 16), seed=6) * 0.2, _normal((16,), seed=7)

@@ -1,4 +1,5 @@
-"""Tests of vit_jax.formats.npz: the official .npz layouts (facts sheet section 2).
+"""Tests of vit_jax.formats.npz: the official .npz layouts (the released
+checkpoints' parameter names, the original code's `models_vit.py`).
 
 Files are made here from tiny models' param shapes filled with known random values and renamed by
 mappings written independently in this file (`_released_names`, `_big_vision`). The big_vision

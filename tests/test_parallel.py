@@ -231,8 +231,7 @@ def test_parallel_config_errors(tmp_path, data_dir):
 def test_compile_only_reports_memory_without_training(tmp_path, capsys):
   """FSDP stores 1/8 of the state per device; no dataset, workdir or params are needed. ViT-Ti/16
   with 2 of its 12 layers: the same kernels (FSDP splits those of 4,096 values or more), compiled
-  in a fifth of the CPU time (44.6 -> 9.1 CPU-s cold, Intel Xeon family 6 model 207; test_models
-  checks the whole model's count)."""
+  in a fraction of the time (test_models checks the whole model's count)."""
   common = dict(dataset='imagenet2012', data_dir=str(tmp_path / 'no_data'), num_classes=1000,
                 image_size=224, batch_size=8, compile_only=True, total_steps=100,
                 **{'pp.channels': 3, 'model.num_layers': 2})

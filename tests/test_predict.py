@@ -22,7 +22,7 @@ from vit_jax.data import image_files, specs
 from vit_jax.errors import UserError
 from helpers import ROOT
 
-# One worker runs this module, so its shared fixtures are computed once per session.
+# One worker runs this module, so its shared fixtures are computed once per test run.
 pytestmark = pytest.mark.xdist_group('predict')
 
 STEPS = 40
@@ -49,7 +49,7 @@ def _train(base):
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
   """A ViT-Ze/4 trained STEPS steps on the colour folder (once for all xdist workers of the
-  session: the first to take the lock trains); its workdir, eval result and fresh images."""
+  test run: the first to take the lock trains); its workdir, eval result and fresh images."""
   base = tmp_path_factory.getbasetemp()
   base = (base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base) / 'predict_colours'
   base.mkdir(exist_ok=True)

@@ -33,7 +33,7 @@ from vit_jax.train import loop
 from vit_jax.tasks import losses
 from vit_jax.train import program, step as step_lib
 
-# One worker runs this module, so its shared fixtures are computed once per session.
+# One worker runs this module, so its shared fixtures are computed once per test run.
 pytestmark = pytest.mark.xdist_group('scan')
 
 X = np.random.default_rng(0).uniform(-1, 1, (3, 28, 28, 1)).astype(np.float32)

@@ -158,7 +158,7 @@ def test_killed_sweep_reruns_only_the_unfinished_runs(tmp_path, data_dir):
 
 def test_a_result_cut_short_by_a_kill_reads_as_unfinished_and_results_are_written_whole(
     tmp_path, monkeypatch):
-  """A sweep killed while writing a run's sweep_result.json (seen on Intel Xeon 6/207: the rerun
+  """A sweep killed while writing a run's sweep_result.json (the rerun once
   died on an empty file with a JSONDecodeError traceback) leaves a file the rerun treats as not
   finished; results are now written to a temporary file and renamed, so a reader sees none or
   all."""

@@ -27,20 +27,20 @@ _SESSION_OK = re.compile(
     r'scope\s*=\s*[\'"][s]ession|request\.[s]ession|\.[s]ession\b|[s]ession[-_ ]?(scope|fixture)|'
     r'\b(ssh|login|process|terminal|tmux|screen|own|new)\s+[s]essions?\b|setsid|'
     r'[s]ession\s+leader|start_new_[s]ession|_[s]ession\b', re.I)
-# "the eleventh ...", "round 3", "sprint 2": numbered periods of work (not "the first round" of
-# a benchmark's alternations).
+# Numbered periods of work: an ordinal before the word, or "round", "sprint" and the word before
+# a number (not "the first round" of a benchmark's alternations).
 _NUMBERED_PERIOD = re.compile(
     rf'\b(?:{_ORDINALS})\s+(?:[s]ession|sprint|work\s+period)s?\b'
     r'|\b(?:round|sprint|[s]ession)\s+#?\d+\b', re.I)
-# The tracker: "issue 12", "issues 3 and 4", "PR 7", "#12" (not a colour, an anchor or another
-# project's "owner/repo#12").
+# The tracker: the word "issue" (or "PR") before a number, or a hash before one (not a colour,
+# an anchor or another project's "owner/repo" reference).
 _ISSUE = re.compile(r'\b(?:issues?|pull request|PR)\s*#?\d+\b|(?<![\w/&#-])#\d{1,5}(?![\w-])',
                     re.I)
 _OUTSIDE = re.compile(r'\.\./shared\b|\bfacts[ ]sheet\b|vit[_]facts|/wo[r]k/', re.I)
 # Brand names as proper nouns (a variable named after one is not text), and lscpu's "family N
 # model M" in any case.
 _PROCESSOR = re.compile(
-    r'\b(?:Xeon|XEON|EPYC|Epyc|Ryzen|Threadripper|Opteron|Graviton\d*|Neoverse)\b|'
+    r'\b(?:X[e]on|X[E]ON|E[P]YC|E[p]yc|R[y]zen|T[h]readripper|O[p]teron|G[r]aviton\d*|N[e]overse)\b|'
     r'\b(?:Sapphire|Emerald|Granite) Rapids\b|\b(?:Cascade|Ice) Lake\b|\bSkylake\b|'
     r'\bCore\(TM\)|\bCore i[3579]-\d|(?i:\bfamily\s+\d+,?\s+model\s+\d+\b)')
 # /proc/cpuinfo text, the input of the tests of code that reads it.
@@ -112,12 +112,12 @@ def tracked_text_files() -> list:
     (work_period, 'the previous sess' 'ion changed only tests'),
     (work_period, "(the sess" "ion's CPU budget)"),
     (work_period, 'Sess' 'ions 3 and 4 tuned the allocator.'),
-    (work_period, 'as planned in round 3'),
-    (work_period, 'the thirteenth sprint of review'),
+    (work_period, 'as planned in rou' 'nd 3'),
+    (work_period, 'the thirteenth spr' 'int of review'),
     (issue_number, "`make train`'s recipe until iss" "ue 18"),
-    (issue_number, 'Config files that cannot be loaded (issue #19).'),
-    (issue_number, 'see #45 for the plan'),
-    (issue_number, 'fixed in PR 12'),
+    (issue_number, 'Config files that cannot be loaded (iss' 'ue #' '19).'),
+    (issue_number, 'see #' '45 for the plan'),
+    (issue_number, 'fixed in P' 'R 12'),
     (outside_document, 'the facts s' 'heet (section 1) quotes it'),
     (outside_document, 'see ../sha' 'red/design.md'),
     (outside_document, 'from /wo' 'rk/shared/facts/vit_' 'facts.md'),

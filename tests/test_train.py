@@ -243,8 +243,8 @@ def test_eval_step_masks_padding():
 def test_a_run_on_an_embedded_dataset_never_imports_tensorflow(tmp_path):
   """A whole run on mnist5k (workdir checked, a torn log repaired, program built and compiled,
   NumPy input streams, TensorBoard events, checkpoints, the learning curve) imports no
-  TensorFlow: 2.1 CPU-s less for every such run (AMD EPYC 26/2, docs/speed.md), and, on whole
-  splits, no tfds either (0.15-0.2 s, AMD EPYC 26/2); nor does a run on a sweep's dev splits
+  TensorFlow (seconds of start-up saved for every such run) and, on whole splits, no tfds either;
+  nor does a run on a sweep's dev splits
   with few-shot evaluation import TensorFlow (their split expressions go through tfds's
   parser)."""
   log = tmp_path / 'w' / 'metrics.jsonl'

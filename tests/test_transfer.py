@@ -30,7 +30,7 @@ def test_bilinear_equals_the_originals_scipy_zoom_order_1(old, new):
   grid = rng.normal(size=old + (3,))
   posemb = np.concatenate([rng.normal(size=(1, 3)), grid.reshape(-1, 3)])[None]
   out = posemb_resize.resize_posemb(posemb, old, new, has_cls=True, method='bilinear')
-  # The original code (facts sheet section 5): scipy.ndimage.zoom(grid, (new/old, new/old, 1),
+  # The original code (`checkpoint.py`, `load_pretrained`): scipy.ndimage.zoom(grid, (new/old, new/old, 1),
   # order=1) on the grid; zooming by the size ratio gives exactly the requested output shape.
   zoom = (new[0] / old[0], new[1] / old[1], 1)
   expected = scipy.ndimage.zoom(grid, zoom, order=1)

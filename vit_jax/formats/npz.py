@@ -1,4 +1,4 @@
-"""Official .npz checkpoints (facts sheet section 2) <-> this project's param tree.
+"""Official .npz checkpoints (names of the original `models_vit.py`) <-> this project's param tree.
 
 `load_npz(path)` reads any of these layouts ('/'-joined keys) into our tree (linen names):
 

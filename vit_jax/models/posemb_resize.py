@@ -4,7 +4,7 @@ transfer (`config.init`), predict, bundles and the analyses use at another image
 `resize_posemb` keeps the cls row (if any) and interpolates the grid rows in 2-D, non-square grids
 included. Interpolation (`method`) samples the old grid at corner-aligned positions: new index i of
 n_new sits at old coordinate i * (n_old - 1) / (n_new - 1), as scipy.ndimage.zoom(order=1) in the
-original code (facts sheet section 5). 'bilinear' is linear in each axis, equal to that zoom;
+original code's `checkpoint.py` (`load_pretrained`). 'bilinear' is linear in each axis, equal to that zoom;
 'bicubic' is Keys cubic convolution (a = -0.5) at the same positions, edge rows repeated.
 """
 

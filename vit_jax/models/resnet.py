@@ -87,10 +87,8 @@ def _is_pointwise(kernel_size, strides, padding) -> bool:
   """A 1x1 convolution with stride 1 and no padding: a matmul over the channels, which StdConv
   runs as one. As a convolution, its kernel gradient made XLA:CPU copy the input to a
   channels-first layout, and each copy recomputed the stage's chain of earlier units
-  (GroupNorm, residual adds) inside it. R50+ViT-B/16 train step at batch 8: kernel time
-  5.4-5.6 s -> 4.5 s per step, 1.16-1.20x timm -> 1.35x (two runs each); inference unchanged
-  (1.68-1.71x -> 1.68-1.77x); AMD EPYC family 26 model 2, benchmarks/README.md. Same values and
-  gradients (tests/test_models.py)."""
+  (GroupNorm, residual adds) inside it, which made the hybrid's train step markedly slower.
+  Same values and gradients (tests/test_models.py)."""
   no_padding = padding in ('SAME', 'VALID') or all(p == (0, 0) for p in padding)
   return tuple(kernel_size) == (1, 1) and tuple(strides) == (1, 1) and no_padding
 

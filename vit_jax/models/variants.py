@@ -2,7 +2,7 @@
 
 Plain ViTs decode from the name: 'ViT-<base>/<patch>' with any integer patch size, e.g. 'ViT-B/16',
 'ViT-Mu/4'. Hybrids are explicit entries, because the number after the name is the total
-downsampling (ResNet stride x patch), not the patch size (facts sheet section 1). BiT ResNets
+downsampling (ResNet stride x patch), not the patch size (the original `configs/models.py`). BiT ResNets
 (models/bit.py) decode from 'BiT-R<depth>x<width>', e.g. 'BiT-R50x1', 'BiT-R26x0.5'.
 """
 
@@ -14,7 +14,7 @@ from vit_jax.models.bit import BiT, root_width
 from vit_jax.models.resnet import ResNetConfig
 from vit_jax.models.vit import VisionTransformer
 
-# Transformer shape of each base (facts sheet section 1; Mu and Ze are small CPU bases for 28 px).
+# Transformer shape of each base (P Table 1; Mu and Ze are small CPU bases for 28 px).
 BASES: Dict[str, Dict[str, int]] = {
     'Ti': dict(hidden_size=192, num_layers=12, num_heads=3, mlp_dim=768),
     'S': dict(hidden_size=384, num_layers=12, num_heads=6, mlp_dim=1536),

@@ -1,4 +1,4 @@
-"""Mixup as big_vision does it (facts sheet section 4): one lambda per step for the whole batch.
+"""Mixup as big_vision does it (its `utils.py`, `mixup`): one lambda per step for the whole batch.
 
   lambda ~ Beta(alpha, alpha);  lambda = max(lambda, 1 - lambda)
   images  = lambda * images  + (1 - lambda) * roll(images, 1)     (each example with its neighbour)

@@ -2,8 +2,8 @@
 accuracy against the step, in two panels.
 
 Every finished run writes one (`learning_curve.png`), so it is drawn in a few milliseconds rather
-than through matplotlib, whose import and layout cost a command 0.41-0.50 CPU-s (AMD EPYC family
-26 model 2; docs/speed.md).
+than through matplotlib, whose import and layout would cost every command a large share of its
+start-up.
 `layout(...)` is the pure part (data -> pixel geometry); `render(...)` paints it.
 """
 

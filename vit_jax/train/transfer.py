@@ -3,7 +3,7 @@
 `config.init` names a training workdir (its newest checkpoint), one checkpoint step directory
 (`<workdir>/checkpoints/<step>`), an .npz file in any layout `load_npz` reads, or official weights
 by name (`ViT-B/16@imagenet21k`; `python -m vit_jax weights` lists them). Every parameter of
-the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; facts sheet sections 3, 5):
+the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; the original `checkpoint.py`):
 
   head        the new model's own freshly initialised head (zero kernel) for the new class count
   pre_logits  dropped, unless the new model has one (config.model.representation_size set): then
