@@ -8,8 +8,8 @@ parameters, optimizer state, temporaries, peak, the HBM fit, FLOPs and compile t
 trained or read (the dataset need not exist; its class count comes from recipes.NUM_CLASSES).
 Recipes: pretrain (configs/pretrain.py, P Table 3, batch 4096 at 224 px) and headline
 (configs/finetune.py headline=true: ImageNet at 512 px for L/16, 518 px for H/14, batch 512).
-Needs the TPU compiler: `make tpu-compiler`. Expected: docs/scaling.md, "Planning for TPUs with the
-TPU compiler".
+Needs the TPU compiler: `make tpu-compiler`. Expected: benchmarks/RESULTS.md, "Planning TPU runs";
+how to read the report: docs/scaling.md.
 """
 
 from configs import common

@@ -89,7 +89,8 @@ COMMANDS = {
     f'{_PY} export --workdir=runs/default': Run(),
     f'{_PY} convert --workdir=runs/default': Run(),
     # docs/speed.md
-    f'{_PY} bench --model=ViT-Ti/16': Run('--model=ViT-Ze/4 --image_size=28 --batch_size=8 --steps=2'),
+    f'{_PY} bench --model=ViT-Ti/16':
+        Run('--model=ViT-Ze/4 --image_size=28 --batch_size=8 --steps=2'),
     # docs/experiments.md
     f'{_PY} analyze --workdir=runs/default': Run(),
     # docs/scaling.md: the launcher prints its gcloud commands instead of running them.
@@ -106,14 +107,16 @@ COMMANDS = {
         Fails(_ELIDED),
     'python -m vit_jax.main --config=configs/finetune.py:model=B/16,dataset=cifar10 --config.init':
         Fails(_NOT_PREPARED),
-    'python -m vit_jax.main --config=configs/finetune.py:model=B/16,dataset=cifar10,dev': Fails(_ELIDED),
+    'python -m vit_jax.main --config=configs/finetune.py:model=B/16,dataset=cifar10,dev':
+        Fails(_ELIDED),
     'python -m vit_jax.main --config=configs/finetune.py:model=L/16,dataset=imagenet2012':
         Fails(_ELIDED),
     'python -m vit_jax fewshot --workdir=runs/i21k':
-        Fails(r'^error: --workdir=\S+/runs/i21k does not exist'),
+        Fails(r'^error: (--workdir=\S+/runs/i21k does not exist|no checkpoints in \S+/runs/i21k/)'),
     'W=runs/recipes python -m vit_jax.main --config=configs/pretrain.py:model=Mu/4,dataset=mnist5k':
         Run(_FAST_TRAIN),
-    'W=runs/recipes python -m vit_jax.main --config=configs/finetune.py:model=Mu/4': Run(_FAST_TRAIN),
+    'W=runs/recipes python -m vit_jax.main --config=configs/finetune.py:model=Mu/4':
+        Run(_FAST_TRAIN),
     'W=runs/recipes python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
 }
 

@@ -40,7 +40,8 @@ _OUTSIDE = re.compile(r'\.\./shared\b|\bfacts[ ]sheet\b|vit[_]facts|/wo[r]k/', r
 # Brand names as proper nouns (a variable named after one is not text), and lscpu's "family N
 # model M" in any case.
 _PROCESSOR = re.compile(
-    r'\b(?:X[e]on|X[E]ON|E[P]YC|E[p]yc|R[y]zen|T[h]readripper|O[p]teron|G[r]aviton\d*|N[e]overse)\b|'
+    r'\b(?:X[e]on|X[E]ON|E[P]YC|E[p]yc|R[y]zen|T[h]readripper|O[p]teron|G[r]aviton\d*|'
+    r'N[e]overse)\b|'
     r'\b(?:Sapphire|Emerald|Granite) Rapids\b|\b(?:Cascade|Ice) Lake\b|\bSkylake\b|'
     r'\bCore\(TM\)|\bCore i[3579]-\d|(?i:\bfamily\s+\d+,?\s+model\s+\d+\b)')
 # /proc/cpuinfo text, the input of the tests of code that reads it.
