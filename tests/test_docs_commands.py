@@ -26,7 +26,7 @@ import pytest
 
 from helpers import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('docs_commands')]
+pytestmark = pytest.mark.xdist_group('docs_commands')
 
 DOCS = ('README.md', 'docs')
 _STARTS = re.compile(r'^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*'
@@ -247,6 +247,7 @@ def _as_run_here(command: str, entry, home) -> str:
   return f'{command} {entry.append}'.strip()
 
 
+@pytest.mark.slow
 def test_every_documented_command_runs_as_written(home):
   failures, ran = [], set()
   for name, command in documented_commands():
