@@ -224,7 +224,7 @@ def test_catalog_facts_are_the_prepared_datasets(data_dir, name):
 
 
 def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
-  from vit_jax.data import embedded_builder  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import embedded  # pylint: disable=g-import-not-at-top
 
   class Stated(mnist5k.Mnist5k):  # the real data, with a wrong statement of its split sizes
     name = 'mnist5k_stated'
@@ -232,7 +232,7 @@ def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
 
   with pytest.raises(RuntimeError, match=r"splits of \{'train': 4000, 'test': 1000\} examples, "
                                          r"not the \{'train': 4001, 'test': 999\}"):
-    embedded_builder.prepare(Stated, str(tmp_path))
+    embedded.prepare_builder(Stated, str(tmp_path))
   assert not Stated(data_dir=str(tmp_path)).is_prepared()
 
 

@@ -13,7 +13,7 @@ keys).
 Importing this package imports neither tfds nor TensorFlow: the names load their module on first
 use, so `vit_jax.data.choices` (what config validation reads) and a run on the NumPy streams do
 not import them. The embedded datasets' tfds builders are defined (and registered with tfds) on
-first use (`mnist5k.prepare`, `mnist5k.Mnist5k`; embedded_builder.py).
+first use (`mnist5k.prepare`, `mnist5k.Mnist5k`; embedded.py).
 """
 
 from vit_jax import lazy
@@ -24,7 +24,7 @@ from vit_jax.data import mnist5k
 _HOMES = {
     'DatasetInfo': 'info', 'get_info': 'info', 'SHARDINGS': 'choices',
     'EvalBatches': 'pipeline', 'eval_iterator': 'streams',
-    'hide_accelerators_from_tf': 'pipeline', 'train_iterator': 'streams',
+    'hide_accelerators_from_tf': 'preprocess', 'train_iterator': 'streams',
 }
 
 

@@ -72,8 +72,8 @@ def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
   if not encoded.startswith(_DECODABLE_STARTS):
     raise _undecodable(path)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline, preprocess  # pylint: disable=g-import-not-at-top
-  pipeline.hide_accelerators_from_tf()
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  preprocess.hide_accelerators_from_tf()
   try:
     with quiet.silenced_stderr():  # libjpeg's own complaint; the UserError says it in one line
       image = decode(encoded, decode_channels)

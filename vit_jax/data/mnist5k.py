@@ -104,5 +104,5 @@ def prepare(data_dir: Optional[str]) -> Any:
   return embedded.prepare(sys.modules[__name__], data_dir)
 
 
-# `mnist5k.Mnist5k`, the tfds builder, is defined on first use (embedded_builder.py).
+# `mnist5k.Mnist5k`, the tfds builder, is defined on first use (embedded.py).
 __getattr__ = embedded.builder_attribute(__name__)

@@ -44,20 +44,13 @@ from vit_jax import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import specs
+from vit_jax.data.preprocess import hide_accelerators_from_tf
 from vit_jax.errors import UserError
 
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
 # Batches preprocessed at once by a pipeline's parallel map: one per usable core, at most 16 (what
 # tf.data's AUTOTUNE starts from); each batch also runs up to 16 examples at once (`_map_examples`).
 PARALLEL_CALLS = min(16, cpus.usable())
-
-
-def hide_accelerators_from_tf() -> None:
-  """Makes TF use the CPU only, so it never takes GPU memory from JAX (no-op if too late)."""
-  try:
-    tf.config.set_visible_devices([], 'GPU')
-  except (RuntimeError, ValueError):  # Devices already initialised, or no such device type.
-    pass
 
 
 def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
