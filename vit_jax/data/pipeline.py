@@ -34,15 +34,18 @@ autotune off: 8 of 8 at 0.18-0.20 s). The default config's train pipeline alone 
 images/s with it off against 53-54k with it on (AMD EPYC family 26 model 2, 2 cores).
 """
 
+import sys
 from typing import Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 from vit_jax import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
+from vit_jax.data import releases
 from vit_jax.data import specs
 from vit_jax.data.preprocess import hide_accelerators_from_tf
 from vit_jax.errors import UserError
@@ -70,8 +73,10 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   the same for any process count (at the price of every process reading all undecoded records).
   """
   hide_accelerators_from_tf()
-  builder = info_lib.load_builder(dataset, data_dir)
-  ds_info = info_lib.info_from_builder(builder)
+  release = info_lib.find_release(dataset, data_dir)
+  builder = None if release else info_lib.load_builder(dataset, data_dir)
+  ds_info = (info_lib.info_from_release(release) if release else
+             info_lib.info_from_builder(builder))
   per_process = sharding == 'process'
   share = tfds.even_splits(split, n=process_count)[process_index] if per_process else split
   stream_id = process_index if per_process else 0
@@ -81,7 +86,8 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     raise UserError(f"process {process_index} of {process_count} gets no example of split "
                     f"'{split}' of '{dataset}' ({ds_info.num_examples(split)} examples); use a "
                     f"larger split or fewer processes")
-  records = _records(builder, ds_info, share, cache)
+  records = (_release_records(release, share) if release else
+             _records(builder, ds_info, share, cache))
 
   seed_tensor = tf.constant(seed, tf.int64)
   buffer = min(shuffle_buffer, num)
@@ -123,9 +129,86 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     mine = slice(process_index * batch_size, (process_index + 1) * batch_size)
     ds = ds.map(as_written(lambda records, positions: (tuple(r[mine] for r in records),
                                                        positions[mine])))
-  ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+  if release is None:
+    ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    ds = ds.prefetch(prefetch).with_options(_options())
+    return ds.as_numpy_iterator()
+  ds = ds.interleave(as_written(_release_batch(release, process_example)),
+                     cycle_length=PARALLEL_CALLS, num_parallel_calls=PARALLEL_CALLS,
+                     deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
-  return ds.as_numpy_iterator()
+  return _counting_skipped(ds.as_numpy_iterator(), release)
+
+
+# The key under which a release's train batches carry the record keys of the corrupt images they
+# skipped (-1 elsewhere); `_counting_skipped` takes it out of the batches and logs them.
+_SKIPPED = 'skipped'
+
+
+def _release_records(release, share) -> tf.data.Dataset:
+  """(record key, label) of a release's split share (releases.records), in read order."""
+  keys, labels = releases.records(release, share)
+  return tf.data.Dataset.from_tensor_slices((keys, labels))
+
+
+def _read_op(release):
+  """keys int64 [n] -> their images' bytes, tf.string [n], read in place (releases.read)."""
+
+  def read(keys):
+    return np.asarray(releases.read(release, keys) + [b''], dtype=object)[:-1]
+
+  def op(keys):
+    encoded = tf.numpy_function(read, [keys], tf.string, stateful=False)
+    encoded.set_shape(keys.shape)
+    return encoded
+
+  return op
+
+
+def _release_batch(release, process_example):
+  """A batch of (key, label) records and their positions -> a dataset of one train batch: the
+  images read and preprocessed one by one; an image that fails to decode is skipped and its slot
+  takes the batch's first good images again, in order (so the batch keeps its size and the stream
+  stays a pure function of the seed, resumable at any step); its key is in `_SKIPPED`."""
+  read = _read_op(release)
+
+  def batch(records, positions):
+    keys, labels = records
+    n = tf.shape(keys)[0]
+    examples = tf.data.Dataset.from_tensor_slices((read(keys), labels, positions, keys))
+    examples = examples.map(
+        as_written(lambda e, label, p, k: (process_example(e, p), tf.cast(label, tf.int32), k)),
+        num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    examples = examples.ignore_errors().batch(_FOREVER)
+
+    def fill(images, labels, kept):
+      good = tf.shape(kept)[0]
+      check = tf.debugging.assert_positive(
+          good, message='every image of a train batch failed to decode: check the archive')
+      with tf.control_dependencies([check]):
+        take = tf.range(n) % tf.maximum(good, 1)
+      found = tf.reduce_any(tf.equal(keys[:, None], kept[None, :]), axis=1)
+      return {'image': tf.gather(images, take), 'label': tf.gather(labels, take),
+              _SKIPPED: tf.where(found, tf.constant(-1, tf.int64), keys)}
+
+    return examples.map(as_written(fill))
+
+  return batch
+
+
+def _counting_skipped(batches, release) -> Iterator[dict[str, np.ndarray]]:
+  """The batches without `_SKIPPED`; each skipped image is one warning line on stderr (its name
+  and the count so far) and in the absl log."""
+  count = 0
+  for batch in batches:
+    for key in batch.pop(_SKIPPED).tolist():
+      if key >= 0:
+        count += 1
+        line = (f'skipped an image of {release.name} that does not decode: '
+                f'{releases.image_name(release, key)} ({count} so far in this run)')
+        logging.warning(line)
+        print(f'warning: {line}', file=sys.stderr, flush=True)
+    yield batch
 
 
 class EvalBatches:
@@ -152,8 +235,10 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
   The arguments are checked by `streams.eval_iterator`, the entry point.
   """
   hide_accelerators_from_tf()
-  builder = info_lib.load_builder(dataset, data_dir)
-  ds_info = info_lib.info_from_builder(builder)
+  release = info_lib.find_release(dataset, data_dir)
+  builder = None if release else info_lib.load_builder(dataset, data_dir)
+  ds_info = (info_lib.info_from_release(release) if release else
+             info_lib.info_from_builder(builder))
   total = ds_info.num_examples(split)
   if total == 0:
     raise UserError(f"split '{split}' of '{dataset}' is empty; pick a non-empty eval split")
@@ -162,16 +247,19 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
   num_batches = -(-max(counts) // batch_size)
   records = None
   if counts[process_index]:
-    records = _records(builder, ds_info, shares[process_index], cache)
+    records = (_release_records(release, shares[process_index]) if release else
+               _records(builder, ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
-                                batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape)
+                                batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
+                                read=_read_op(release) if release else None)
   return batches, num_batches
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
                         batch_size: int, spec: specs.EvalSpec, stored_shape,
-                        label_shape: tuple[int, ...] = ()) -> EvalBatches:
-  """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records.
+                        label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
+  """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records
+  (with `read`, a keys -> encoded images op: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
@@ -187,8 +275,10 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
     return preprocess.eval_preprocess(preprocess.decode(encoded, channels), spec)
 
   def process_batch(encoded, labels):
+    return pad(_map_examples(process_example, encoded, out_spec), labels)
+
+  def pad(images, labels):
     """A possibly partial batch -> a full batch, padded with zero images and mask 0."""
-    images = _map_examples(process_example, encoded, out_spec)
     real = tf.shape(labels)[0]
     fill = batch_size - real
     batch = {
@@ -205,7 +295,17 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
       'image': tf.zeros([batch_size, *out_spec.shape], tf.float32),
       'label': tf.zeros([batch_size, *label_shape], tf.int32),
       'mask': tf.zeros([batch_size], tf.float32),
-  }).repeat(num_batches - real_batches)
+  })
+  if read is not None and real_batches:
+    # Keys read in place; an image that does not decode is left out (the split's last batches
+    # then hold fewer real rows, and padding makes up the count).
+    ds = records.batch(batch_size).map(as_written(lambda k, label: (read(k), label)))
+    ds = ds.unbatch().map(as_written(lambda e, label: (process_example(e), label)),
+                          num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    ds = ds.ignore_errors().batch(batch_size).map(as_written(pad))
+    ds = ds.concatenate(padding.repeat()).take(num_batches)
+    return EvalBatches(ds.prefetch(1).with_options(_options()), num_batches)
+  padding = padding.repeat(num_batches - real_batches)
   if real_batches:
     # The records are read to their end (no `take` on them), so a cache completes in pass one.
     ds = records.batch(batch_size)
