@@ -222,7 +222,8 @@ def _members(path: str, size: int, start: int, shown: str):
       members = [m for m in tar if m.isfile()]
       end = tar.offset
     except (tarfile.TarError, EOFError) as e:
-      raise UserError(f'{shown} is not a readable tar ({e}): download it again') from None
+      what = 'is truncated' if 'unexpected end' in str(e) else 'is not a readable tar'
+      raise UserError(f'{shown} {what} ({e}): download it again') from None
     for m in members:
       if m.offset_data + m.size > size:
         raise UserError(f'{shown} is truncated: its member {m.name} needs bytes up to '
