@@ -25,7 +25,7 @@ from PIL import Image
 from configs import pretrain
 from helpers import ROOT, train_losses
 from vit_jax import data as data_lib
-from vit_jax.data import archive_index, info, releases
+from vit_jax.data import archive_index, info, releases, specs
 from vit_jax.errors import UserError
 from vit_jax.train import loop
 
@@ -353,3 +353,36 @@ def test_the_index_of_a_changed_archive_is_refused(tmp_path):
   archive.write_bytes(tar_bytes([(f'{s}.tar', tars[s]) for s in SYNSETS[:3]]))
   line = _error_line(data_dir, tmp_path)
   assert 'was built from other contents of' in line and 'delete that directory' in line
+
+
+class _AlwaysFirstClass:
+  """Predicts class 0 for every image."""
+  num_classes = 3
+
+  def apply(self, variables, images, train):
+    del variables, train
+    return jax.numpy.zeros([images.shape[0], 3]).at[:, 0].set(1.0)
+
+
+def test_imagenet_real_scores_the_validation_archive_in_file_name_order(i1k, tmp_path):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import real  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / 'real')
+  shutil.copytree(i1k[0], data_dir, ignore=shutil.ignore_patterns('vit_jax_index'))
+  sets = [[0], [1, 2], [], [0, 2], [2], [0]]  # of ILSVRC2012_val_00000001 ... 06
+  with open(os.path.join(data_dir, 'imagenet2012', releases.REAL_LABELS), 'w') as f:
+    json.dump(sets, f)
+  release = info.real_release('imagenet2012_real', data_dir)
+  pp = dict(crop='resize', image_size=8)
+  batches = pipeline.real_label_set_batches(release, 'validation', batch_size=4,
+                                            spec=specs.eval_spec(pp), process_index=0,
+                                            process_count=1)
+  got = np.concatenate([b['label'] for b in batches])[:6]
+  np.testing.assert_array_equal(got, [[int(c in s) for c in range(3)] for s in sets])
+  mesh = parallel.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1)))
+  evaluator = real.RealEvaluator(model=_AlwaysFirstClass(), mesh=mesh, param_shardings=None,
+                                 dataset='imagenet2012_real', data_dir=data_dir,
+                                 split='validation', batch_size=8, pp=pp)
+  assert evaluator({}) == {'accuracy': 3 / 5, 'count': 5.0}  # the empty set is not scored

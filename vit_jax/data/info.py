@@ -81,6 +81,21 @@ def find_release(dataset: str, data_dir: Optional[str]) -> Optional[releases.Rel
 _RELEASES: dict = {}  # (dataset, data_dir) -> Release: indexed and checked once per process
 
 
+def real_release(dataset: str, data_dir: Optional[str]) -> Optional[releases.Release]:
+  """The ImageNet-1k release whose validation images ImageNet ReaL scores, when `dataset` is
+  'imagenet2012_real', tfds has no prepared copy of it, and the release's directory holds
+  `real.json`; else None (tfds's `imagenet2012_real` is read)."""
+  if dataset != 'imagenet2012_real' or _tfds_prepared(dataset, data_dir):
+    return None
+  root = releases.i1k_root(data_dir)
+  if root is None or not os.path.exists(os.path.join(root, releases.REAL_LABELS)):
+    return None
+  key = ('imagenet2012', data_dir, 'real')
+  if key not in _RELEASES:
+    _RELEASES[key] = releases.imagenet2012(data_dir, root)
+  return _RELEASES[key]
+
+
 def _tfds_prepared(dataset: str, data_dir: Optional[str]) -> bool:
   dirs = [os.path.expanduser(str(d)) for d in tfds.core.utils.file_utils.list_data_dirs(data_dir)]
   return any(glob.glob(os.path.join(glob.escape(d), dataset, '*', 'dataset_info.json'))

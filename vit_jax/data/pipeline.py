@@ -196,6 +196,40 @@ def _release_batch(release, process_example):
   return batch
 
 
+def real_label_set_batches(release, split, *, batch_size: int, spec: specs.EvalSpec,
+                           process_index: int, process_count: int) -> 'EvalBatches':
+  """Eval batches of a release's validation images with ImageNet ReaL's label sets
+  (releases.real_label_sets) as multi-hot 'label' [B, classes]; this process's share of `split`
+  (a split expression over 'validation'), padded like `eval_iterator`'s batches."""
+  sets = releases.real_label_sets(release)
+  if sets is None or 'validation' not in release.splits:
+    raise UserError(f'ImageNet ReaL needs the validation images and {releases.REAL_LABELS} in '
+                    f'{release.root}')
+  val = release.splits['validation']
+  position = np.zeros(len(val.index), np.int64)
+  position[val.rows] = np.arange(len(val.rows))
+  widest = max([len(s) for s in sets] + [1])
+  padded = np.full([len(sets), widest], -1, np.int64)
+  for i, labels in enumerate(sets):
+    padded[i, :len(labels)] = labels
+  shares = tfds.even_splits(split, n=process_count)
+  counts = []
+  for share in shares:
+    if any(part is not val for part, _, _ in release.select(share)):
+      raise UserError(f"ImageNet ReaL scores the validation images: use a split of "
+                      f"'validation', not {split!r}")
+    counts.append(sum(len(rows) for _, rows, _ in release.select(share)))
+  keys, _ = releases.records(release, shares[process_index])
+  rows = releases.key_rows(keys)
+  classes = len(release.classes)
+  records = tf.data.Dataset.from_tensor_slices((keys, padded[position[rows]])).map(
+      as_written(lambda k, s: (k, tf.reduce_max(tf.one_hot(s, classes, dtype=tf.int32), 0))))
+  return padded_eval_batches(records if len(keys) else None, count=len(keys),
+                             num_batches=-(-max(counts) // batch_size), batch_size=batch_size,
+                             spec=spec, stored_shape=(None, None, 3), label_shape=(classes,),
+                             read=_read_op(release))
+
+
 def _counting_skipped(batches, release) -> Iterator[dict[str, np.ndarray]]:
   """The batches without `_SKIPPED`; each skipped image is one warning line on stderr (its name
   and the count so far) and in the absl log."""

@@ -28,6 +28,7 @@ kill (archive_index.py). The images stay where they are: nothing is copied or de
 
 import dataclasses
 import io
+import json
 import os
 import sys
 import tarfile
@@ -99,8 +100,13 @@ def records(release: Release, expression) -> Tuple[np.ndarray, np.ndarray]:
   return np.concatenate(keys), np.concatenate(labels).astype(np.int32)
 
 
+def key_rows(keys):
+  """The index rows of record keys (an int or an int64 array)."""
+  return keys & ((1 << _ROW_BITS) - 1)
+
+
 def _split_row(release: Release, key: int) -> Tuple[Split, int]:
-  return release.splits[list(release.splits)[key >> _ROW_BITS]], key & ((1 << _ROW_BITS) - 1)
+  return release.splits[list(release.splits)[key >> _ROW_BITS]], key_rows(key)
 
 
 def read(release: Release, keys: np.ndarray) -> List[bytes]:
@@ -303,6 +309,24 @@ def _i1k_validation(root: str, val: str, data_dir: str,
   return _Labelled(Split(index, rows, labels), classes)
 
 
+REAL_LABELS = 'real.json'  # ImageNet ReaL's label sets, one list per validation image
+
+
+def real_label_sets(release: Release) -> Optional[List[List[int]]]:
+  """ImageNet ReaL's label sets of the validation images in file-name order, from `real.json`
+  (github.com/google-research/reassessed-imagenet) beside the archives; None if it is absent."""
+  path = os.path.join(release.root, REAL_LABELS)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    sets = json.load(f)
+  size = len(release.splits['validation'].rows) if 'validation' in release.splits else 0
+  if len(sets) != size:
+    raise UserError(f'{path} holds {len(sets)} label sets but the validation split has {size} '
+                    f'images: use the real.json of the ILSVRC2012 validation set')
+  return sets
+
+
 def find(dataset: str, data_dir: Optional[str]) -> Optional[Release]:
   """The release `dataset` names, read from its archives; None for a dataset this module does
   not read (imagenet2012 only when no archive of it is found: tfds then looks for it)."""
@@ -314,5 +338,5 @@ def find(dataset: str, data_dir: Optional[str]) -> Optional[Release]:
   return None
 
 
-__all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'Release', 'Split', 'find', 'i1k_root', 'image_name',
-           'imagenet2012', 'imagenet21k', 'read', 'records']
+__all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'REAL_LABELS', 'real_label_sets', 'Release', 'Split', 'find', 'i1k_root', 'image_name',
+           'imagenet2012', 'imagenet21k', 'key_rows', 'read', 'records']
