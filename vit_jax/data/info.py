@@ -203,6 +203,9 @@ def _not_prepared_message(dataset: str, builder, where: str, root: str,
   if dataset == 'imagenet2012':
     fix += (f', or put {releases.I1K_TRAIN}, {releases.I1K_VAL} and the devkit in '
             f'{root}/imagenet2012 to read them in place (docs/data.md)')
+  if dataset == 'imagenet2012_real':
+    fix += (f', or put ReaL\'s {releases.REAL_LABELS} beside the ILSVRC2012 archives in '
+            f'{root}/imagenet2012 (docs/data.md)')
   fix += ', or point --data_dir at a directory where it is prepared'
   return f'dataset {dataset!r} is not prepared: tfds looked in {where}; {fix}'
 

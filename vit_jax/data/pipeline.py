@@ -24,14 +24,17 @@ training images or the ReaL label sets (vit_jax/evaluate/).
 TensorFlow is kept off accelerators: the pipelines hide GPUs from TF before building.
 
 tf.data's autotuner is off (`_options`) and the parallel maps run `PARALLEL_CALLS` batches at
-once. With it on, deleting an iterator could stall the whole process for up to a minute: the
+once. With it on, deleting an iterator can stall the whole process for up to a minute: the
 autotuner's thread (TF 2.21) can miss its wake-up when the iterator is cancelled and then sleeps
 out its optimisation period, which doubles up to 60 s over the iterator's life, while the deleting
-thread waits for it holding the GIL. Seen as 18-73 s stalls of in-process test runs (a native
-stack of the waiting process ended in `RootDataset::Iterator::~Iterator`) and, in isolation, as 1
-of 8 deletions taking 10.8 s instead of 0.17-0.19 s (iterators 70 s old, the other core busy;
-autotune off: 8 of 8 at 0.18-0.20 s). The default config's train pipeline alone delivers 64-69k
-images/s with it off against 53-54k with it on (AMD EPYC family 26 model 2, 2 cores).
+thread waits for it holding the GIL (a native stack of the waiting process ends in
+`RootDataset::Iterator::~Iterator`).
+
+A release read in place (`releases`: ImageNet-21k, the ILSVRC2012 archives) streams record keys
+instead of image bytes: the shuffle and the resumption skip work on keys, each batch's images are
+read in place (`_read_op`), decoded and preprocessed one by one, and an image that does not decode
+is skipped and logged (`_release_batch`, `_counting_skipped`); the stream stays a pure function of
+the seed.
 """
 
 import sys
@@ -117,9 +120,9 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     return preprocess.train_preprocess(image, example_seed, spec)
 
   def process_batch(records, positions):
-    # Batching the undecoded records and looping inside one map call is ~2.5x faster than one
-    # map call per example (tf.data's per-element overhead dominates for small images); each
-    # example still gets its own seed, so results do not depend on the batching.
+    # Batching the undecoded records and looping inside one map call saves tf.data's per-element
+    # overhead, which dominates for small images; each example still gets its own seed, so
+    # results do not depend on the batching.
     encoded, labels = records
     images = _map_examples(process_example, (encoded, positions), out_spec)
     return {'image': images, 'label': tf.cast(labels, tf.int32)}
@@ -354,8 +357,8 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
 def as_written(fn):
   """`fn` traced as written, without AutoGraph's source rewrite, for every function this project
   gives tf.data: they branch on Python values only (tensor branches use tf.switch_case), the
-  rewrite cost ~2.6 s of every run's start (cProfile of a 24-step ViT-Ze/4 run), and it writes
-  each rewritten function to a file in the temp dir that it never deletes."""
+  rewrite costs seconds of every run's start, and it writes each rewritten function to a file in
+  the temp dir that it never deletes."""
   return tf.autograph.experimental.do_not_convert(fn)
 
 

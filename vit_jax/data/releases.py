@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vit_jax.data import archive_index
-from vit_jax.data import split_expr
+from vit_jax.data import catalog
 from vit_jax.errors import UserError
 
 NAMES = ('imagenet21k', 'imagenet2012')
@@ -74,7 +74,7 @@ class Release:
     """[(split, rows, labels)] that a split expression ('full[51200:]', a tfds even split)
     reads, in read order; UserError for an expression that names no split of this dataset."""
     try:
-      parts = split_expr.parts(expression, self.split_sizes)
+      parts = catalog.parts(expression, self.split_sizes)
     except (ValueError, KeyError, AssertionError) as e:
       raise UserError(f"bad split {str(expression)!r} for dataset '{self.name}' "
                       f"({' '.join(str(e).split())}); use one of {', '.join(self.splits)}, "
