@@ -224,6 +224,27 @@ def test_the_train_stream_resumes_exactly_and_skips_the_corrupt_image(i21k, capf
     np.testing.assert_array_equal(a['label'], b['label'])
 
 
+def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
+  """Without shuffling, a release's train stream is 'full' in its stored order, each image its
+  member's bytes through the same decode and preprocessing as a tfds record's."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  data_dir, images = i21k
+  pp = dict(crop='resize', image_size=16)
+  it = data_lib.train_iterator(dataset='imagenet21k', split='full[8:16]', data_dir=data_dir,
+                               batch_size=8, pp=pp, seed=0, shuffle_buffer=1)
+  batch = next(it)
+  split = info.find_release('imagenet21k', data_dir).splits['full']
+  for i, row in enumerate(split.rows[8:16]):
+    name = split.index.name(row)
+    assert name != CORRUPT  # (the fixed hash order puts it in full[:8])
+    image = preprocess.decode(tf.constant(images[name]), 3)
+    np.testing.assert_array_equal(
+        batch['image'][i], preprocess.train_preprocess(image, tf.constant([0, 0], tf.int64),
+                                                       specs.train_spec(pp)).numpy())
+    assert batch['label'][i] == sorted(SYNSETS).index(name.split('/')[0])
+
+
 def test_two_processes_read_disjoint_shards_that_cover_the_split(i21k):
   data_dir, images = i21k
   release = info.find_release('imagenet21k', data_dir)
