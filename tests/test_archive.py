@@ -141,6 +141,28 @@ def test_the_index_addresses_every_member_in_place(i21k):
   assert [ds_info.class_names[l] for l in split.labels] == [n.split('/')[0] for n in by_hash]
 
 
+@pytest.mark.parametrize('layout', ['tars', 'folders'])
+def test_the_release_unpacked_gives_the_same_images(layout, i21k, tmp_path):
+  """The per-synset tars or synset folders the whole archive unpacks into: the same split."""
+  data_dir, images = i21k
+  root = tmp_path / 'imagenet21k'
+  root.mkdir()
+  tars, _ = class_tars(SYNSETS, PER_CLASS)
+  for synset, data in tars.items():
+    if layout == 'tars':
+      (root / f'{synset}.tar').write_bytes(data)
+    else:
+      with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(root / synset, filter='data')
+  unpacked = releases.find('imagenet21k', str(tmp_path)).splits['full']
+  whole = info.find_release('imagenet21k', data_dir).splits['full']
+  assert unpacked.index.layout == layout and unpacked.index.skipped_non_images == 1
+  names = [unpacked.index.name(r) for r in unpacked.rows]
+  assert names == [whole.index.name(r) for r in whole.rows]
+  assert [unpacked.index.read(r) for r in unpacked.rows] == [images[n] for n in names]
+  np.testing.assert_array_equal(unpacked.labels, whole.labels)
+
+
 _KILLED_BUILD = """
 import sys, time
 from vit_jax.data import archive_index
