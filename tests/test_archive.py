@@ -171,6 +171,7 @@ archive_index.build(sys.argv[1], 'tars', sys.argv[2], workers=1,
 """
 
 
+@pytest.mark.slow
 def test_indexing_resumes_after_a_kill_and_does_only_the_missing_parts(tmp_path):
   root = tmp_path / 'tars'
   root.mkdir()
@@ -230,6 +231,7 @@ def _batches(data_dir, n, **kwargs):
   return [next(it) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_the_train_stream_resumes_exactly_and_skips_the_corrupt_image(i21k, capfd):
   data_dir, images = i21k
   capfd.readouterr()
@@ -246,6 +248,7 @@ def test_the_train_stream_resumes_exactly_and_skips_the_corrupt_image(i21k, capf
     np.testing.assert_array_equal(a['label'], b['label'])
 
 
+@pytest.mark.slow
 def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
   """Without shuffling, a release's train stream is 'full' in its stored order, each image its
   member's bytes through the same decode and preprocessing as a tfds record's."""
@@ -267,6 +270,7 @@ def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
     assert batch['label'][i] == sorted(SYNSETS).index(name.split('/')[0])
 
 
+@pytest.mark.slow
 def test_two_processes_read_disjoint_shards_that_cover_the_split(i21k):
   data_dir, images = i21k
   release = info.find_release('imagenet21k', data_dir)
@@ -297,6 +301,7 @@ def _recipe(dataset: str, steps: int):
   return c
 
 
+@pytest.mark.slow
 def test_the_recipe_trains_20_steps_and_resumes_exactly_after_a_kill(i21k, tmp_path):
   data_dir, _ = i21k
   c = _recipe('imagenet21k', 20)
@@ -325,6 +330,7 @@ def _main(*args):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dataset', ['imagenet21k', 'imagenet2012'])
 def test_the_recipe_commands_start_training_on_the_release(dataset, i21k, i1k, tmp_path):
   """docs/recipes.md's pre-training commands, with the tiny model's overrides."""
@@ -339,6 +345,7 @@ def test_the_recipe_commands_start_training_on_the_release(dataset, i21k, i1k, t
   assert not os.path.exists(os.path.join(data_dir, dataset, 'image_folders'))  # no copy
 
 
+@pytest.mark.slow
 def test_imagenet2012_from_the_official_archives(i1k):
   data_dir, val_labels = i1k
   ds_info = data_lib.get_info('imagenet2012', data_dir)
@@ -373,6 +380,7 @@ def _error_line(data_dir, tmp_path, dataset='imagenet21k') -> str:
   return lines[0]
 
 
+@pytest.mark.slow
 def test_a_missing_archive_an_unknown_layout_and_a_truncated_tar_are_one_line(tmp_path):
   assert 'no ImageNet-21k release under' in _error_line(tmp_path / 'none', tmp_path)
   layout = tmp_path / 'layout'
@@ -387,6 +395,7 @@ def test_a_missing_archive_an_unknown_layout_and_a_truncated_tar_are_one_line(tm
   assert 'is truncated' in _error_line(cut, tmp_path)
 
 
+@pytest.mark.slow
 def test_the_index_of_a_changed_archive_is_refused(tmp_path):
   data_dir = tmp_path / 'changed'
   write_i21k(str(data_dir))
@@ -407,6 +416,7 @@ class _AlwaysFirstClass:
     return jax.numpy.zeros([images.shape[0], 3]).at[:, 0].set(1.0)
 
 
+@pytest.mark.slow
 def test_imagenet_real_scores_the_validation_archive_in_file_name_order(i1k, tmp_path):
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top

@@ -244,7 +244,7 @@ def _members(path: str, size: int, start: int, shown: str):
 
 def _index_unit(task) -> Tuple[int, int, Optional[str]]:
   """Indexes unit `k` into its part file; (k, non-image members, error message or None)."""
-  root, layout, k, unit, files, part = task
+  root, layout, k, unit, file_id, part = task
   try:
     names, file_ids, offsets, sizes, others = [], [], [], [], 0
     if layout in ('folders', 'flat_folder'):
@@ -263,7 +263,6 @@ def _index_unit(task) -> Tuple[int, int, Optional[str]]:
     else:
       path = _under(root, unit.file)
       shown = f'{path}:{unit.name}.tar' if layout == 'tar_of_tars' else path
-      file_id = files.index(unit.file)
       for m in _members(path, unit.size, unit.offset, shown):
         if not _is_image(m.name):
           others += 1
@@ -317,8 +316,8 @@ def _read_json(path: str):
 
 
 class _Progress:
-  """'indexing SOURCE: done/total units, images, ETA' on stderr: redrawn in place on a terminal,
-  otherwise a line at most every 10 s and at the end."""
+  """'indexing SOURCE: done/total units, elapsed, ETA' on stderr: redrawn in place on a
+  terminal, otherwise a line at most every 10 s and at the end."""
 
   def __init__(self, what: str, total: int, done: int):
     self._what, self._total, self._done = what, total, done
@@ -372,7 +371,8 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
   mine = [k for k in range(index, len(units), count) if not os.path.exists(part(k))]
   progress = _Progress(root, len(range(index, len(units), count)),
                        len(range(index, len(units), count)) - len(mine))
-  tasks = [(root, layout, k, units[k], meta['files'], part(k)) for k in mine]
+  file_ids = {name: i for i, name in enumerate(meta['files'])}
+  tasks = [(root, layout, k, units[k], file_ids.get(units[k].file, -1), part(k)) for k in mine]
   n = min(workers or cpus.usable(), len(tasks))
   with contextlib.ExitStack() as stack:
     if n <= 1:

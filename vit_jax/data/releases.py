@@ -2,7 +2,7 @@
 (`archive_index`): `dataset=imagenet21k`, and `dataset=imagenet2012` when it is not prepared as
 a tfds dataset.
 
-ImageNet-21k, under `<data_dir>/imagenet21k/` (or `<data_dir>` itself): the "whole" archive
+ImageNet-21k, under `<data_dir>/imagenet21k/`: the "whole" archive
 (`fall11_whole.tar` or `winter21_whole.tar`, a tar of per-synset tars), or the per-synset tars
 (`n01440764.tar`, ...) or synset folders it unpacks into. Classes: the synsets found, sorted
 (label i = the i-th). One split, 'full', in the order of the SHA-256 of the image names
