@@ -176,7 +176,8 @@ def _i21k_source(data_dir: str) -> Tuple[str, str]:
   fix = (f'put the "whole" archive ({" or ".join(I21K_ARCHIVES)}: a tar of per-synset tars), the '
          f'per-synset tars or the synset folders in {where}')
   if not os.path.isdir(where):
-    raise UserError(f'no ImageNet-21k release under {data_dir} ({where} does not exist): {fix}')
+    raise UserError(f'no ImageNet-21k release under {data_dir} ({where} does not exist): {fix}, '
+                    f'or point --config.data_dir at the directory holding imagenet21k/')
   names = sorted(os.listdir(where))
   for archive in I21K_ARCHIVES:
     if archive in names:
