@@ -93,14 +93,18 @@ class Index:
     except OSError:
       return b''
 
-  def name(self, row: int) -> str:
+  def _name_bytes(self, row: int) -> bytes:
     start = int(self.name_ends[row - 1]) if row else 0
-    return bytes(self.names[start:int(self.name_ends[row])]).decode('utf-8', 'backslashreplace')
+    return bytes(self.names[start:int(self.name_ends[row])])
+
+  def name(self, row: int) -> str:
+    """The image's name as text (bytes that are not UTF-8 shown as backslash escapes)."""
+    return self._name_bytes(row).decode('utf-8', 'backslashreplace')
 
   def path(self, row: int) -> str:
     """The file holding image `row`."""
     f = int(self.file[row])
-    return _under(self.root, self.files[f] if f >= 0 else self.name(row))
+    return _under(self.root, self.files[f] if f >= 0 else os.fsdecode(self._name_bytes(row)))
 
 
 
