@@ -439,3 +439,27 @@ def test_imagenet_real_scores_the_validation_archive_in_file_name_order(i1k, tmp
                                  dataset='imagenet2012_real', data_dir=data_dir,
                                  split='validation', batch_size=8, pp=pp)
   assert evaluator({}) == {'accuracy': 3 / 5, 'count': 5.0}  # the empty set is not scored
+
+
+@pytest.mark.slow
+def test_the_input_benchmark_times_both_sources_on_the_same_images(tmp_path):
+  from vit_jax.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
+  paths = input_bench.synthetic_release(str(tmp_path), count=16, classes=2)
+  with tarfile.open(os.path.join(paths['archive'], 'imagenet21k', 'synthetic_whole.tar')) as outer:
+    inner = {m.name: outer.extractfile(m).read() for m in outer}
+  archived = {}
+  for name, data in inner.items():
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+      archived.update({f'{name[:-4]}/{m.name}': tar.extractfile(m).read() for m in tar})
+  in_folder = {}
+  for synset in os.listdir(paths['folder']):
+    for name in os.listdir(os.path.join(paths['folder'], synset)):
+      with open(os.path.join(paths['folder'], synset, name), 'rb') as f:
+        in_folder[f'{synset}/{name}'] = f.read()
+  assert archived == in_folder and len(archived) == 16
+  sizes = {Image.open(io.BytesIO(d)).size for d in archived.values()}
+  assert sizes <= set(input_bench.SHAPES) and len(sizes) > 3
+  result = input_bench.run(str(tmp_path), batch_size=8, batches=1, count=16, rounds=1)
+  assert result['archive_img_per_s'] > 0 and result['tfds_copy_img_per_s'] > 0
+  assert result['archive_img_per_s_per_core'] * result['cores'] == result['archive_img_per_s']
+  assert 'img/s per core' in input_bench.format_result(result)
