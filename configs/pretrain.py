@@ -1,6 +1,7 @@
 """Pre-training: the paper's Table 3 rows, the AugReg recipe, and a tiny CPU recipe on mnist5k.
 
-Run (on a TPU pod; the datasets must be prepared as tfds datasets in --config.data_dir):
+Run (on a TPU pod; --config.data_dir holds the data: ImageNet-21k and ImageNet-1k as released,
+read in place (docs/data.md), any other dataset prepared for tfds):
   python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet21k --workdir=DIR
   python -m vit_jax.main --config=configs/pretrain.py:model=L/16,dataset=jft300m,epochs=14 ...
   python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet21k,augreg=true

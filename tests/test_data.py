@@ -224,7 +224,7 @@ def test_catalog_facts_are_the_prepared_datasets(data_dir, name):
 
 
 def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
-  from vit_jax.data import embedded_builder  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import embedded  # pylint: disable=g-import-not-at-top
 
   class Stated(mnist5k.Mnist5k):  # the real data, with a wrong statement of its split sizes
     name = 'mnist5k_stated'
@@ -232,7 +232,7 @@ def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
 
   with pytest.raises(RuntimeError, match=r"splits of \{'train': 4000, 'test': 1000\} examples, "
                                          r"not the \{'train': 4001, 'test': 999\}"):
-    embedded_builder.prepare(Stated, str(tmp_path))
+    embedded.prepare_builder(Stated, str(tmp_path))
   assert not Stated(data_dir=str(tmp_path)).is_prepared()
 
 
@@ -802,8 +802,8 @@ def test_digits_eval_at_32_pixels_is_the_same_on_both_backends(data_dir):
 def test_a_split_expression_reads_the_examples_tfds_reads(data_dir, split):
   """A slice is a range of tfds's stored order (md5 of split name and key): the NumPy stream of
   'train[90%:]' (a sweep's dev split) holds the very examples tf.data's does (as multisets: the
-  orders within differ), and split_expr's stored order is the order of the prepared records."""
-  from vit_jax.data import split_expr  # pylint: disable=g-import-not-at-top
+  orders within differ), and catalog's stored order is the order of the prepared records."""
+  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
   seen = []
   for backend in BACKENDS:
     batches, _ = _eval(data_dir, backend, split=split, batch_size=1000)
@@ -817,22 +817,22 @@ def test_a_split_expression_reads_the_examples_tfds_reads(data_dir, split):
   rows = mnist5k.split_indices(labels)['test']
   stored = tfds.as_numpy(tfds.builder('mnist5k', data_dir=data_dir).as_dataset(split='test'))
   np.testing.assert_array_equal(np.stack([ex['image'] for ex in stored]),
-                                images[split_expr.stored_order('test', rows)])
+                                images[catalog.stored_order('test', rows)])
 
 
 def test_a_whole_split_reads_what_tfds_parser_reads():
-  """split_expr answers a plain split name itself, so a run on whole splits never imports tfds
+  """catalog.parts answers a plain split name itself, so a run on whole splits never imports tfds
   (tests/test_train.py): the same ranges as tfds's parser, which still reads everything else."""
-  from vit_jax.data import split_expr  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
   sizes = {'train': 1438, 'test': 359}
   infos = {n: tfds.core.SplitInfo(name=n, shard_lengths=[k], num_bytes=0) for n, k in sizes.items()}
   for name in sizes:
     by_tfds = [(p.splitname, *slice(p.from_, p.to).indices(sizes[p.splitname])[:2])
                for p in tfds.core.ReadInstruction.from_spec(name).to_absolute(infos)]
-    assert split_expr.parts(name, sizes) == by_tfds == [(name, 0, sizes[name])]
-  assert split_expr.parts('train[:10%]+test', sizes) == [('train', 0, 144), ('test', 0, 359)]
+    assert catalog.parts(name, sizes) == by_tfds == [(name, 0, sizes[name])]
+  assert catalog.parts('train[:10%]+test', sizes) == [('train', 0, 144), ('test', 0, 359)]
   with pytest.raises(ValueError):  # tfds's own refusals still reach the caller
-    split_expr.parts('validation', sizes)
+    catalog.parts('validation', sizes)
 
 
 def test_arrays_digits_are_the_documented_split_at_8_pixels(data_dir):

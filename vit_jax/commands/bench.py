@@ -34,7 +34,10 @@ _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps (median reported).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'With --compare: alternations of ours and theirs.')
 _COMPARE = flags.DEFINE_enum('compare', None, ['timm'], 'Also time the same model in timm.')
 _INPUT = flags.DEFINE_string('input_data', 'synthetic', "--mode=input: 'synthetic' (JPEGs made "
-                             "once in --data_dir) or a prepared dataset name (e.g. mnist5k).")
+                             "once in --data_dir), 'archive' (the same JPEGs read in place from "
+                             "a tar of tars against a prepared tfds copy, per core: "
+                             "vit_jax/benchmarking/input.py) or a prepared dataset name (e.g. "
+                             "mnist5k).")
 _INPUT_SIZE = flags.DEFINE_integer('input_size', 400, 'Side of the synthetic JPEGs (pixels).')
 _DATA_DIR = flag_groups.data_dir()
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends its time: '
@@ -59,6 +62,11 @@ def run(argv) -> int:
     raise cli.UserError('--steps and --batch_size must be at least 1')
   if _PROFILE.value and _MODE.value == 'input':
     raise cli.UserError('--profile profiles a compiled step: use it with --mode=train or infer')
+  if _MODE.value == 'input' and _INPUT.value == 'archive':
+    from vit_jax.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
+    result = input_bench.run(_DATA_DIR.value, batch_size=_BATCH.value, batches=_STEPS.value)
+    print(json.dumps(result, indent=1) if _JSON.value else input_bench.format_result(result))
+    return 0
   if _MODE.value == 'train':
     # What the train command would run this model, batch and size with (vit_jax/xla_flags.py).
     from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top

@@ -1,19 +1,26 @@
-"""Input data: tfds datasets, preprocessing ops and per-process input pipelines.
+"""Input data: where images come from, how they are preprocessed, and the per-process streams.
 
   get_info(dataset, data_dir)       -> DatasetInfo (num_classes, image_shape, num_examples(split))
   train_iterator(dataset=..., ...)  -> infinite, exactly resumable iterator of numpy batches
   eval_iterator(dataset=..., ...)   -> (re-iterable padded + masked batches, num_batches)
 
-Modules: `mnist5k` and `digits` (the embedded datasets), `info` (finding prepared datasets,
-never downloading), `specs` (what preprocessing is asked for), `preprocess` (TF image ops),
-`streams` (which pipeline serves a dataset), `pipeline` (tf.data train/eval streams), `arrays`
-(NumPy streams of the embedded datasets, no TensorFlow), `choices` (the valid values of the data
-keys).
+Modules, by role:
+  sources        `embedded` with `mnist5k` and `digits` (datasets inside installed packages),
+                 `folder` (a folder of class folders, copied once into tfds), `releases`
+                 (ImageNet-21k and ILSVRC2012 read in place) over `archive_index` (the index of
+                 an archive or folder), `image_files` (single image files, for prediction);
+  catalog/info   `catalog` (the embedded datasets' facts and split expressions, no TensorFlow),
+                 `info` (which source serves a name; tfds datasets, never downloading),
+                 `offline_info` (tfds info of the datasets built here);
+  preprocessing  `choices` (the data keys' valid values), `specs` (what preprocessing is asked
+                 for), `config_pp` (a config's specs), `preprocess` and `randaug` (TF ops);
+  streams        `streams` (which pipeline serves a dataset), `pipeline` (tf.data train/eval
+                 streams), `arrays` (NumPy streams of the embedded datasets, no TensorFlow).
 
 Importing this package imports neither tfds nor TensorFlow: the names load their module on first
 use, so `vit_jax.data.choices` (what config validation reads) and a run on the NumPy streams do
 not import them. The embedded datasets' tfds builders are defined (and registered with tfds) on
-first use (`mnist5k.prepare`, `mnist5k.Mnist5k`; embedded_builder.py).
+first use (`mnist5k.prepare`, `mnist5k.Mnist5k`; embedded.py).
 """
 
 from vit_jax import lazy
@@ -24,7 +31,7 @@ from vit_jax.data import mnist5k
 _HOMES = {
     'DatasetInfo': 'info', 'get_info': 'info', 'SHARDINGS': 'choices',
     'EvalBatches': 'pipeline', 'eval_iterator': 'streams',
-    'hide_accelerators_from_tf': 'pipeline', 'train_iterator': 'streams',
+    'hide_accelerators_from_tf': 'preprocess', 'train_iterator': 'streams',
 }
 
 

@@ -4,7 +4,7 @@ mnist5k and digits are a few megabytes of uint8 arrays read from installed packa
 (`<module>.load_arrays()`, `split_indices`): their batches are cut from the arrays directly, with
 the contract of the tf.data pipelines (pipeline.py's docstring) and without importing TensorFlow.
 `serves(dataset, split, spec)` says when: a split of an embedded dataset (a name, or an expression
-like 'train[:90%]': the examples tfds would read, split_expr.py), train crop
+like 'train[:90%]': the examples tfds would read, catalog.py), train crop
 'pad_crop' or 'resize', any flip, no RandAugment, a shuffle buffer holding the whole split; eval
 crop 'resize'; channels as stored or gray tiled to 3. Resizing is bilinear without antialiasing
 on half-pixel centres (`tf.image.resize`'s convention: the same values when enlarging, within
@@ -36,7 +36,6 @@ import numpy as np
 from vit_jax.data import catalog
 from vit_jax.data import embedded
 from vit_jax.data import specs
-from vit_jax.data import split_expr
 from vit_jax.errors import UserError
 
 _TRAIN_CROPS = ('pad_crop', 'resize')
@@ -61,9 +60,7 @@ def serves(dataset: str, split: str, spec: Union[specs.TrainSpec, specs.EvalSpec
 @functools.lru_cache(maxsize=None)
 def _source(dataset: str) -> tuple[np.ndarray, np.ndarray, dict]:
   """(images, labels, {split: rows}) of an embedded dataset, its splits checked; read once per
-  process (read-only), not once per split. A run reads a train and an eval split: for mnist5k
-  0.32-0.33 CPU-s with this and `mnist5k.parse_int_csv`, against 0.56 before either (Intel Xeon
-  family 6 model 207)."""
+  process (read-only), not once per split (a run reads a train and an eval split)."""
   module = catalog.EMBEDDED[dataset]
   images, labels = module.load_arrays()
   splits = embedded.checked_splits(dataset, module.split_indices(labels), module.SPLIT_SIZES)
@@ -75,9 +72,9 @@ def _source(dataset: str) -> tuple[np.ndarray, np.ndarray, dict]:
 @functools.lru_cache(maxsize=None)
 def _split_arrays(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, H, W, C], labels int32 [N]) of a split or split expression (the examples
-  tfds would read: split_expr.py), rows in source order."""
+  tfds would read: catalog.py), rows in source order."""
   images, labels, splits = _source(dataset)
-  rows = split_expr.rows(split, splits)
+  rows = catalog.rows(split, splits)
   out = images[rows], labels[rows].astype(np.int32)
   for array in out:
     array.flags.writeable = False
@@ -241,7 +238,7 @@ def in_read_order(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   """(images uint8, labels int32) of a split or split expression in the order tfds reads it
   (few-shot evaluation takes the first n of each class in this order)."""
   images, labels, splits = _source(dataset)
-  order = split_expr.read_order(split, splits)
+  order = catalog.read_order(split, splits)
   return images[order], labels[order].astype(np.int32)
 
 

@@ -47,5 +47,5 @@ def prepare(data_dir: Optional[str]) -> Any:
   return embedded.prepare(sys.modules[__name__], data_dir)
 
 
-# `digits.Digits`, the tfds builder, is defined on first use (embedded_builder.py).
+# `digits.Digits`, the tfds builder, is defined on first use (embedded.py).
 __getattr__ = embedded.builder_attribute(__name__)

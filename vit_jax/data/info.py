@@ -9,6 +9,7 @@ packages), and 'folder:PATH', a folder of class sub-folders of your own images
 
 import dataclasses
 import difflib
+import glob
 import os
 from typing import Optional, Type
 
@@ -18,6 +19,7 @@ from vit_jax import fileio
 from vit_jax.data import catalog
 from vit_jax.data import embedded
 from vit_jax.data import offline_info
+from vit_jax.data import releases
 from vit_jax.errors import UserError
 
 # Dataset names listed as examples in the "unknown dataset" message.
@@ -35,16 +37,75 @@ class DatasetInfo:
   image_key: str
   label_key: str
   split_sizes: dict[str, int]  # the named splits only, e.g. {'train': 50000, 'test': 10000}
-  tfds_info: tfds.core.DatasetInfo = dataclasses.field(repr=False, compare=False)
+  # The tfds info of a tfds dataset; None for one read from its release (`release`).
+  tfds_info: Optional[tfds.core.DatasetInfo] = dataclasses.field(repr=False, compare=False)
+  release: Optional[releases.Release] = dataclasses.field(default=None, repr=False,
+                                                          compare=False)
 
   def num_examples(self, split) -> int:
     """Number of examples in a tfds split string ('train', 'train[:90%]', 'train+test', ...)."""
+    if self.release is not None:
+      return sum(len(rows) for _, rows, _ in self.release.select(split))
     return _num_examples(self.tfds_info, split, self.name)
+
+  @property
+  def class_names(self) -> tuple[str, ...]:
+    if self.release is not None:
+      return self.release.classes
+    return tuple(self.tfds_info.features[self.label_key].names)
 
 
 def get_info(dataset: str, data_dir: Optional[str]) -> DatasetInfo:
-  """Returns the `DatasetInfo` of a prepared dataset; raises `UserError` if it is unknown/absent."""
+  """Returns the `DatasetInfo` of a prepared dataset or a release read in place (releases.py);
+  raises `UserError` if it is unknown/absent."""
+  release = find_release(dataset, data_dir)
+  if release is not None:
+    return info_from_release(release)
   return info_from_builder(load_builder(dataset, data_dir))
+
+
+def find_release(dataset: str, data_dir: Optional[str]) -> Optional[releases.Release]:
+  """The release `dataset` is read from in place (`releases`), or None when it is a tfds dataset:
+  every name but 'imagenet21k', and 'imagenet2012' when it is prepared for tfds (that route
+  first) or no archive of it is found."""
+  if dataset not in releases.NAMES:
+    return None
+  if dataset == 'imagenet2012' and _tfds_prepared(dataset, data_dir):
+    return None
+  key = (dataset, data_dir)
+  if key not in _RELEASES:
+    _RELEASES[key] = releases.find(dataset, data_dir)
+  return _RELEASES[key]
+
+
+_RELEASES: dict = {}  # (dataset, data_dir) -> Release: indexed and checked once per process
+
+
+def real_release(dataset: str, data_dir: Optional[str]) -> Optional[releases.Release]:
+  """The ImageNet-1k release whose validation images ImageNet ReaL scores, when `dataset` is
+  'imagenet2012_real', tfds has no prepared copy of it, and the release's directory holds
+  `real.json`; else None (tfds's `imagenet2012_real` is read)."""
+  if dataset != 'imagenet2012_real' or _tfds_prepared(dataset, data_dir):
+    return None
+  root = releases.i1k_root(data_dir)
+  if root is None or not os.path.exists(os.path.join(root, releases.REAL_LABELS)):
+    return None
+  key = ('imagenet2012', data_dir, 'real')
+  if key not in _RELEASES:
+    _RELEASES[key] = releases.imagenet2012(data_dir, root)
+  return _RELEASES[key]
+
+
+def _tfds_prepared(dataset: str, data_dir: Optional[str]) -> bool:
+  dirs = [os.path.expanduser(str(d)) for d in tfds.core.utils.file_utils.list_data_dirs(data_dir)]
+  return any(glob.glob(os.path.join(glob.escape(d), dataset, '*', 'dataset_info.json'))
+             for d in dirs)
+
+
+def info_from_release(release: releases.Release) -> DatasetInfo:
+  return DatasetInfo(name=release.name, data_dir=release.root, num_classes=len(release.classes),
+                     image_shape=(None, None, 3), image_key='image', label_key='label',
+                     split_sizes=release.split_sizes, tfds_info=None, release=release)
 
 
 def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
@@ -121,7 +182,8 @@ def _absent_locally(name: str, data_dir: Optional[str]) -> list:
 
 def _unknown_dataset_message(dataset: str) -> str:
   names = tfds.list_builders(with_community_datasets=False)
-  close = difflib.get_close_matches(dataset, names + list(catalog.EMBEDDED), n=3)
+  close = difflib.get_close_matches(dataset, names + list(catalog.EMBEDDED) +
+                                    list(releases.NAMES), n=3)
   hint = f' (did you mean {", ".join(close)}?)' if close else ''
   examples = ', '.join(_EXAMPLE_NAMES)
   return (f"unknown dataset {dataset!r}{hint}: use one of the names registered with "
@@ -138,6 +200,12 @@ def _not_prepared_message(dataset: str, builder, where: str, root: str,
   if getattr(builder, 'MANUAL_DOWNLOAD_INSTRUCTIONS', None):
     fix += (f' after placing its manually downloaded files in {root}/downloads/manual '
             f'(see the tfds catalog page of {builder.name} for which files)')
+  if dataset == 'imagenet2012':
+    fix += (f', or put {releases.I1K_TRAIN}, {releases.I1K_VAL} and the devkit in '
+            f'{root}/imagenet2012 to read them in place (docs/data.md)')
+  if dataset == 'imagenet2012_real':
+    fix += (f', or put ReaL\'s {releases.REAL_LABELS} beside the ILSVRC2012 archives in '
+            f'{root}/imagenet2012 (docs/data.md)')
   fix += ', or point --data_dir at a directory where it is prepared'
   return f'dataset {dataset!r} is not prepared: tfds looked in {where}; {fix}'
 

@@ -3,9 +3,9 @@
 tfds (4.9.10) asks a builder whose directory holds no `dataset_info.json` yet, i.e. every builder
 made before or during its first preparation, for metadata "from the GCS bucket": it makes a
 directory with `tempfile.mkdtemp('tfds')` first and returns without removing it when GCS is off
-(its default) or has nothing, so each first preparation left an empty `/tmp/tmp*tfds` behind
-(2,712 of them on the machine that runs this suite). The embedded datasets and image folders are
-never on GCS: their info starts from the code, and nothing is made in the temporary directory.
+(its default) or has nothing, so each first preparation would leave an empty `/tmp/tmp*tfds`
+behind. The embedded datasets and image folders are never on GCS: their info starts from the
+code, and nothing is made in the temporary directory.
 tfds's own builders do the same when their dataset directory exists but holds no info yet (a
 download that never finished, a version not prepared): `no_leftover_temp_dirs` removes the empty
 directories a call of theirs left.

@@ -24,40 +24,39 @@ training images or the ReaL label sets (vit_jax/evaluate/).
 TensorFlow is kept off accelerators: the pipelines hide GPUs from TF before building.
 
 tf.data's autotuner is off (`_options`) and the parallel maps run `PARALLEL_CALLS` batches at
-once. With it on, deleting an iterator could stall the whole process for up to a minute: the
+once. With it on, deleting an iterator can stall the whole process for up to a minute: the
 autotuner's thread (TF 2.21) can miss its wake-up when the iterator is cancelled and then sleeps
 out its optimisation period, which doubles up to 60 s over the iterator's life, while the deleting
-thread waits for it holding the GIL. Seen as 18-73 s stalls of in-process test runs (a native
-stack of the waiting process ended in `RootDataset::Iterator::~Iterator`) and, in isolation, as 1
-of 8 deletions taking 10.8 s instead of 0.17-0.19 s (iterators 70 s old, the other core busy;
-autotune off: 8 of 8 at 0.18-0.20 s). The default config's train pipeline alone delivers 64-69k
-images/s with it off against 53-54k with it on (AMD EPYC family 26 model 2, 2 cores).
+thread waits for it holding the GIL (a native stack of the waiting process ends in
+`RootDataset::Iterator::~Iterator`).
+
+A release read in place (`releases`: ImageNet-21k, the ILSVRC2012 archives) streams record keys
+instead of image bytes: the shuffle and the resumption skip work on keys, each batch's images are
+read in place (`_read_op`), decoded and preprocessed one by one, and an image that does not decode
+is skipped and logged (`_release_batch`, `_counting_skipped`); the stream stays a pure function of
+the seed.
 """
 
+import sys
 from typing import Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 from vit_jax import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
+from vit_jax.data import releases
 from vit_jax.data import specs
+from vit_jax.data.preprocess import hide_accelerators_from_tf
 from vit_jax.errors import UserError
 
 _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
 # Batches preprocessed at once by a pipeline's parallel map: one per usable core, at most 16 (what
 # tf.data's AUTOTUNE starts from); each batch also runs up to 16 examples at once (`_map_examples`).
 PARALLEL_CALLS = min(16, cpus.usable())
-
-
-def hide_accelerators_from_tf() -> None:
-  """Makes TF use the CPU only, so it never takes GPU memory from JAX (no-op if too late)."""
-  try:
-    tf.config.set_visible_devices([], 'GPU')
-  except (RuntimeError, ValueError):  # Devices already initialised, or no such device type.
-    pass
 
 
 def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
@@ -77,8 +76,10 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   the same for any process count (at the price of every process reading all undecoded records).
   """
   hide_accelerators_from_tf()
-  builder = info_lib.load_builder(dataset, data_dir)
-  ds_info = info_lib.info_from_builder(builder)
+  release = info_lib.find_release(dataset, data_dir)
+  builder = None if release else info_lib.load_builder(dataset, data_dir)
+  ds_info = (info_lib.info_from_release(release) if release else
+             info_lib.info_from_builder(builder))
   per_process = sharding == 'process'
   share = tfds.even_splits(split, n=process_count)[process_index] if per_process else split
   stream_id = process_index if per_process else 0
@@ -88,7 +89,8 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     raise UserError(f"process {process_index} of {process_count} gets no example of split "
                     f"'{split}' of '{dataset}' ({ds_info.num_examples(split)} examples); use a "
                     f"larger split or fewer processes")
-  records = _records(builder, ds_info, share, cache)
+  records = (_release_records(release, share) if release else
+             _records(builder, ds_info, share, cache))
 
   seed_tensor = tf.constant(seed, tf.int64)
   buffer = min(shuffle_buffer, num)
@@ -118,9 +120,9 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     return preprocess.train_preprocess(image, example_seed, spec)
 
   def process_batch(records, positions):
-    # Batching the undecoded records and looping inside one map call is ~2.5x faster than one
-    # map call per example (tf.data's per-element overhead dominates for small images); each
-    # example still gets its own seed, so results do not depend on the batching.
+    # Batching the undecoded records and looping inside one map call saves tf.data's per-element
+    # overhead, which dominates for small images; each example still gets its own seed, so
+    # results do not depend on the batching.
     encoded, labels = records
     images = _map_examples(process_example, (encoded, positions), out_spec)
     return {'image': images, 'label': tf.cast(labels, tf.int32)}
@@ -130,9 +132,120 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     mine = slice(process_index * batch_size, (process_index + 1) * batch_size)
     ds = ds.map(as_written(lambda records, positions: (tuple(r[mine] for r in records),
                                                        positions[mine])))
-  ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+  if release is None:
+    ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    ds = ds.prefetch(prefetch).with_options(_options())
+    return ds.as_numpy_iterator()
+  ds = ds.interleave(as_written(_release_batch(release, process_example)),
+                     cycle_length=PARALLEL_CALLS, num_parallel_calls=PARALLEL_CALLS,
+                     deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
-  return ds.as_numpy_iterator()
+  return _counting_skipped(ds.as_numpy_iterator(), release)
+
+
+# The key under which a release's train batches carry the record keys of the corrupt images they
+# skipped (-1 elsewhere); `_counting_skipped` takes it out of the batches and logs them.
+_SKIPPED = 'skipped'
+
+
+def _release_records(release, share) -> tf.data.Dataset:
+  """(record key, label) of a release's split share (releases.records), in read order."""
+  keys, labels = releases.records(release, share)
+  return tf.data.Dataset.from_tensor_slices((keys, labels))
+
+
+def _read_op(release):
+  """keys int64 [n] -> their images' bytes, tf.string [n], read in place (releases.read)."""
+
+  def read(keys):
+    return np.asarray(releases.read(release, keys) + [b''], dtype=object)[:-1]
+
+  def op(keys):
+    encoded = tf.numpy_function(read, [keys], tf.string, stateful=False)
+    encoded.set_shape(keys.shape)
+    return encoded
+
+  return op
+
+
+def _release_batch(release, process_example):
+  """A batch of (key, label) records and their positions -> a dataset of one train batch: the
+  images read and preprocessed one by one; an image that fails to decode is skipped and its slot
+  takes the batch's first good images again, in order (so the batch keeps its size and the stream
+  stays a pure function of the seed, resumable at any step); its key is in `_SKIPPED`."""
+  read = _read_op(release)
+
+  def batch(records, positions):
+    keys, labels = records
+    n = tf.shape(keys)[0]
+    examples = tf.data.Dataset.from_tensor_slices((read(keys), labels, positions, keys))
+    examples = examples.map(
+        as_written(lambda e, label, p, k: (process_example(e, p), tf.cast(label, tf.int32), k)),
+        num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    examples = examples.ignore_errors().batch(_FOREVER)
+
+    def fill(images, labels, kept):
+      good = tf.shape(kept)[0]
+      check = tf.debugging.assert_positive(
+          good, message='every image of a train batch failed to decode: check the archive')
+      with tf.control_dependencies([check]):
+        take = tf.range(n) % tf.maximum(good, 1)
+      found = tf.reduce_any(tf.equal(keys[:, None], kept[None, :]), axis=1)
+      return {'image': tf.gather(images, take), 'label': tf.gather(labels, take),
+              _SKIPPED: tf.where(found, tf.constant(-1, tf.int64), keys)}
+
+    return examples.map(as_written(fill))
+
+  return batch
+
+
+def real_label_set_batches(release, split, *, batch_size: int, spec: specs.EvalSpec,
+                           process_index: int, process_count: int) -> 'EvalBatches':
+  """Eval batches of a release's validation images with ImageNet ReaL's label sets
+  (releases.real_label_sets) as multi-hot 'label' [B, classes]; this process's share of `split`
+  (a split expression over 'validation'), padded like `eval_iterator`'s batches."""
+  sets = releases.real_label_sets(release)
+  if sets is None or 'validation' not in release.splits:
+    raise UserError(f'ImageNet ReaL needs the validation images and {releases.REAL_LABELS} in '
+                    f'{release.root}')
+  val = release.splits['validation']
+  position = np.zeros(len(val.index), np.int64)
+  position[val.rows] = np.arange(len(val.rows))
+  widest = max([len(s) for s in sets] + [1])
+  padded = np.full([len(sets), widest], -1, np.int64)
+  for i, labels in enumerate(sets):
+    padded[i, :len(labels)] = labels
+  shares = tfds.even_splits(split, n=process_count)
+  counts = []
+  for share in shares:
+    if any(part is not val for part, _, _ in release.select(share)):
+      raise UserError(f"ImageNet ReaL scores the validation images: use a split of "
+                      f"'validation', not {split!r}")
+    counts.append(sum(len(rows) for _, rows, _ in release.select(share)))
+  keys, _ = releases.records(release, shares[process_index])
+  rows = releases.key_rows(keys)
+  classes = len(release.classes)
+  records = tf.data.Dataset.from_tensor_slices((keys, padded[position[rows]])).map(
+      as_written(lambda k, s: (k, tf.reduce_max(tf.one_hot(s, classes, dtype=tf.int32), 0))))
+  return padded_eval_batches(records if len(keys) else None, count=len(keys),
+                             num_batches=-(-max(counts) // batch_size), batch_size=batch_size,
+                             spec=spec, stored_shape=(None, None, 3), label_shape=(classes,),
+                             read=_read_op(release))
+
+
+def _counting_skipped(batches, release) -> Iterator[dict[str, np.ndarray]]:
+  """The batches without `_SKIPPED`; each skipped image is one warning line on stderr (its name
+  and the count so far) and in the absl log."""
+  count = 0
+  for batch in batches:
+    for key in batch.pop(_SKIPPED).tolist():
+      if key >= 0:
+        count += 1
+        line = (f'skipped an image of {release.name} that does not decode: '
+                f'{releases.image_name(release, key)} ({count} so far in this run)')
+        logging.warning(line)
+        print(f'warning: {line}', file=sys.stderr, flush=True)
+    yield batch
 
 
 class EvalBatches:
@@ -159,8 +272,10 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
   The arguments are checked by `streams.eval_iterator`, the entry point.
   """
   hide_accelerators_from_tf()
-  builder = info_lib.load_builder(dataset, data_dir)
-  ds_info = info_lib.info_from_builder(builder)
+  release = info_lib.find_release(dataset, data_dir)
+  builder = None if release else info_lib.load_builder(dataset, data_dir)
+  ds_info = (info_lib.info_from_release(release) if release else
+             info_lib.info_from_builder(builder))
   total = ds_info.num_examples(split)
   if total == 0:
     raise UserError(f"split '{split}' of '{dataset}' is empty; pick a non-empty eval split")
@@ -169,16 +284,19 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
   num_batches = -(-max(counts) // batch_size)
   records = None
   if counts[process_index]:
-    records = _records(builder, ds_info, shares[process_index], cache)
+    records = (_release_records(release, shares[process_index]) if release else
+               _records(builder, ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
-                                batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape)
+                                batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
+                                read=_read_op(release) if release else None)
   return batches, num_batches
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
                         batch_size: int, spec: specs.EvalSpec, stored_shape,
-                        label_shape: tuple[int, ...] = ()) -> EvalBatches:
-  """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records.
+                        label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
+  """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records
+  (with `read`, a keys -> encoded images op: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
@@ -194,8 +312,10 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
     return preprocess.eval_preprocess(preprocess.decode(encoded, channels), spec)
 
   def process_batch(encoded, labels):
+    return pad(_map_examples(process_example, encoded, out_spec), labels)
+
+  def pad(images, labels):
     """A possibly partial batch -> a full batch, padded with zero images and mask 0."""
-    images = _map_examples(process_example, encoded, out_spec)
     real = tf.shape(labels)[0]
     fill = batch_size - real
     batch = {
@@ -212,7 +332,17 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
       'image': tf.zeros([batch_size, *out_spec.shape], tf.float32),
       'label': tf.zeros([batch_size, *label_shape], tf.int32),
       'mask': tf.zeros([batch_size], tf.float32),
-  }).repeat(num_batches - real_batches)
+  })
+  if read is not None and real_batches:
+    # Keys read in place; an image that does not decode is left out (the split's last batches
+    # then hold fewer real rows, and padding makes up the count).
+    ds = records.batch(batch_size).map(as_written(lambda k, label: (read(k), label)))
+    ds = ds.unbatch().map(as_written(lambda e, label: (process_example(e), label)),
+                          num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    ds = ds.ignore_errors().batch(batch_size).map(as_written(pad))
+    ds = ds.concatenate(padding.repeat()).take(num_batches)
+    return EvalBatches(ds.prefetch(1).with_options(_options()), num_batches)
+  padding = padding.repeat(num_batches - real_batches)
   if real_batches:
     # The records are read to their end (no `take` on them), so a cache completes in pass one.
     ds = records.batch(batch_size)
@@ -227,8 +357,8 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
 def as_written(fn):
   """`fn` traced as written, without AutoGraph's source rewrite, for every function this project
   gives tf.data: they branch on Python values only (tensor branches use tf.switch_case), the
-  rewrite cost ~2.6 s of every run's start (cProfile of a 24-step ViT-Ze/4 run), and it writes
-  each rewritten function to a file in the temp dir that it never deletes."""
+  rewrite costs seconds of every run's start, and it writes each rewritten function to a file in
+  the temp dir that it never deletes."""
   return tf.autograph.experimental.do_not_convert(fn)
 
 

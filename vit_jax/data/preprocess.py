@@ -37,6 +37,14 @@ INCEPTION_AREA_RANGE = (0.05, 1.0)
 INCEPTION_ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
 
 
+def hide_accelerators_from_tf() -> None:
+  """Makes TF use the CPU only, so it never takes GPU memory from JAX (no-op if too late)."""
+  try:
+    tf.config.set_visible_devices([], 'GPU')
+  except (RuntimeError, ValueError):  # Devices already initialised, or no such device type.
+    pass
+
+
 # ---------------------------------------------------------------------------------------------
 # Seeds.
 

@@ -6,8 +6,7 @@ implements what the preprocessing asks for, and everything else to `pipeline` (t
 keep the same contract (pipeline.py's docstring): an infinite stream that is a pure function of
 the seed and resumes exactly at any step; eval batches padded with mask 0, the same number on
 every process, every example once. A run on an embedded dataset then never imports TensorFlow
-(2.1 CPU-s with tensorflow_datasets' use of it, AMD EPYC 26/2), which is most of the suite's
-command-line runs and the quickstart.
+(the quickstart's runs, for one).
 """
 
 from typing import Any, Iterator, Optional

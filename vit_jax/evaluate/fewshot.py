@@ -12,7 +12,7 @@ classified by the largest of the K outputs.
 Which training images: the first n of each class in the split's stored order (tfds writes shuffled
 shards), so an n-shot set contains every smaller one and the choice is the same on every run and
 any number of processes. For mnist5k and digits they come from the source arrays in that same
-order (`arrays.in_read_order`, split_expr.py), without TensorFlow, when the NumPy streams serve
+order (`arrays.in_read_order`, catalog.py), without TensorFlow, when the NumPy streams serve
 the eval preprocessing; any other dataset goes through tf.data. `FewShotEvaluator` reads and
 caches them once, then each call computes the features of those and of the whole eval split with
 the given params (sharded over the mesh).

@@ -3,7 +3,9 @@
 Reads tfds `imagenet2012_real` (its `validation` split: the ImageNet validation images with a
 `real_label` set per image). A prediction counts when it is in the image's set of real labels;
 images whose set is empty are not scored, as in the ReaL paper. The dataset must be prepared
-(`tfds build imagenet2012_real`, which needs the manually downloaded ImageNet validation tar).
+(`tfds build imagenet2012_real`, which needs the manually downloaded ImageNet validation tar), or
+the ILSVRC2012 archives read in place (vit_jax/data/releases.py) with the ReaL labels' `real.json`
+beside them (the validation images in file-name order).
 """
 
 from typing import Dict, Optional
@@ -46,13 +48,20 @@ class RealEvaluator:
 
   def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
                split: str, batch_size: int, pp, cache: bool = True):
+    self.mesh = mesh
+    self._step = self._scoring_step(model, param_shardings)
+    pcount, pindex = jax.process_count(), jax.process_index()
+    # The ILSVRC2012 archives read in place, with real.json beside them (vit_jax/data/releases.py).
+    release = info_lib.real_release(dataset, data_dir)
+    if release is not None:
+      self._check_classes(model, dataset, len(release.classes))
+      self._batches = pipeline.real_label_set_batches(
+          release, split, batch_size=batch_size // pcount, spec=specs.eval_spec(pp),
+          process_index=pindex, process_count=pcount)
+      return
     builder = info_lib.load_builder(dataset, data_dir)
     num_classes = _label_set_feature(builder, dataset)
-    if model.num_classes != num_classes:
-      raise UserError(f"the model has {model.num_classes} classes but '{dataset}' labels "
-                      f'{num_classes}: ReaL scores ImageNet-1k classifiers; unset '
-                      f'config.real.dataset for other runs')
-    pcount, pindex = jax.process_count(), jax.process_index()
+    self._check_classes(model, dataset, num_classes)
     shares = tfds.even_splits(split, n=pcount)
     try:
       counts = [int(builder.info.splits[s].num_examples) for s in shares]
@@ -70,14 +79,22 @@ class RealEvaluator:
         records, count=counts[pindex], num_batches=-(-max(counts) // local_batch),
         batch_size=local_batch, spec=specs.eval_spec(pp),
         stored_shape=builder.info.features[IMAGE_KEY].shape, label_shape=(num_classes,))
-    self.mesh = mesh
+
+  @staticmethod
+  def _check_classes(model, dataset: str, num_classes: int) -> None:
+    if model.num_classes != num_classes:
+      raise UserError(f"the model has {model.num_classes} classes but '{dataset}' labels "
+                      f'{num_classes}: ReaL scores ImageNet-1k classifiers; unset '
+                      f'config.real.dataset for other runs')
+
+  def _scoring_step(self, model, param_shardings):
 
     def step(params, batch):
       logits = model.apply({'params': params}, batch['image'], train=False)
       return real_hits(logits, batch['label'], batch['mask'])
 
-    self._step = jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
-                         out_shardings=sharding.replicated(mesh))
+    return jax.jit(step, in_shardings=(param_shardings, sharding.batch_sharding(self.mesh)),
+                   out_shardings=sharding.replicated(self.mesh))
 
   def __call__(self, params) -> Dict[str, float]:
     totals = None
