@@ -1,0 +1,82 @@
+"""NVIDIA GPUs: is one here, is the GPU build of JAX installed, and the XLA:GPU flags.
+
+The GPU build of JAX is a PJRT plugin package (`jax-cuda13-plugin` or `jax-cuda12-plugin`, with
+their `jax-cuda*-pjrt` and nvidia-* libraries); `make install ACCEL=cuda13` installs it from a
+hash-pinned lock. A machine whose GPU JAX cannot see (the CPU-only build) gets `install_hint`.
+
+`XLA_GPU_FLAGS`: the XLA:GPU options that matter for a transformer's train step, one named
+variant each, for A/B runs (`bench --suite=gpu --suite_xla=NAME`). `DEFAULT_VARIANT` is the set a
+GPU run applies; a variant joins it once a measurement on a GPU shows it helps.
+"""
+
+import importlib.util
+import os
+import shutil
+from typing import Callable, Dict, MutableMapping, Optional, Tuple
+
+from vit_jax.errors import UserError
+
+# Where the NVIDIA driver shows itself without any CUDA library: its kernel module's /proc entry
+# and its command-line tool.
+DRIVER_PROC = '/proc/driver/nvidia'
+SMI = 'nvidia-smi'
+# The PJRT plugin modules of JAX's CUDA builds (the packages jax-cuda13-plugin, jax-cuda12-plugin).
+CUDA_PLUGINS = ('jax_cuda13_plugin', 'jax_cuda12_plugin')
+INSTALL_COMMAND = 'make install ACCEL=cuda13'
+
+# name -> (XLA_FLAGS entries, purpose).
+XLA_GPU_FLAGS: Dict[str, Tuple[Tuple[str, ...], str]] = {
+    'none': ((), "XLA's defaults"),
+    'latency_hiding': (('--xla_gpu_enable_latency_hiding_scheduler=true',),
+                       'schedules async work (collectives, copies) to overlap compute'),
+    'no_triton_gemm': (('--xla_gpu_enable_triton_gemm=false',),
+                       'every GEMM through cuBLAS instead of Triton-generated fusions'),
+    'no_command_buffers': (('--xla_gpu_enable_command_buffer=',),
+                           'no CUDA graphs: each kernel launched on its own'),
+    'autotune_0': (('--xla_gpu_autotune_level=0',),
+                   'no GEMM/conv autotuning: a faster compile, possibly slower kernels'),
+}
+DEFAULT_VARIANT = 'none'  # nothing measured to help yet
+
+
+def nvidia_gpu_present(proc: str = DRIVER_PROC, which: Callable[[str], Optional[str]] = shutil.which
+                       ) -> bool:
+  """True if the NVIDIA driver is loaded here (its /proc entry or nvidia-smi exists)."""
+  return os.path.exists(proc) or which(SMI) is not None
+
+
+def cuda_jax_installed(find_spec: Callable = importlib.util.find_spec) -> bool:
+  """True if a CUDA PJRT plugin of JAX is importable (without importing it or starting JAX)."""
+  return any(find_spec(name) is not None for name in CUDA_PLUGINS)
+
+
+def install_hint(probe: Optional[Callable[[], bool]] = None) -> Optional[str]:
+  """The line for a machine with an NVIDIA GPU that JAX runs without (a CPU-only build), or None.
+  `probe` defaults to `nvidia_gpu_present`."""
+  if not (probe or nvidia_gpu_present)():
+    return None
+  return (f'this machine has an NVIDIA GPU but JAX runs on the CPU: `{INSTALL_COMMAND}` (or '
+          'ACCEL=cuda12 for a CUDA 12 driver) installs the GPU build')
+
+
+def variant_flags(name: str) -> Tuple[str, ...]:
+  """The XLA_FLAGS entries of variant `name`; a UserError naming the valid ones otherwise."""
+  if name not in XLA_GPU_FLAGS:
+    raise UserError(f'unknown XLA:GPU flag variant {name!r}: use one of '
+                     f'{", ".join(XLA_GPU_FLAGS)}')
+  return XLA_GPU_FLAGS[name][0]
+
+
+def apply_flags(environ: MutableMapping[str, str], name: str = DEFAULT_VARIANT) -> None:
+  """Appends variant `name`'s flags to environ['XLA_FLAGS'] (before JAX starts), replacing any
+  earlier value of the same flag; only where a CUDA build of JAX is installed."""
+  flags = variant_flags(name)
+  if not flags or not cuda_jax_installed():
+    return
+  names = {f.split('=')[0] for f in flags}
+  kept = [f for f in environ.get('XLA_FLAGS', '').split() if f.split('=')[0] not in names]
+  environ['XLA_FLAGS'] = ' '.join([*kept, *flags])
+
+
+__all__ = ['XLA_GPU_FLAGS', 'DEFAULT_VARIANT', 'INSTALL_COMMAND', 'nvidia_gpu_present',
+           'cuda_jax_installed', 'install_hint', 'variant_flags', 'apply_flags']
