@@ -12,6 +12,9 @@ alternately with ours and prints the ratio (needs `make test-interop`). --profil
 time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
 The base config is --config (default configs/mnist5k.py: no Polyak averaging or other extras of
 `make train`'s recipe, so the step is the plain trainer's).
+--suite=gpu [--compare=timm] runs a fixed set of runs, each in its own process, and prints one
+table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
+--suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run.
 """
 
 import json
@@ -40,6 +43,18 @@ _DATA_DIR = flag_groups.data_dir()
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends its time: '
                              'our kernels per model component (and timm\'s ops with --compare).')
 _JSON = flag_groups.json_output()
+_SUITE = flags.DEFINE_enum('suite', None, ['gpu', 'smoke'], 'Run a fixed set of benchmarks, each '
+                           'in its own process, and print one table: gpu (ViT-Ti/16, B/16, L/16 '
+                           'in bf16 on an NVIDIA GPU; with --compare=timm also timm eager and '
+                           'compiled) or smoke (the same machinery on the CPU in seconds).')
+_SUITE_MODELS = flags.DEFINE_list('suite_models', [], 'Only these models of the suite (B/16).')
+_SUITE_MODES = flags.DEFINE_list('suite_modes', [], 'Only these modes (train, infer).')
+_SUITE_SIDES = flags.DEFINE_list('suite_sides', [], 'Only these sides (ours-einsum, ours-cudnn, '
+                                 'timm-eager, timm-compiled).')
+_SUITE_ONLY = flags.DEFINE_list('suite_only', [], 'Only these run ids (B/16-train-ours-einsum).')
+_SUITE_XLA = flags.DEFINE_list('suite_xla', [], 'XLA:GPU flag variants (vit_jax/platform/gpu.py) '
+                               'to add one ours-einsum train run each for.')
+_SUITE_TIMEOUT = flags.DEFINE_integer('suite_timeout', 300, 'Seconds each suite run may take.')
 
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
@@ -52,8 +67,26 @@ _ADAPTED = {
 }
 
 
+def run_suite() -> int:
+  from vit_jax.benchmarking import suite  # pylint: disable=g-import-not-at-top
+  runs = suite.plan(_SUITE.value, compare=_COMPARE.value, models=_SUITE_MODELS.value,
+                    modes=_SUITE_MODES.value, sides=_SUITE_SIDES.value, only=_SUITE_ONLY.value,
+                    xla=_SUITE_XLA.value)
+  steps = _STEPS.value if flags.FLAGS['steps'].present else None
+  rows = suite.run_suite(runs, _SUITE.value, timeout_s=_SUITE_TIMEOUT.value, steps=steps)
+  table = suite.format_table(rows)
+  if _JSON.value:  # the table on stderr, the rows on stdout
+    print(table, file=sys.stderr, flush=True)
+    print(json.dumps({'suite': _SUITE.value, 'rows': rows}, indent=1))
+  else:
+    print(table)
+  return 0
+
+
 def run(argv) -> int:
   del argv
+  if _SUITE.value:
+    return run_suite()
   from vit_jax.benchmarking import compare  # pylint: disable=g-import-not-at-top
   if _STEPS.value < 1 or _BATCH.value < 1:
     raise cli.UserError('--steps and --batch_size must be at least 1')
