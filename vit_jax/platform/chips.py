@@ -104,10 +104,11 @@ def peak_flops(devices: Sequence, dtype: str,
   return measure(dtype), f'measured {MATMUL_SIZE}^3 {dtype} matmul'
 
 
-def describe_devices(devices: Iterable, gpu_probe: Optional[Callable[[], bool]] = None) -> str:
+def describe_devices(devices: Iterable, gpu_probe: Optional[Callable[[], bool]] = None,
+                     cuda_installed: Optional[Callable[[], bool]] = None) -> str:
   """'8 x cpu', '1 x NVIDIA H200': the count and kind of `devices` (several kinds joined by
-  ' + '). On CPU devices of a machine that has an NVIDIA GPU (`gpu_probe`, default
-  `gpu.nvidia_gpu_present`), the line adds how to install the GPU build of JAX."""
+  ' + '). On CPU devices of a machine that has an NVIDIA GPU but not the CUDA build of JAX
+  (`gpu.install_hint`, which the probes are passed to), the line adds how to install it."""
   from vit_jax.platform import gpu  # pylint: disable=g-import-not-at-top
   devices = list(devices)
   counts = {}
@@ -116,7 +117,7 @@ def describe_devices(devices: Iterable, gpu_probe: Optional[Callable[[], bool]] 
     counts[kind] = counts.get(kind, 0) + 1
   line = ' + '.join(f'{n} x {kind}' for kind, n in counts.items())
   if devices and all(d.platform == 'cpu' for d in devices):
-    hint = gpu.install_hint(gpu_probe)
+    hint = gpu.install_hint(gpu_probe, cuda_installed)
     if hint:
       line += f' ({hint})'
   return line

@@ -50,10 +50,12 @@ def cuda_jax_installed(find_spec: Callable = importlib.util.find_spec) -> bool:
   return any(find_spec(name) is not None for name in CUDA_PLUGINS)
 
 
-def install_hint(probe: Optional[Callable[[], bool]] = None) -> Optional[str]:
-  """The line for a machine with an NVIDIA GPU that JAX runs without (a CPU-only build), or None.
-  `probe` defaults to `nvidia_gpu_present`."""
-  if not (probe or nvidia_gpu_present)():
+def install_hint(probe: Optional[Callable[[], bool]] = None,
+                 cuda_installed: Optional[Callable[[], bool]] = None) -> Optional[str]:
+  """The line for a machine with an NVIDIA GPU (`probe`, default `nvidia_gpu_present`) where JAX
+  runs on the CPU because its CUDA build is missing (`cuda_installed`, default
+  `cuda_jax_installed`), else None (with the CUDA build installed, the CPU was asked for)."""
+  if not (probe or nvidia_gpu_present)() or (cuda_installed or cuda_jax_installed)():
     return None
   return (f'this machine has an NVIDIA GPU but JAX runs on the CPU: `{INSTALL_COMMAND}` (or '
           'ACCEL=cuda12 for a CUDA 12 driver) installs the GPU build')
