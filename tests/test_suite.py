@@ -34,6 +34,9 @@ def test_the_plan_narrows_to_a_subset_and_adds_xla_variants():
                         'B/16-train-ours-einsum+xla:autotune_0', 'B/16-train-timm-compiled']
   only = ['B/16-infer-ours-einsum', 'L/16-train-timm-compiled']
   assert _ids(suite.plan('gpu', compare='timm', models=['ViT-B/16', 'L/16'], only=only)) == only
+  # A variant alone, without its base run.
+  only = ['B/16-train-ours-einsum+xla:no_command_buffers']
+  assert _ids(suite.plan('gpu', xla=['no_command_buffers'], only=only)) == only
 
 
 @pytest.mark.parametrize('kwargs, match', [
@@ -62,7 +65,11 @@ def test_each_run_has_its_command_and_flags():
                   '--config.model.attention=einsum'] and env == {}
   argv, env = suite.command(flagged, 'gpu', python='py', steps=5)
   assert '--steps=5' in argv and env['XLA_FLAGS'].endswith('--xla_gpu_enable_triton_gemm=false')
-  argv, env = suite.command(timm, 'gpu', python='py')
+  _, env = suite.command(ours, 'gpu', python='py', dump_to='/out/dump')
+  assert env['XLA_FLAGS'].split()[-3:] == [
+      '--xla_dump_to=/out/dump/B_16-train-ours-einsum', '--xla_dump_hlo_as_text',
+      f'--xla_dump_hlo_module_re={suite.TRAIN_STEP_MODULE}']
+  argv, env = suite.command(timm, 'gpu', python='py', dump_to='/out/dump')
   assert argv[:3] == ['py', '-m', 'vit_jax.benchmarking.timm_side'] and env == {}
   assert json.loads(argv[3]) == dict(model='ViT-B/16', batch_size=256, image_size=224,
                                      mode='train', compiled=True, steps=20)

@@ -69,10 +69,14 @@ def _model_flops(model, config, train: bool) -> float:
   return (cost.train_flops if train else cost.forward_flops)(model, shape)
 
 
-def _peak(compiled) -> int:
+def _memory(compiled) -> Dict[str, int]:
+  """XLA's memory analysis of a compiled step, and its `peak`: arguments + outputs - aliased
+  (donated) + temporaries."""
   m = compiled.memory_analysis()
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
-             m.temp_size_in_bytes)
+  out = {k: int(getattr(m, f'{k}_size_in_bytes', 0)) for k in
+         ('argument', 'output', 'alias', 'temp', 'generated_code')}
+  out['peak'] = out['argument'] + out['output'] - out['alias'] + out['temp']
+  return out
 
 
 def set_benchmark_values(config, model_name: str, batch_size: int, image_size: int, dtype: str,
@@ -103,6 +107,7 @@ class Prepared:
   peak_bytes: int
   compile_s: float
   hlo_text: str = ''             # the compiled program (for vit_jax.benchmarking.profile)
+  memory: Optional[Dict[str, int]] = None  # `_memory`
 
   def measure(self, steps: int) -> dict:
     jax.block_until_ready(self.step())  # warm-up
@@ -117,6 +122,7 @@ class Prepared:
         'flops_per_img': self.flops_per_step / self.batch_size,
         'achieved_flops': self.flops_per_step / timing.median,
         'peak_bytes': self.peak_bytes,
+        'memory_analysis': self.memory,
         'device_peak_bytes': device_peak_bytes(),
         'rss_peak_bytes': rss_bytes(),
     }
@@ -144,7 +150,9 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
   jax.block_until_ready(step())
   seconds = time.perf_counter() - start
   flops = _model_flops(prog.model, config, train=True) * config.batch_size
-  return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
+  memory = _memory(compiled)
+  return Prepared(step, config.batch_size, flops, memory['peak'], seconds, compiled.as_text(),
+                  memory)
 
 
 def _forward(config):
@@ -168,7 +176,9 @@ def prepare_infer(config) -> Prepared:
   jax.block_until_ready(step())
   seconds = time.perf_counter() - start
   flops = _model_flops(model, config, train=False) * config.batch_size
-  return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
+  memory = _memory(compiled)
+  return Prepared(step, config.batch_size, flops, memory['peak'], seconds, compiled.as_text(),
+                  memory)
 
 
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:

@@ -52,6 +52,9 @@ SUITES: Dict[str, Suite] = {
                    steps=2, needs_gpu=False),
 }
 
+# What jit names the trainer's train step (the module XLA dumps with --suite_dump).
+TRAIN_STEP_MODULE = 'jit_wrapped'
+
 COLUMNS = ('run', 'img/s', 'MFU', 'compiled peak GB', 'allocator peak GB', 'first result s',
            'vs timm compiled')
 
@@ -84,8 +87,8 @@ def plan(suite: str, *, compare: Optional[str] = None, models: Sequence[str] = (
          xla: Sequence[str] = ()) -> List[Run]:
   """The runs of `suite`, in order, narrowed by `models` ('B/16' or 'ViT-B/16'), `modes`,
   `sides` ('ours-einsum', 'timm-compiled', ...) and `only` (run ids); timm's runs only with
-  `compare='timm'`. `xla` adds, after each ours-einsum train run kept, one run per XLA:GPU flag
-  variant."""
+  `compare='timm'`. `xla` adds, after each ours-einsum train run, one run per XLA:GPU flag
+  variant (id '...-ours-einsum+xla:NAME')."""
   if suite not in SUITES:
     raise UserError(f'unknown --suite={suite}: use one of {", ".join(SUITES)}')
   s = SUITES[suite]
@@ -99,16 +102,16 @@ def plan(suite: str, *, compare: Optional[str] = None, models: Sequence[str] = (
   runs = []
   for model, batch in s.models:
     for mode in s.modes:
-      candidates = [Run(model, batch, mode, OURS, k) for k in s.ours]
+      candidates = []
+      for k in s.ours:
+        candidates.append(Run(model, batch, mode, OURS, k))
+        if k == 'einsum' and mode == 'train':
+          candidates += [Run(model, batch, mode, OURS, k, xla=v) for v in xla]
       if compare == 'timm':
         candidates += [Run(model, batch, mode, TIMM, k) for k in s.timm]
-      for r in candidates:
-        if ((wanted and model not in wanted) or (modes and mode not in modes) or
-            (sides and f'{r.side}-{r.variant}' not in sides) or (only and r.id not in only)):
-          continue
-        runs.append(r)
-        if r.side == OURS and r.variant == 'einsum' and mode == 'train':
-          runs += [dataclasses.replace(r, xla=v) for v in xla]
+      runs += [r for r in candidates if not (
+          (wanted and model not in wanted) or (modes and mode not in modes) or
+          (sides and f'{r.side}-{r.variant}' not in sides) or (only and r.id not in only))]
   if only:
     every = plan(suite, compare='timm', xla=[v for v in gpu.XLA_GPU_FLAGS
                                              if v != gpu.DEFAULT_VARIANT])
@@ -119,9 +122,11 @@ def plan(suite: str, *, compare: Optional[str] = None, models: Sequence[str] = (
   return runs
 
 
-def command(run: Run, suite: str, *, steps: Optional[int] = None,
+def command(run: Run, suite: str, *, steps: Optional[int] = None, dump_to: Optional[str] = None,
             python: str = sys.executable) -> Tuple[List[str], Dict[str, str]]:
-  """(argv, environment additions) of one run's subprocess."""
+  """(argv, environment additions) of one run's subprocess. `dump_to`: our train runs dump the
+  train step's HLO, buffer assignment and memory-usage report (XLA_FLAGS) into a folder of that
+  directory named after the run."""
   s = SUITES[suite]
   steps = steps or s.steps
   if run.side == OURS:
@@ -130,6 +135,10 @@ def command(run: Run, suite: str, *, steps: Optional[int] = None,
             f'--dtype={s.dtype}', f'--steps={steps}', '--json',
             f'--config.model.attention={run.variant}']
     flags = gpu.variant_flags(run.xla)
+    if dump_to and run.mode == 'train':
+      folder = os.path.join(dump_to, run.id.replace('/', '_').replace(':', '_'))
+      flags += (f'--xla_dump_to={folder}', '--xla_dump_hlo_as_text',
+                f'--xla_dump_hlo_module_re={TRAIN_STEP_MODULE}')
     env = {'XLA_FLAGS': ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()} if flags else {}
     return argv, env
   spec = dict(model=run.model, batch_size=run.batch, image_size=s.image_size, mode=run.mode,
@@ -150,7 +159,8 @@ def row(run: Run, result: Optional[dict], reason: Optional[str] = None) -> dict:
                compiled_peak_bytes=result.get('peak_bytes'),
                allocator_peak_bytes=result.get('device_peak_bytes') or None,
                first_result_s=result['compile_s'], device=result.get('device_kind'),
-               flops_per_img=result.get('flops_per_img'))
+               flops_per_img=result.get('flops_per_img'),
+               memory_analysis=result.get('memory_analysis'))
   else:
     out.update(img_per_s=result['img_per_s'], mfu=result.get('mfu'), compiled_peak_bytes=None,
                allocator_peak_bytes=result.get('peak_bytes'),
@@ -213,7 +223,7 @@ def execute(argv: List[str], env: Dict[str, str], timeout_s: float) -> Tuple[Opt
 
 
 def run_suite(runs: Sequence[Run], suite: str, *, timeout_s: float, steps: Optional[int] = None,
-              log=sys.stderr) -> List[dict]:
+              dump_to: Optional[str] = None, log=sys.stderr) -> List[dict]:
   """Executes `runs` one after the other; prints each row's progress to `log`."""
   s = SUITES[suite]
   if s.needs_gpu and not gpu.nvidia_gpu_present():
@@ -224,7 +234,7 @@ def run_suite(runs: Sequence[Run], suite: str, *, timeout_s: float, steps: Optio
           'runs may run on the CPU', file=log, flush=True)
   rows = []
   for i, r in enumerate(runs):
-    argv, env = command(r, suite, steps=steps)
+    argv, env = command(r, suite, steps=steps, dump_to=dump_to)
     start = time.perf_counter()
     result, reason = execute(argv, env, timeout_s)
     rows.append(row(r, result, reason or None))

@@ -14,7 +14,8 @@ The base config is --config (default configs/mnist5k.py: no Polyak averaging or 
 `make train`'s recipe, so the step is the plain trainer's).
 --suite=gpu [--compare=timm] runs a fixed set of runs, each in its own process, and prints one
 table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
---suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run.
+--suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run,
+--suite_dump keeps the compiled train steps' buffer assignments.
 """
 
 import json
@@ -54,6 +55,9 @@ _SUITE_SIDES = flags.DEFINE_list('suite_sides', [], 'Only these sides (ours-eins
 _SUITE_ONLY = flags.DEFINE_list('suite_only', [], 'Only these run ids (B/16-train-ours-einsum).')
 _SUITE_XLA = flags.DEFINE_list('suite_xla', [], 'XLA:GPU flag variants (vit_jax/platform/gpu.py) '
                                'to add one ours-einsum train run each for.')
+_SUITE_DUMP = flags.DEFINE_string('suite_dump', None, 'Our train runs dump the compiled train '
+                                   'step (HLO, buffer assignment, memory-usage report) into a '
+                                   'folder per run of this directory.')
 _SUITE_TIMEOUT = flags.DEFINE_integer('suite_timeout', 300, 'Seconds each suite run may take.')
 
 # Shared flags (flag_groups.py): this command's defaults and meanings.
@@ -73,7 +77,8 @@ def run_suite() -> int:
                     modes=_SUITE_MODES.value, sides=_SUITE_SIDES.value, only=_SUITE_ONLY.value,
                     xla=_SUITE_XLA.value)
   steps = _STEPS.value if flags.FLAGS['steps'].present else None
-  rows = suite.run_suite(runs, _SUITE.value, timeout_s=_SUITE_TIMEOUT.value, steps=steps)
+  rows = suite.run_suite(runs, _SUITE.value, timeout_s=_SUITE_TIMEOUT.value, steps=steps,
+                         dump_to=_SUITE_DUMP.value)
   table = suite.format_table(rows)
   if _JSON.value:  # the table on stderr, the rows on stdout
     print(table, file=sys.stderr, flush=True)
