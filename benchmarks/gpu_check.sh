@@ -21,6 +21,10 @@ VARIANTS=${VARIANTS:-latency_hiding no_triton_gemm no_command_buffers}
 SUITE=${SUITE:-gpu}  # SUITE=smoke with a CORE of its run ids tries this script on a CPU
 VARIANT_RUN=${VARIANT_RUN:-B/16-train-ours-einsum}
 CORE=${CORE:-B/16-train-ours-einsum,B/16-train-ours-cudnn,B/16-train-timm-compiled,B/16-infer-ours-einsum,B/16-infer-timm-compiled,L/16-train-ours-einsum,L/16-train-timm-compiled}
+if [ "$SUITE" = gpu ] && [ ! -e /proc/driver/nvidia ] && ! command -v nvidia-smi >/dev/null; then
+  echo "error: benchmarks/gpu_check.sh runs on a machine with an NVIDIA GPU and this one has none (no nvidia-smi, no /proc/driver/nvidia): run \`python -m vit_jax bench --suite=smoke\` to try the suite here" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
 DUMPS=$(mktemp -d)
