@@ -4,6 +4,7 @@
 # `make tpu-compiler` adds the TPU compiler (libtpu, requirements-tpu.lock) in .venv/tpu-compiler
 # for `--config.compile_for=v3-8`; `make test` needs it (the suite compiles for TPU slices).
 # `make test-fast` runs the tests not marked slow (no subprocesses or end-to-end runs).
+# `make gpu-compiler` adds the XLA:GPU compiler in .venv/gpu-compiler for `bench --compile_for=h100`.
 # `make install ACCEL=cuda13` (or cuda12) adds the CUDA build of the same jax
 # (requirements-cuda13.lock) on a machine with an NVIDIA GPU; `make train ACCEL=cuda13` trains there.
 PYTHON ?= python3
@@ -14,6 +15,7 @@ WORKDIR ?= runs/default
 PYTEST_ARGS ?=
 INTEROP_STAMP := $(VENV)/.interop-installed
 TPU_STAMP := $(VENV)/.tpu-compiler-installed
+GPU_COMPILER_STAMP := $(VENV)/.gpu-compiler-installed
 TORCH_WHEELS ?= /opt/wheels
 # The accelerator build of JAX on top of requirements.lock: empty (CPU), cuda13 or cuda12.
 ACCEL ?=
@@ -25,7 +27,7 @@ ACCEL_CHECK ?= 1
 # Huge-page malloc for the test process (vit_jax/hostmem.py; the CLIs restart with it themselves).
 HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
-.PHONY: install accel-check tpu-compiler train test test-fast test-interop clean
+.PHONY: install accel-check tpu-compiler gpu-compiler train test test-fast test-interop clean
 
 ifeq ($(ACCEL),)
 install: $(STAMP)
@@ -64,6 +66,14 @@ $(TPU_STAMP): $(STAMP) requirements-tpu.lock
 	touch $(TPU_STAMP)
 
 tpu-compiler: $(TPU_STAMP)
+
+# The XLA:GPU compiler without the CUDA libraries, for `bench --compile_for=h100` on any machine.
+$(GPU_COMPILER_STAMP): $(STAMP) requirements-gpu-compiler.lock
+	rm -rf $(VENV)/gpu-compiler
+	$(UV) --require-hashes --target $(VENV)/gpu-compiler -r requirements-gpu-compiler.lock
+	touch $(GPU_COMPILER_STAMP)
+
+gpu-compiler: $(GPU_COMPILER_STAMP)
 
 # The CUDA build: its PJRT plugin and the CUDA libraries, hash-pinned, into the same venv (the
 # other CUDA build's plugin removed). Refused (one line) where no NVIDIA driver is loaded: there it

@@ -181,6 +181,32 @@ def prepare_infer(config) -> Prepared:
                   memory)
 
 
+def compile_for(config, devices: list, mode: str) -> dict:
+  """Our train step (`mode` 'train') or forward pass compiled for `devices` (compile-only, e.g.
+  `platform.gpu.compile_only_devices`), not run: XLA's memory analysis, compile time, FLOPs."""
+  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  abstract = lambda a, sharding=None: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+  if mode == 'train':
+    prog = program_lib.build_program(config, devices, require_dataset=False)
+    # The rng and hyperparameters as shapes: their arrays live on this host's CPU.
+    args = (prog.abstract_state, prog.abstract_batch(), abstract(prog.dropout_rng),
+            jax.tree.map(abstract, prog.hyper))
+    compiled, model = prog.train_fn.lower(*args).compile(), prog.model
+  else:
+    model, init, forward = _forward(config)
+    on = jax.sharding.SingleDeviceSharding(devices[0])
+    images = jax.ShapeDtypeStruct((config.batch_size, config.image_size, config.image_size,
+                                   config.pp.channels), jnp.float32, sharding=on)
+    params = jax.tree.map(lambda a: abstract(a, on),
+                          jax.eval_shape(init, jax.random.PRNGKey(0), images))
+    compiled = forward.lower(params, images).compile()
+  memory = _memory(compiled)
+  return {'compile_s': time.perf_counter() - start, 'memory_analysis': memory,
+          'peak_bytes': memory['peak'], 'device_kind': devices[0].device_kind,
+          'flops_per_img': _model_flops(model, config, train=mode == 'train')}
+
+
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
   """img/s of the trainer's train input pipeline (the config's train preprocessing) on `dataset`."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
@@ -204,4 +230,4 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
 
 
 __all__ = ['matmul_peak_flops', 'device_peak_bytes', 'minor_faults', 'set_benchmark_values', 'prepare_train',
-           'prepare_infer', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']
+           'prepare_infer', 'compile_for', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']
