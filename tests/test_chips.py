@@ -131,3 +131,39 @@ def test_throughput_for_a_run_counts_the_models_train_flops():
   t = logs.throughput_for(model, (28, 28, 1), 16, jax.devices(), 'float32')
   assert t.flops_per_image == cost.train_flops(model, (28, 28, 1))
   assert t.peak_flops > 1e8  # this CPU's measured matmul rate
+
+
+def test_deviceless_gpu_compiles_need_the_compiler_and_a_known_gpu(tmp_path):
+  """`bench --compile_for=h100` (vit_jax/platform/gpu.py): without the compiler installed, one
+  line naming `make gpu-compiler`; with it, the environment JAX starts with."""
+  env = {'XLA_FLAGS': '--xla_gpu_autotune_level=4 --xla_force_host_platform_device_count=8'}
+  with pytest.raises(UserError, match='needs the XLA:GPU compiler.*make gpu-compiler') as err:
+    gpu.prepare_deviceless(env, compiler_dir=str(tmp_path))
+  assert '\n' not in str(err.value)
+  (tmp_path / 'jax_plugins').mkdir()
+  try:
+    gpu.prepare_deviceless(env, compiler_dir=str(tmp_path))
+    assert sys.path[0] == str(tmp_path)
+  finally:
+    sys.path.remove(str(tmp_path))
+  assert env['JAX_SKIP_CUDA_CONSTRAINTS_CHECK'] == '1'
+  assert env['XLA_FLAGS'].split() == ['--xla_force_host_platform_device_count=8',
+                                      *gpu.DEVICELESS_FLAGS]
+  with pytest.raises(UserError, match="unknown GPU 'a100' to compile for: use one of h100, h200"):
+    gpu.compile_only_devices('a100')
+  for name, target in gpu.GPU_TARGETS.items():  # each names a chip of the MFU table
+    kind = target.split('device_description_str: "')[1].split('"')[0]
+    assert chips.find_chip(kind).name.lower().startswith(name), name
+
+
+@pytest.mark.slow
+def test_compile_for_without_the_compiler_is_one_line(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'vit_jax', 'bench', '--compile_for=h100', '--model=ViT-Ti/16'],
+      env={**os.environ, 'VIT_JAX_GPU_COMPILER': str(tmp_path / 'none')}, cwd=ROOT,
+      capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      f'error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which is not '
+      f'installed in {tmp_path / "none"}: run `make gpu-compiler` once (it installs it into '
+      f'.venv/gpu-compiler)']
