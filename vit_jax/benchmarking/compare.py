@@ -62,7 +62,8 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   device = jax.devices()[0]
   result['device_kind'] = device.device_kind
   result['chip_peak_flops'], result['chip_peak_source'] = chips.peak_flops(
-      [device], dtype, measure=lambda d: peak if d == 'float32' else ours.matmul_peak_flops(dtype=d))
+      [device], dtype,
+      measure=lambda d: peak if d == 'float32' else ours.matmul_peak_flops(dtype=d))
   prepared = ours.prepare_train(config) if mode == 'train' else ours.prepare_infer(config)
   theirs_step = None
   if compare_with is None:

@@ -229,5 +229,6 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
           'peak_bytes': 0, 'device_peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
 
 
-__all__ = ['matmul_peak_flops', 'device_peak_bytes', 'minor_faults', 'set_benchmark_values', 'prepare_train',
+__all__ = ['matmul_peak_flops', 'device_peak_bytes', 'minor_faults', 'set_benchmark_values',
+           'prepare_train',
            'prepare_infer', 'compile_for', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']

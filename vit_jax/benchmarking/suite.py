@@ -139,11 +139,14 @@ def command(run: Run, suite: str, *, steps: Optional[int] = None, dump_to: Optio
       folder = os.path.join(dump_to, run.id.replace('/', '_').replace(':', '_'))
       flags += (f'--xla_dump_to={folder}', '--xla_dump_hlo_as_text',
                 f'--xla_dump_hlo_module_re={TRAIN_STEP_MODULE}')
-    env = {'XLA_FLAGS': ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()} if flags else {}
+    joined = ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()
+    env = {'XLA_FLAGS': joined} if flags else {}
     return argv, env
   spec = dict(model=run.model, batch_size=run.batch, image_size=s.image_size, mode=run.mode,
               compiled=run.variant == 'compiled', steps=steps)
-  return [python, '-m', 'vit_jax.benchmarking.timm_side', json.dumps(spec)], {}
+  # JAX (imported for the FLOP count) stays off the GPU: it would take 75% of its memory.
+  return ([python, '-m', 'vit_jax.benchmarking.timm_side', json.dumps(spec)],
+          {'JAX_PLATFORMS': 'cpu'})
 
 
 def row(run: Run, result: Optional[dict], reason: Optional[str] = None) -> dict:

@@ -164,8 +164,8 @@ def main(argv: List[str]) -> int:
   return 0
 
 
+__all__ = ['build', 'steps', 'torch_profile', 'gpu_benchmark']
+
+
 if __name__ == '__main__':
   sys.exit(main(sys.argv))
-
-
-__all__ = ['build', 'steps', 'torch_profile', 'gpu_benchmark']

@@ -2,8 +2,9 @@
 
 Only process 0 writes. Each record is one JSON object per line: {"step": .., "split": "train"|
 "eval", <metric>: float, ...}. Train records from the second on also carry `img_per_s` and `mfu`
-(`Throughput`: model FLOPs utilisation over the steps since the previous record). Files go through `fileio`, so the workdir may be a local path or a
-bucket (gs://...), as on a TPU pod; TensorFlow is imported for a bucket only.
+(`Throughput`: model FLOPs utilisation over the steps since the previous record). Files go through
+`fileio`, so the workdir may be a local path or a bucket (gs://...), as on a TPU pod; TensorFlow
+is imported for a bucket only.
 """
 
 import contextlib
