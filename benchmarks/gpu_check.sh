@@ -9,7 +9,8 @@
 #    dumping their compiled train step (buffer assignment, memory-usage report, optimised HLO),
 #    kept as ONE file, $OUT/train_step_dumps.tar.gz;
 # 4. while the elapsed time is under $BUDGET seconds, one more ViT-B/16 train run per XLA:GPU
-#    flag variant (vit_jax/platform/gpu.py) into $OUT/xla_<variant>.json.
+#    flag variant (vit_jax/platform/gpu.py) into $OUT/xla_<variant>.json, then the $EXTRA runs
+#    (remat=dots: the compiled peak against the speed) into $OUT/extra_<id>.json.
 # No step stops the ones after it; each run has its own time limit (--suite_timeout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,9 @@ OUT=${OUT:-/tmp/gpu_check}
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-300}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
-VARIANTS=${VARIANTS:-latency_hiding no_triton_gemm no_command_buffers}
+VARIANTS=${VARIANTS-latency_hiding no_triton_gemm no_command_buffers}
+# Extra runs while the budget lasts, after the XLA variants: remat=dots (memory against speed).
+EXTRA=${EXTRA-B/16-train-ours-einsum:dots}
 SUITE=${SUITE:-gpu}  # SUITE=smoke with a CORE of its run ids tries this script on a CPU
 VARIANT_RUN=${VARIANT_RUN:-B/16-train-ours-einsum}
 CORE=${CORE:-B/16-train-ours-einsum,B/16-train-ours-cudnn,B/16-train-timm-compiled,B/16-infer-ours-einsum,B/16-infer-timm-compiled,L/16-train-ours-einsum,L/16-train-timm-compiled}
@@ -67,6 +70,15 @@ for variant in $VARIANTS; do
   echo "== xla:$variant ($SECONDS s)"
   "$PY" -m vit_jax bench --suite="$SUITE" --suite_only="$VARIANT_RUN+xla:$variant" \
     --suite_xla="$variant" --suite_timeout="$RUN_TIMEOUT" --json > "$OUT/xla_$variant.json"
+done
+for id in ${EXTRA//,/ }; do
+  if [ "$SECONDS" -ge "$BUDGET" ]; then
+    echo "== skipped $id ($SECONDS s >= BUDGET=$BUDGET)"
+    continue
+  fi
+  echo "== $id ($SECONDS s)"
+  "$PY" -m vit_jax bench --suite="$SUITE" --suite_only="$id" --suite_timeout="$RUN_TIMEOUT" \
+    --json > "$OUT/extra_${id//[\/:]/_}.json"
 done
 rm -rf "$DUMPS"
 echo "== done ($SECONDS s)"

@@ -18,9 +18,11 @@ def _ids(runs):
 
 def test_the_gpu_plan_times_three_models_both_modes_and_every_side():
   runs = suite.plan('gpu', compare='timm')
-  assert len(runs) == 3 * 2 * 4
-  assert _ids(runs)[:4] == ['Ti/16-train-ours-einsum', 'Ti/16-train-ours-cudnn',
-                            'Ti/16-train-timm-eager', 'Ti/16-train-timm-compiled']
+  assert len(runs) == 3 * (5 + 4)  # the remat variant in train only
+  assert _ids(runs)[:9] == [
+      'Ti/16-train-ours-einsum', 'Ti/16-train-ours-cudnn', 'Ti/16-train-ours-einsum:dots',
+      'Ti/16-train-timm-eager', 'Ti/16-train-timm-compiled', 'Ti/16-infer-ours-einsum',
+      'Ti/16-infer-ours-cudnn', 'Ti/16-infer-timm-eager', 'Ti/16-infer-timm-compiled']
   assert {(r.model, r.batch) for r in runs} == {('ViT-Ti/16', 256), ('ViT-B/16', 256),
                                                 ('ViT-L/16', 128)}
   # Without --compare=timm: ours only.
@@ -63,6 +65,9 @@ def test_each_run_has_its_command_and_flags():
   assert argv == ['py', '-m', 'vit_jax', 'bench', '--model=ViT-B/16', '--batch_size=256',
                   '--image_size=224', '--mode=train', '--dtype=bfloat16', '--steps=20', '--json',
                   '--config.model.attention=einsum'] and env == {}
+  dots, = suite.plan('gpu', only=['L/16-train-ours-einsum:dots'])
+  argv, _ = suite.command(dots, 'gpu', python='py')
+  assert argv[-2:] == ['--config.model.attention=einsum', '--config.model.remat=dots']
   argv, env = suite.command(flagged, 'gpu', python='py', steps=5)
   assert '--steps=5' in argv and env['XLA_FLAGS'].endswith('--xla_gpu_enable_triton_gemm=false')
   _, env = suite.command(ours, 'gpu', python='py', dump_to='/out/dump')

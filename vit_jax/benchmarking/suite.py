@@ -5,8 +5,9 @@ The plan (`plan`: which runs, `command`: each one's command line and XLA flags) 
 time, so one failure, out-of-memory or timeout costs that run only: its row carries its one-line
 reason. The parent process never starts JAX (on a GPU that would take the children's memory).
 
-Sides: ours with one attention kernel (`ours-einsum`, `ours-cudnn`, ...: `bench --json
---config.model.attention=K`), timm eager and timm with torch.compile (`timm_side.gpu_benchmark`:
+Sides: ours with one attention kernel (`ours-einsum`, `ours-cudnn`: `bench --json
+--config.model.attention=K`) or, train only, a kernel and a remat policy (`ours-einsum:dots`:
+`--config.model.remat=dots`, the saved activations cut to the Dense outputs), timm eager and timm with torch.compile (`timm_side.gpu_benchmark`:
 bf16 autocast, fused AdamW, gradient clipping at 1.0). FLOPs are the model's (`models.cost`) on
 both sides, so MFU compares like with like. Memory: ours, the compiled step's peak (arguments +
 outputs + temporaries, XLA's memory analysis) and the device allocator's peak; timm,
@@ -32,7 +33,7 @@ OURS, TIMM = 'ours', 'timm'
 class Suite:
   models: Tuple[Tuple[str, int], ...]  # (model, batch)
   modes: Tuple[str, ...]
-  ours: Tuple[str, ...]                # attention kernels of our runs
+  ours: Tuple[str, ...]                # our runs: an attention kernel, ':' a remat policy (train)
   timm: Tuple[str, ...]                # 'eager', 'compiled' (with --compare=timm)
   dtype: str
   image_size: int
@@ -43,7 +44,7 @@ class Suite:
 SUITES: Dict[str, Suite] = {
     # The GPU comparison: ViT-Ti/16, B/16 and L/16 at 224 px in bf16.
     'gpu': Suite(models=(('ViT-Ti/16', 256), ('ViT-B/16', 256), ('ViT-L/16', 128)),
-                 modes=('train', 'infer'), ours=('einsum', 'cudnn'),
+                 modes=('train', 'infer'), ours=('einsum', 'cudnn', 'einsum:dots'),
                  timm=('eager', 'compiled'), dtype='bfloat16', image_size=224, steps=20,
                  needs_gpu=True),
     # The same machinery on any CPU in seconds (a cudnn row shows a failing run's line).
@@ -65,7 +66,7 @@ class Run:
   batch: int
   mode: str
   side: str        # 'ours' or 'timm'
-  variant: str     # ours: the attention kernel; timm: 'eager' or 'compiled'
+  variant: str     # ours: the attention kernel[:remat policy]; timm: 'eager' or 'compiled'
   xla: str = gpu.DEFAULT_VARIANT  # ours: the XLA:GPU flag variant (platform/gpu.py)
 
   @property
@@ -104,6 +105,8 @@ def plan(suite: str, *, compare: Optional[str] = None, models: Sequence[str] = (
     for mode in s.modes:
       candidates = []
       for k in s.ours:
+        if ':' in k and mode != 'train':  # a remat policy changes only the train step
+          continue
         candidates.append(Run(model, batch, mode, OURS, k))
         if k == 'einsum' and mode == 'train':
           candidates += [Run(model, batch, mode, OURS, k, xla=v) for v in xla]
@@ -130,10 +133,12 @@ def command(run: Run, suite: str, *, steps: Optional[int] = None, dump_to: Optio
   s = SUITES[suite]
   steps = steps or s.steps
   if run.side == OURS:
+    kernel, _, remat = run.variant.partition(':')
     argv = [python, '-m', 'vit_jax', 'bench', f'--model={run.model}',
             f'--batch_size={run.batch}', f'--image_size={s.image_size}', f'--mode={run.mode}',
             f'--dtype={s.dtype}', f'--steps={steps}', '--json',
-            f'--config.model.attention={run.variant}']
+            f'--config.model.attention={kernel}']
+    argv += [f'--config.model.remat={remat}'] if remat else []
     flags = gpu.variant_flags(run.xla)
     if dump_to and run.mode == 'train':
       folder = os.path.join(dump_to, run.id.replace('/', '_').replace(':', '_'))
