@@ -10,7 +10,8 @@ the CUDA PJRT plugin (`make gpu-compiler`, .venv/gpu-compiler) describes a GPU f
 compiled for an H100 comes from any machine. Without a GPU there is no autotuning, so those
 compiles run with `DEVICELESS_FLAGS` (cuBLAS for every GEMM, no autotuning): what the compiler
 picks on the GPU itself can differ, its memory too. cuDNN's fused attention needs the cuDNN
-library to compile: `model.attention=cudnn` does not compile there.
+library to compile: `model.attention=cudnn` compiles only with the nvidia-cudnn-cu13 wheel of
+requirements-cuda13.lock unpacked into the same folder.
 
 `XLA_GPU_FLAGS`: the XLA:GPU options that matter for a transformer's train step, one named
 variant each, for A/B runs (`bench --suite=gpu --suite_xla=NAME`). `DEFAULT_VARIANT` is the set a
