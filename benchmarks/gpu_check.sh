@@ -20,7 +20,7 @@ BUDGET=${BUDGET:-300}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 VARIANTS=${VARIANTS-latency_hiding no_triton_gemm no_command_buffers}
 # Extra runs while the budget lasts, after the XLA variants: remat=dots (memory against speed).
-EXTRA=${EXTRA-B/16-train-ours-einsum:dots}
+EXTRA=${EXTRA-B/16-train-ours-cudnn:dots,B/16-train-ours-einsum:dots}
 SUITE=${SUITE:-gpu}  # SUITE=smoke with a CORE of its run ids tries this script on a CPU
 VARIANT_RUN=${VARIANT_RUN:-B/16-train-ours-einsum}
 CORE=${CORE:-B/16-train-ours-einsum,B/16-train-ours-cudnn,B/16-train-timm-compiled,B/16-infer-ours-einsum,B/16-infer-timm-compiled,L/16-train-ours-einsum,L/16-train-timm-compiled}

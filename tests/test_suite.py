@@ -18,10 +18,10 @@ def _ids(runs):
 
 def test_the_gpu_plan_times_three_models_both_modes_and_every_side():
   runs = suite.plan('gpu', compare='timm')
-  assert len(runs) == 3 * (5 + 4)  # the remat variant in train only
-  assert _ids(runs)[:9] == [
+  assert len(runs) == 3 * (6 + 4)  # the remat variants in train only
+  assert _ids(runs)[:10] == [
       'Ti/16-train-ours-einsum', 'Ti/16-train-ours-cudnn', 'Ti/16-train-ours-einsum:dots',
-      'Ti/16-train-timm-eager', 'Ti/16-train-timm-compiled', 'Ti/16-infer-ours-einsum',
+      'Ti/16-train-ours-cudnn:dots', 'Ti/16-train-timm-eager', 'Ti/16-train-timm-compiled', 'Ti/16-infer-ours-einsum',
       'Ti/16-infer-ours-cudnn', 'Ti/16-infer-timm-eager', 'Ti/16-infer-timm-compiled']
   assert {(r.model, r.batch) for r in runs} == {('ViT-Ti/16', 256), ('ViT-B/16', 256),
                                                 ('ViT-L/16', 128)}

@@ -44,7 +44,7 @@ class Suite:
 SUITES: Dict[str, Suite] = {
     # The GPU comparison: ViT-Ti/16, B/16 and L/16 at 224 px in bf16.
     'gpu': Suite(models=(('ViT-Ti/16', 256), ('ViT-B/16', 256), ('ViT-L/16', 128)),
-                 modes=('train', 'infer'), ours=('einsum', 'cudnn', 'einsum:dots'),
+                 modes=('train', 'infer'), ours=('einsum', 'cudnn', 'einsum:dots', 'cudnn:dots'),
                  timm=('eager', 'compiled'), dtype='bfloat16', image_size=224, steps=20,
                  needs_gpu=True),
     # The same machinery on any CPU in seconds (a cudnn row shows a failing run's line).
