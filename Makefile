@@ -4,6 +4,9 @@
 # `make tpu-compiler` adds the TPU compiler (libtpu, requirements-tpu.lock) in .venv/tpu-compiler
 # for `--config.compile_for=v3-8`; `make test` needs it (the suite compiles for TPU slices).
 # `make test-fast` runs the tests not marked slow (no subprocesses or end-to-end runs).
+# `make gpu-compiler` adds the XLA:GPU compiler in .venv/gpu-compiler for `bench --compile_for=h100`.
+# `make install ACCEL=cuda13` (or cuda12) adds the CUDA build of the same jax
+# (requirements-cuda13.lock) on a machine with an NVIDIA GPU; `make train ACCEL=cuda13` trains there.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,15 +15,29 @@ WORKDIR ?= runs/default
 PYTEST_ARGS ?=
 INTEROP_STAMP := $(VENV)/.interop-installed
 TPU_STAMP := $(VENV)/.tpu-compiler-installed
+GPU_COMPILER_STAMP := $(VENV)/.gpu-compiler-installed
 TORCH_WHEELS ?= /opt/wheels
+# The accelerator build of JAX on top of requirements.lock: empty (CPU), cuda13 or cuda12.
+ACCEL ?=
+ACCELS := cuda13 cuda12
+# ACCEL_CHECK=0 installs the CUDA build on a machine without an NVIDIA driver (an image build).
+ACCEL_CHECK ?= 1
 # --dist loadgroup: the tests of one `xdist_group` (the bad-input catalogue, which runs its cases
 # as a pool of subprocesses) stay on one worker.
 # Huge-page malloc for the test process (vit_jax/hostmem.py; the CLIs restart with it themselves).
 HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
-.PHONY: install tpu-compiler train test test-fast test-interop clean
+.PHONY: install accel-check tpu-compiler gpu-compiler train test test-fast test-interop clean
 
+ifeq ($(ACCEL),)
 install: $(STAMP)
+else ifneq ($(filter $(ACCEL),$(ACCELS)),)
+ACCEL_STAMP := $(VENV)/.$(ACCEL)-installed
+install: $(ACCEL_STAMP)
+else
+install:
+	@echo "error: unknown ACCEL=$(ACCEL): use ACCEL=cuda13 or ACCEL=cuda12 (NVIDIA GPUs), or no ACCEL for the CPU build" >&2; exit 2
+endif
 
 # The locks are installed by uv (its version pinned in requirements.lock, bootstrapped by pip):
 # the same packages as `pip install --no-deps -r requirements.lock` in 0.8 s (uv's cache warm)
@@ -49,6 +66,28 @@ $(TPU_STAMP): $(STAMP) requirements-tpu.lock
 	touch $(TPU_STAMP)
 
 tpu-compiler: $(TPU_STAMP)
+
+# The XLA:GPU compiler without the CUDA libraries, for `bench --compile_for=h100` on any machine.
+$(GPU_COMPILER_STAMP): $(STAMP) requirements-gpu-compiler.lock
+	rm -rf $(VENV)/gpu-compiler
+	$(UV) --require-hashes --target $(VENV)/gpu-compiler -r requirements-gpu-compiler.lock
+	touch $(GPU_COMPILER_STAMP)
+
+gpu-compiler: $(GPU_COMPILER_STAMP)
+
+# The CUDA build: its PJRT plugin and the CUDA libraries, hash-pinned, into the same venv (the
+# other CUDA build's plugin removed). Refused (one line) where no NVIDIA driver is loaded: there it
+# would install gigabytes that cannot run.
+$(VENV)/.cuda%-installed: requirements-cuda%.lock | accel-check $(STAMP)
+	$(BIN)/uv pip uninstall --quiet --python $(BIN)/python jax-cuda12-plugin jax-cuda12-pjrt \
+	  jax-cuda13-plugin jax-cuda13-pjrt
+	$(UV) --require-hashes -r requirements-cuda$*.lock
+	rm -f $(VENV)/.cuda*-installed
+	touch $@
+
+accel-check:
+	@if [ "$(ACCEL_CHECK)" != 0 ] && [ ! -e /proc/driver/nvidia ] && ! command -v nvidia-smi >/dev/null; then \
+	  echo "error: ACCEL=$(ACCEL) installs the CUDA build of JAX, but this machine has no NVIDIA driver (no nvidia-smi, no /proc/driver/nvidia): run \`make install\` for the CPU build (ACCEL_CHECK=0 installs it anyway)" >&2; exit 2; fi
 
 train: install
 	$(BIN)/python -m vit_jax.main --config=configs/default.py --workdir=$(WORKDIR)

@@ -17,7 +17,8 @@ setup(
         'absl-py', 'safetensors>=0.8', 'filelock>=3',
     ],
     # Accelerators: the JAX wheels matching the tested jax 0.10.2 (requirements.lock pins the CPU
-    # build). `pip install -e '.[tpu]'` on a Cloud TPU VM; '.[cuda12]' or '.[cuda13]' on a GPU.
+    # build). `pip install -e '.[tpu]'` on a Cloud TPU VM; '.[cuda12]' or '.[cuda13]' on a GPU
+    # (`make install ACCEL=cuda13` installs the same packages hash-pinned: requirements-cuda13.lock).
     extras_require={
         'test': ['pytest', 'pytest-xdist'],
         'tpu': ['jax[tpu]==0.10.2'],

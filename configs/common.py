@@ -37,8 +37,8 @@ def base_config() -> config_dict.ConfigDict:
   c.model.scan = False                    # encoder blocks as one scanned layer: compiled once, not
                                           # per block; params stacked [L, ...] in training state
                                           # only (files keep encoderblock_{i}); same math
-  c.model.attention = 'auto'              # auto | einsum | dot_product | flash: attention kernel;
-                                          # auto = flash on TPU, dot_product on GPU, einsum on CPU
+  c.model.attention = 'auto'              # auto | einsum | dot_product | cudnn | flash: attention
+                                          # kernel; auto = flash on TPU, einsum on GPU and CPU
                                           # (einsum wherever attention_dropout_rate > 0)
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.

@@ -163,17 +163,66 @@ def test_flash_refuses_to_run_off_tpu():
 
 
 # ---------------------------------------------------------------------------------------------
+# cudnn's padded, masked call, run by XLA on CPU: 50 tokens padded to 64, 14 padded keys masked.
+
+
+@pytest.mark.parametrize('name', ['ViT-Ze/4', 'R+ViT-Ze/4'])
+@pytest.mark.slow
+def test_cudnn_padding_and_mask_match_einsum(name):
+  """Logits and every gradient equal the einsum kernel's, on one device and on the 8-device
+  data x model mesh (the jitted steps' path)."""
+  x, params, want = _einsum_reference(name)
+  model = create_model(name, num_classes=10, attention='cudnn')
+  with attention_lib.cudnn_as_xla():
+    _assert_same(_logits_and_grads(model, params, x), want)
+    _assert_same(_logits_and_grads(model, params, x, _data_x_model_mesh()), want)
+
+
+def test_cudnn_pads_to_its_multiple_and_masks_only_the_padding():
+  """Straight on [B, N, H, hd] arrays: keys and values beyond the real N (here large
+  numbers placed in the padded rows by hand) change nothing; the padded length is the multiple."""
+  assert attention_lib.padded_length(197, attention_lib.CUDNN_MULTIPLE) == 256
+  assert attention_lib.padded_length(256, attention_lib.CUDNN_MULTIPLE) == 256
+  rng = np.random.RandomState(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 50, 2, 16)), jnp.float32) for _ in range(3))
+  padded = attention_lib.pad_tokens(k, attention_lib.CUDNN_MULTIPLE, axis=1)
+  assert padded.shape == (2, 64, 2, 16) and not np.asarray(padded[:, 50:]).any()
+  want = jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla')
+  with attention_lib.cudnn_as_xla():
+    got = attention_lib.cudnn(q, k, v)
+  assert got.shape == q.shape
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_cudnn_refuses_where_it_cannot_run():
+  x = _images(2)
+  model = create_model('ViT-Ze/4', num_classes=10, attention='cudnn')
+  with pytest.raises(UserError) as err:  # the backend
+    model.init(jax.random.key(0), x, train=False)
+  assert '\n' not in str(err.value)
+  assert 'model.attention=cudnn' in str(err.value) and 'runs on cpu' in str(err.value)
+  with attention_lib.cudnn_as_xla(float32=False):  # fp32
+    with pytest.raises(UserError, match='runs in bfloat16 or float16.*config.model.dtype=bfloat16'):
+      model.init(jax.random.key(0), x, train=False)
+    bf16 = create_model('ViT-Ze/4', num_classes=10, attention='cudnn', dtype='bfloat16')
+    assert bf16.init(jax.random.key(0), x, train=False)['params']
+    odd = bf16.clone(hidden_size=40, num_heads=4)  # head_dim 10
+    with pytest.raises(UserError, match='multiple of 8, and this model has 10'):
+      odd.init(jax.random.key(0), x, train=False)
+
+
+# ---------------------------------------------------------------------------------------------
 # auto: one table, resolved for the platform the trace compiles for.
 
 
 def test_auto_resolves_per_backend_as_the_table_says():
   assert set(attention_lib.AUTO) == {'cpu', 'gpu', 'tpu'}
-  assert attention_lib.AUTO['tpu'] == 'flash' and attention_lib.AUTO['gpu'] == 'dot_product'
+  assert attention_lib.AUTO['tpu'] == 'flash' and attention_lib.AUTO['gpu'] == 'einsum'
   for on, kernel in attention_lib.AUTO.items():
     assert attention_lib.resolve('auto', 0., on) == kernel
     # Attention dropout: only einsum has it, on every backend.
     assert attention_lib.resolve('auto', 0.1, on) == 'einsum'
-  for kernel in ('einsum', 'dot_product'):
+  for kernel in ('einsum', 'dot_product', 'cudnn'):
     assert attention_lib.resolve(kernel, 0., 'gpu') == kernel
   # Here (CPU, no mesh) the model runs the CPU entry: only einsum sows attention weights.
   assert attention_lib.platform() == 'cpu'
@@ -273,7 +322,7 @@ def test_a_runs_model_spec_leaves_the_kernel_to_where_it_runs():
 # Bad input: one line naming the config keys.
 
 
-@pytest.mark.parametrize('kernel', ['flash', 'dot_product'])
+@pytest.mark.parametrize('kernel', ['flash', 'dot_product', 'cudnn'])
 def test_attention_dropout_needs_the_einsum_kernel(kernel):
   with pytest.raises(UserError) as err:
     create_model('ViT-Ze/4', num_classes=10, attention=kernel, attention_dropout_rate=0.1)
@@ -296,7 +345,7 @@ def test_unknown_attention_lists_the_valid_values():
   message = str(err.value)
   assert '\n' not in message
   assert "unknown model.attention 'splash'" in message
-  assert message.endswith('use one of auto, einsum, dot_product, flash')
+  assert message.endswith('use one of auto, einsum, dot_product, cudnn, flash')
 
 
 def test_bit_accepts_only_the_neutral_default():

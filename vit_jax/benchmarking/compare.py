@@ -13,6 +13,7 @@ import numpy as np
 
 from vit_jax.benchmarking import ours
 from vit_jax.benchmarking import processor
+from vit_jax.platform import chips
 
 GIB = 2 ** 30
 
@@ -53,10 +54,16 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
       dataset = 'folder:' + synthetic_jpeg_folder(data_dir, input_size)
     result['input_data'] = dataset
     result.update(ours.input_pipeline(config, data_dir, dataset, batches=steps))
-    result.update({'matmul_peak_flops': 0.0, 'utilization': 0.0})
+    result.update({'matmul_peak_flops': 0.0, 'utilization': 0.0, 'mfu': 0.0})
     return result
 
   peak = ours.matmul_peak_flops()
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  result['device_kind'] = device.device_kind
+  result['chip_peak_flops'], result['chip_peak_source'] = chips.peak_flops(
+      [device], dtype,
+      measure=lambda d: peak if d == 'float32' else ours.matmul_peak_flops(dtype=d))
   prepared = ours.prepare_train(config) if mode == 'train' else ours.prepare_infer(config)
   theirs_step = None
   if compare_with is None:
@@ -74,6 +81,7 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
       result['timm_profile'] = timm_side.torch_profile(theirs_step)
   result['matmul_peak_flops'] = peak
   result['utilization'] = result['achieved_flops'] / peak
+  result['mfu'] = result['achieved_flops'] / result['chip_peak_flops']
   return result
 
 
@@ -105,10 +113,14 @@ def format_result(r: dict) -> str:
   if r['mode'] != 'input':
     if 'xla_cpu_schedule' in r:
       lines[0] = lines[0][:-1] + f', XLA:CPU schedule {r["xla_cpu_schedule"]}:'
-    lines += [f'  {r["flops_per_img"] / 1e9:.2f} GFLOP/img, {r["achieved_flops"] / 1e9:.1f} '
-              f'GFLOP/s achieved = {100 * r["utilization"]:.0f}% of the measured matmul rate '
+    device = (f'; device allocator peak {r["device_peak_bytes"] / GIB:.2f} GiB'
+              if r.get('device_peak_bytes') else '')
+    lines += [f'  {r["flops_per_img"] / 1e9:.2f} GFLOP/img (the model\'s, from its shapes), '
+              f'{r["achieved_flops"] / 1e9:.1f} GFLOP/s achieved = MFU {100 * r["mfu"]:.0f}% of '
+              f'{r["chip_peak_flops"] / 1e9:.1f} GFLOP/s ({r["chip_peak_source"]}); '
+              f'{100 * r["utilization"]:.0f}% of the measured fp32 matmul rate '
               f'({r["matmul_peak_flops"] / 1e9:.1f} GFLOP/s)',
-              f'  compiled step peak {r["peak_bytes"] / GIB:.2f} GiB; process peak RSS '
+              f'  compiled step peak {r["peak_bytes"] / GIB:.2f} GiB{device}; process peak RSS '
               f'{r["rss_peak_bytes"] / GIB:.2f} GiB; {r["minor_faults_per_step"]:,.0f} minor page '
               f'faults per step']
   if 'timm_img_per_s' in r:

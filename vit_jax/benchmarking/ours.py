@@ -1,7 +1,9 @@
 """Measuring this project's train step, forward pass and input pipeline, and the machine's matmul rate.
 
 Every timing is device-synchronised (`block_until_ready`) and reported as the median of the timed
-repetitions, after warm-up. FLOPs come from XLA's cost analysis of the compiled program.
+repetitions, after warm-up. FLOPs are the model's, counted from its shapes (`models.cost`): XLA's
+cost analysis does not see what a GPU runs in cuBLAS and cuDNN, and counts a scanned encoder's
+loop body once.
 """
 
 import dataclasses
@@ -14,7 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MATMUL_SIZE = 2048
+from vit_jax.platform import chips
+
+MATMUL_SIZE = chips.MATMUL_SIZE
 
 
 @dataclasses.dataclass
@@ -37,14 +41,16 @@ def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Timin
   return Timing(out)
 
 
-def matmul_peak_flops(repeats: int = 10, size: int = MATMUL_SIZE) -> float:
-  """FLOP/s of a large fp32 matrix multiply on the default device (the machine's matmul rate):
-  the fastest of `repeats` calls, a peak (2048 is the fastest of the sizes 1024-4096 here)."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.float32)
-  f = jax.jit(lambda x, y: x @ y)
-  timing = time_calls(lambda: f(a, b), repeats, warmup=2)
-  return 2.0 * size ** 3 / min(timing.seconds)
+def matmul_peak_flops(repeats: int = 10, size: int = MATMUL_SIZE, dtype: str = 'float32') -> float:
+  """FLOP/s of a large matrix multiply on the default device (the machine's matmul rate):
+  `chips.measure_matmul_flops`."""
+  return chips.measure_matmul_flops(dtype, size, repeats)
+
+
+def device_peak_bytes() -> int:
+  """The default device's allocator peak so far (GPU, TPU), 0 where JAX keeps none (CPU)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return int(stats.get('peak_bytes_in_use', 0))
 
 
 def minor_faults() -> int:
@@ -56,29 +62,21 @@ def rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _flops(compiled) -> float:
-  cost = compiled.cost_analysis() or {}
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
-  return float(cost.get('flops', 0.0))
+def _model_flops(model, config, train: bool) -> float:
+  """The model's FLOPs per image (`models.cost`): a train step's or a forward pass's."""
+  from vit_jax.models import cost  # pylint: disable=g-import-not-at-top
+  shape = (config.image_size, config.image_size, config.pp.channels)
+  return (cost.train_flops if train else cost.forward_flops)(model, shape)
 
 
-def _unrolled(config):
-  """The same config with the encoder unrolled, or None when it is not scanned. XLA's cost
-  analysis counts a loop's body once, so a scanned encoder's FLOPs are read from the unrolled
-  step's lowering (not compiled; XLA's count before its optimisations, within 1% of the compiled
-  step's: 0.75% below for a ViT-Ze/4 train step, 0.13% for its forward pass)."""
-  if not config.model.get('scan'):
-    return None
-  unrolled = config.copy_and_resolve_references()
-  unrolled.model.scan = False
-  return unrolled
-
-
-def _peak(compiled) -> int:
+def _memory(compiled) -> Dict[str, int]:
+  """XLA's memory analysis of a compiled step, and its `peak`: arguments + outputs - aliased
+  (donated) + temporaries."""
   m = compiled.memory_analysis()
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
-             m.temp_size_in_bytes)
+  out = {k: int(getattr(m, f'{k}_size_in_bytes', 0)) for k in
+         ('argument', 'output', 'alias', 'temp', 'generated_code')}
+  out['peak'] = out['argument'] + out['output'] - out['alias'] + out['temp']
+  return out
 
 
 def set_benchmark_values(config, model_name: str, batch_size: int, image_size: int, dtype: str,
@@ -109,6 +107,7 @@ class Prepared:
   peak_bytes: int
   compile_s: float
   hlo_text: str = ''             # the compiled program (for vit_jax.benchmarking.profile)
+  memory: Optional[Dict[str, int]] = None  # `_memory`
 
   def measure(self, steps: int) -> dict:
     jax.block_until_ready(self.step())  # warm-up
@@ -123,6 +122,8 @@ class Prepared:
         'flops_per_img': self.flops_per_step / self.batch_size,
         'achieved_flops': self.flops_per_step / timing.median,
         'peak_bytes': self.peak_bytes,
+        'memory_analysis': self.memory,
+        'device_peak_bytes': device_peak_bytes(),
         'rss_peak_bytes': rss_bytes(),
     }
 
@@ -148,26 +149,25 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
 
   jax.block_until_ready(step())
   seconds = time.perf_counter() - start
-  flops, unrolled = _flops(compiled), _unrolled(config)
-  if unrolled is not None:
-    p = program_lib.build_program(unrolled, devices or jax.devices()[:1], require_dataset=False)
-    flops = _flops(p.train_fn.lower(*p.abstract_train_args()))
-  return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
+  flops = _model_flops(prog.model, config, train=True) * config.batch_size
+  memory = _memory(compiled)
+  return Prepared(step, config.batch_size, flops, memory['peak'], seconds, compiled.as_text(),
+                  memory)
 
 
 def _forward(config):
-  """(init(rng, images) -> params, the jitted forward pass (params, images) -> logits) of the
-  config's model, train=False."""
+  """(model, init(rng, images) -> params, the jitted forward pass (params, images) -> logits) of
+  the config's model, train=False."""
   from vit_jax import tasks  # pylint: disable=g-import-not-at-top
   model = tasks.build_model(config, config.num_classes)
   init = lambda r, images: model.init(r, images[:1], train=False)['params']
-  return init, jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+  return model, init, jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
 
 
 def prepare_infer(config) -> Prepared:
   """The forward pass (train=False) of the same model on one synthetic batch."""
   start = time.perf_counter()
-  init, forward = _forward(config)
+  model, init, forward = _forward(config)
   images = jnp.asarray(_synthetic_batch(config.batch_size, config.image_size,
                                         config.num_classes)['image'])
   params = jax.jit(init)(jax.random.PRNGKey(0), images)
@@ -175,11 +175,36 @@ def prepare_infer(config) -> Prepared:
   step = lambda: compiled(params, images)
   jax.block_until_ready(step())
   seconds = time.perf_counter() - start
-  flops, unrolled = _flops(compiled), _unrolled(config)
-  if unrolled is not None:  # the unrolled model's forward pass, lowered only
-    init, forward = _forward(unrolled)
-    flops = _flops(forward.lower(jax.eval_shape(init, jax.random.PRNGKey(0), images), images))
-  return Prepared(step, config.batch_size, flops, _peak(compiled), seconds, compiled.as_text())
+  flops = _model_flops(model, config, train=False) * config.batch_size
+  memory = _memory(compiled)
+  return Prepared(step, config.batch_size, flops, memory['peak'], seconds, compiled.as_text(),
+                  memory)
+
+
+def compile_for(config, devices: list, mode: str) -> dict:
+  """Our train step (`mode` 'train') or forward pass compiled for `devices` (compile-only, e.g.
+  `platform.gpu.compile_only_devices`), not run: XLA's memory analysis, compile time, FLOPs."""
+  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  abstract = lambda a, sharding=None: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+  if mode == 'train':
+    prog = program_lib.build_program(config, devices, require_dataset=False)
+    # The rng and hyperparameters as shapes: their arrays live on this host's CPU.
+    args = (prog.abstract_state, prog.abstract_batch(), abstract(prog.dropout_rng),
+            jax.tree.map(abstract, prog.hyper))
+    compiled, model = prog.train_fn.lower(*args).compile(), prog.model
+  else:
+    model, init, forward = _forward(config)
+    on = jax.sharding.SingleDeviceSharding(devices[0])
+    images = jax.ShapeDtypeStruct((config.batch_size, config.image_size, config.image_size,
+                                   config.pp.channels), jnp.float32, sharding=on)
+    params = jax.tree.map(lambda a: abstract(a, on),
+                          jax.eval_shape(init, jax.random.PRNGKey(0), images))
+    compiled = forward.lower(params, images).compile()
+  memory = _memory(compiled)
+  return {'compile_s': time.perf_counter() - start, 'memory_analysis': memory,
+          'peak_bytes': memory['peak'], 'device_kind': devices[0].device_kind,
+          'flops_per_img': _model_flops(model, config, train=mode == 'train')}
 
 
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
@@ -201,8 +226,9 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
   seconds = time.perf_counter() - t0
   return {'img_per_s': batches * config.batch_size / seconds, 'compile_s': first_s,
           'step_s': seconds / batches, 'flops_per_img': 0.0, 'achieved_flops': 0.0,
-          'peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
+          'peak_bytes': 0, 'device_peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
 
 
-__all__ = ['matmul_peak_flops', 'minor_faults', 'set_benchmark_values', 'prepare_train',
-           'prepare_infer', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']
+__all__ = ['matmul_peak_flops', 'device_peak_bytes', 'minor_faults', 'set_benchmark_values',
+           'prepare_train',
+           'prepare_infer', 'compile_for', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']

@@ -12,6 +12,12 @@ alternately with ours and prints the ratio (needs `make test-interop`). --profil
 time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
 The base config is --config (default configs/mnist5k.py: no Polyak averaging or other extras of
 `make train`'s recipe, so the step is the plain trainer's).
+--suite=gpu [--compare=timm] runs a fixed set of runs, each in its own process, and prints one
+table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
+--suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run,
+--suite_dump keeps the compiled train steps' buffer assignments.
+--compile_for=h100 (or h200) compiles our step for that GPU here, without one, and prints XLA's
+memory analysis (`make gpu-compiler`; vit_jax/platform/gpu.py).
 """
 
 import json
@@ -43,6 +49,25 @@ _DATA_DIR = flag_groups.data_dir()
 _PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends its time: '
                              'our kernels per model component (and timm\'s ops with --compare).')
 _JSON = flag_groups.json_output()
+_COMPILE_FOR = flags.DEFINE_enum(
+    'compile_for', None, ['h100', 'h200'], 'Compile our step (--mode=train or infer) for this '
+    'NVIDIA GPU on this machine, without one, and print its memory analysis (`make gpu-compiler` '
+    'installs the compiler).')
+_SUITE = flags.DEFINE_enum('suite', None, ['gpu', 'smoke'], 'Run a fixed set of benchmarks, each '
+                           'in its own process, and print one table: gpu (ViT-Ti/16, B/16, L/16 '
+                           'in bf16 on an NVIDIA GPU; with --compare=timm also timm eager and '
+                           'compiled) or smoke (the same machinery on the CPU in seconds).')
+_SUITE_MODELS = flags.DEFINE_list('suite_models', [], 'Only these models of the suite (B/16).')
+_SUITE_MODES = flags.DEFINE_list('suite_modes', [], 'Only these modes (train, infer).')
+_SUITE_SIDES = flags.DEFINE_list('suite_sides', [], 'Only these sides (ours-einsum, ours-cudnn, '
+                                 'timm-eager, timm-compiled).')
+_SUITE_ONLY = flags.DEFINE_list('suite_only', [], 'Only these run ids (B/16-train-ours-einsum).')
+_SUITE_XLA = flags.DEFINE_list('suite_xla', [], 'XLA:GPU flag variants (vit_jax/platform/gpu.py) '
+                               'to add one ours-einsum train run each for.')
+_SUITE_DUMP = flags.DEFINE_string('suite_dump', None, 'Our train runs dump the compiled train '
+                                   'step (HLO, buffer assignment, memory-usage report) into a '
+                                   'folder per run of this directory.')
+_SUITE_TIMEOUT = flags.DEFINE_integer('suite_timeout', 300, 'Seconds each suite run may take.')
 
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
@@ -55,8 +80,52 @@ _ADAPTED = {
 }
 
 
+def run_suite() -> int:
+  from vit_jax.benchmarking import suite  # pylint: disable=g-import-not-at-top
+  runs = suite.plan(_SUITE.value, compare=_COMPARE.value, models=_SUITE_MODELS.value,
+                    modes=_SUITE_MODES.value, sides=_SUITE_SIDES.value, only=_SUITE_ONLY.value,
+                    xla=_SUITE_XLA.value)
+  steps = _STEPS.value if flags.FLAGS['steps'].present else None
+  rows = suite.run_suite(runs, _SUITE.value, timeout_s=_SUITE_TIMEOUT.value, steps=steps,
+                         dump_to=_SUITE_DUMP.value)
+  table = suite.format_table(rows)
+  if _JSON.value:  # the table on stderr, the rows on stdout
+    print(table, file=sys.stderr, flush=True)
+    print(json.dumps({'suite': _SUITE.value, 'rows': rows}, indent=1))
+  else:
+    print(table)
+  return 0
+
+
+def run_compile_for() -> int:
+  from vit_jax.platform import gpu  # pylint: disable=g-import-not-at-top
+  if _MODE.value == 'input':
+    raise cli.UserError('--compile_for compiles a step: use it with --mode=train or infer')
+  gpu.prepare_deviceless(os.environ)  # before JAX starts
+  from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, _DTYPE.value)
+  result = ours.compile_for(config, gpu.compile_only_devices(_COMPILE_FOR.value), _MODE.value)
+  result.update(model=_MODEL.value, mode=_MODE.value, batch_size=_BATCH.value,
+                image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value)
+  m = result['memory_analysis']
+  if _JSON.value:
+    print(json.dumps(result, indent=1))
+  else:
+    print(f'{_MODEL.value} {_MODE.value} batch {_BATCH.value} at {_IMAGE.value} px, '
+          f'{_DTYPE.value}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
+          f'GEMMs, no autotuning) in {result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
+          f'= arguments {m["argument"] / 1e9:.2f} + outputs {m["output"] / 1e9:.2f} - aliased '
+          f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB')
+  return 0
+
+
 def run(argv) -> int:
   del argv
+  if _SUITE.value:
+    return run_suite()
+  if _COMPILE_FOR.value:
+    return run_compile_for()
   from vit_jax.benchmarking import compare  # pylint: disable=g-import-not-at-top
   if _STEPS.value < 1 or _BATCH.value < 1:
     raise cli.UserError('--steps and --batch_size must be at least 1')

@@ -6,6 +6,9 @@
                one that applies attention dropout.
   dot_product  `jax.nn.dot_product_attention` with implementation=None: XLA's fused attention, or
                on a GPU whichever implementation JAX picks (cuDNN where it applies).
+  cudnn        `jax.nn.dot_product_attention` with implementation='cudnn': cuDNN's fused (flash)
+               attention on an NVIDIA GPU; bf16/fp16 only, head_dim a multiple of 8 (at most 128,
+               256 from Hopper on). Refused with one line anywhere else.
   flash        the Pallas TPU splash-attention kernel (`jax.experimental.pallas.ops.tpu.
                splash_attention`): blockwise softmax, the N x N weights never exist in HBM. Runs
                only on TPU (or in Pallas interpret mode, `interpret_flash`, for tests).
@@ -23,7 +26,12 @@ padding; and it takes `interpret=True`, so its numerics are tested on CPU.
 ViT's sequence lengths (197, 577, 1025, 1370 tokens with cls) are not multiples of the kernel's
 128-token blocks: `flash` pads the sequence to the next multiple of 128, masks the padded keys
 (every query, padded ones included, sees exactly the N real keys, so no softmax row is empty) and
-slices the output back to N rows. A Pallas call is not partitioned by the compiler, so under an
+slices the output back to N rows. `cudnn` pads the same way (`pad_tokens`) to a multiple of
+`CUDNN_MULTIPLE`: cuDNN refuses ViT's lengths as they are ("Unsupported sequence length Q 197, KV
+197", jax 0.11.2 on an H200). Its padded keys are masked by their count
+(`key_value_seq_lengths`, cuDNN's padding mask), not by a bias. `cudnn_as_xla` runs that same
+padded, masked call with implementation='xla' on any backend, for testing its numerics.
+A Pallas call is not partitioned by the compiler, so under an
 active mesh (`vit_jax.parallel.sharding.activation_sharding`, i.e. inside the jitted train and
 eval steps) it runs in `jax.shard_map` over the mesh axes the activation rules give batch and
 heads ('data', 'fsdp' and 'model'); without one (eager code, the pmap path's per-device program)
@@ -41,23 +49,30 @@ import numpy as np
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
 
-ATTENTIONS = ('auto', 'einsum', 'dot_product', 'flash')
+ATTENTIONS = ('auto', 'einsum', 'dot_product', 'cudnn', 'flash')
 # Kernels without attention dropout (the einsum path applies it).
-NO_DROPOUT = ('dot_product', 'flash')
+NO_DROPOUT = ('dot_product', 'cudnn', 'flash')
 
 # `auto`: the kernel of each backend. With model.attention_dropout_rate > 0 auto picks einsum on
 # every backend (the only kernel with attention dropout).
 #   tpu  flash: no N x N weights in HBM (per-core peak of the plan table, README.md)
-#   gpu  dot_product (JAX may pick cuDNN; not measured here)
+#   gpu  einsum: ViT-B/16 train step, batch 256, bf16, one NVIDIA H200 (jax 0.11.2, CUDA 13):
+#        2,843 img/s against dot_product's 2,644 and 2,660 (XLA's attention; two machines);
+#        cudnn (padded to 256 tokens) not yet measured there.
 #   cpu  einsum: on this project's 2-core AMD EPYC (shared), fp32 at 224 px, alternating the two
 #        in one process (benchmarks/attention_kernels.py; all runs in benchmarks/README.md),
 #        dot_product took 1.28x / 1.11x einsum's process CPU time per step for ViT-Ti/16 (batch
 #        32) train / inference, 1.06x for ViT-B/16 (batch 8) inference and 1.01x for the ViT-B/16
 #        train step (a tie: wall-time ratios 0.87-1.41 over four runs). einsum is never slower,
 #        and keeps attention weights and attention dropout.
-AUTO = {'tpu': 'flash', 'gpu': 'dot_product', 'cpu': 'einsum'}
+AUTO = {'tpu': 'flash', 'gpu': 'einsum', 'cpu': 'einsum'}
 
 FLASH_BLOCK = 128  # splash's q and kv block; `flash` pads the sequence to a multiple of it
+# `cudnn` pads the sequence to a multiple of this: cuDNN's fused attention takes such lengths
+# (a multiple of 64 is the tile of its kernels); 197 tokens become 256.
+CUDNN_MULTIPLE = 64
+CUDNN_DTYPES = ('bfloat16', 'float16')
+CUDNN_HEAD_DIM_MULTIPLE = 8
 # Chips for which Mosaic (libtpu 0.0.42) does not compile the kernel's bf16 matmuls ("Unsupported
 # matmul RHS type on target: vector<128x128xbf16>" for v2 and v3 slices; v4 and v5e compile
 # them): there `flash` runs in float32 (q, k, v cast up, the output cast back).
@@ -66,6 +81,8 @@ TOKENS_MAJOR = ('batch', 'tokens', 'heads', 'kv')
 HEADS_MAJOR = ('batch', 'heads', 'tokens', 'kv')
 
 _INTERPRET = contextvars.ContextVar('interpret_flash', default=False)
+# None, or (in `cudnn_as_xla`) whether float32 is let through to XLA's implementation.
+_CUDNN_AS_XLA = contextvars.ContextVar('cudnn_as_xla', default=None)
 
 
 def check(attention: str, dropout_rate: float) -> None:
@@ -115,6 +132,18 @@ def _interpreting() -> bool:
   return _INTERPRET.get()
 
 
+@contextlib.contextmanager
+def cudnn_as_xla(float32: bool = True):
+  """While active, `cudnn` runs its padded, masked call with implementation='xla' on any backend
+  (for testing the padding and the mask where there is no GPU); `float32` lets fp32 through (XLA
+  takes it, cuDNN does not)."""
+  token = _CUDNN_AS_XLA.set(float32)
+  try:
+    yield
+  finally:
+    _CUDNN_AS_XLA.reset(token)
+
+
 def resolve(attention: str, dropout_rate: float, on: str = None) -> str:
   """The kernel that runs: `attention` itself, or for 'auto' the `AUTO` entry of platform `on`
   (default: `platform()`); einsum whenever auto meets attention dropout."""
@@ -125,7 +154,34 @@ def resolve(attention: str, dropout_rate: float, on: str = None) -> str:
   if attention == 'flash' and on != 'tpu' and not _interpreting():
     raise UserError(f'model.attention=flash is a TPU kernel and this program runs on {on}: use '
                     'config.model.attention=auto (or dot_product)')
+  if attention == 'cudnn' and on != 'gpu' and _CUDNN_AS_XLA.get() is None:
+    raise UserError(f'model.attention=cudnn is an NVIDIA GPU kernel (cuDNN) and this program runs '
+                    f'on {on}: use config.model.attention=auto (or einsum)')
   return attention
+
+
+def padded_length(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def pad_tokens(t: jax.Array, multiple: int, axis: int) -> jax.Array:
+  """`t` with zeros appended on `axis` up to a multiple of `multiple`."""
+  pad = [(0, 0)] * t.ndim
+  pad[axis] = (0, padded_length(t.shape[axis], multiple) - t.shape[axis])
+  return jnp.pad(t, pad)
+
+
+def check_cudnn(dtype, head_dim: int) -> None:
+  """One-line UserErrors for what cuDNN's fused attention does not take: fp32, a head_dim that
+  is not a multiple of 8."""
+  if jnp.dtype(dtype).name not in CUDNN_DTYPES:
+    raise UserError(f'model.attention=cudnn runs in bfloat16 or float16, and this model computes '
+                    f'in {jnp.dtype(dtype).name}: set config.model.dtype=bfloat16, or use '
+                    f'config.model.attention=einsum')
+  if head_dim % CUDNN_HEAD_DIM_MULTIPLE:
+    raise UserError(f'model.attention=cudnn needs a head dimension (hidden_size / num_heads) that '
+                    f'is a multiple of {CUDNN_HEAD_DIM_MULTIPLE}, and this model has {head_dim}: '
+                    f'use config.model.attention=einsum')
 
 
 def dot_product(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -135,19 +191,33 @@ def dot_product(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return sharding.constrain(y, TOKENS_MAJOR)
 
 
+def cudnn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """cuDNN's fused attention on scaled [B, N, H, hd] inputs: the tokens padded to a multiple of
+  `CUDNN_MULTIPLE`, the padded keys masked by the real length, the output sliced back to N."""
+  as_xla = _CUDNN_AS_XLA.get()
+  check_cudnn(jnp.bfloat16 if as_xla else q.dtype, q.shape[-1])
+  batch, n = q.shape[0], q.shape[1]
+  q, k, v = (sharding.constrain(pad_tokens(t, CUDNN_MULTIPLE, axis=1), TOKENS_MAJOR)
+             for t in (q, k, v))
+  lengths = jnp.full((batch,), n, jnp.int32)
+  y = jax.nn.dot_product_attention(
+      q, k, v, scale=1.0, key_value_seq_lengths=lengths,
+      implementation='cudnn' if as_xla is None else 'xla')
+  return sharding.constrain(y[:, :n], TOKENS_MAJOR)
+
+
 def _splash(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool) -> jax.Array:
   """Splash attention of [B, H, N, hd] (one device's shard), padded keys masked."""
   # pylint: disable-next=g-import-not-at-top  (Pallas TPU is imported only where it runs)
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
   heads, n = q.shape[1], q.shape[2]
-  padded = -(-n // FLASH_BLOCK) * FLASH_BLOCK
+  padded = padded_length(n, FLASH_BLOCK)
   real_keys = np.zeros((padded, padded), np.bool_)
   real_keys[:, :n] = True
   kernel = splash.make_splash_mha(
       splash.MultiHeadMask([splash.NumpyMask(real_keys)] * heads), head_shards=1,
       q_seq_shards=1, interpret=interpret)
-  pad = ((0, 0), (0, 0), (0, padded - n), (0, 0))
-  y = jax.vmap(kernel)(*(jnp.pad(t, pad) for t in (q, k, v)))
+  y = jax.vmap(kernel)(*(pad_tokens(t, FLASH_BLOCK, axis=2) for t in (q, k, v)))
   return y[:, :, :n]
 
 
@@ -165,7 +235,8 @@ def flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.swapaxes(run(q, k, v), 1, 2).astype(dtype)
 
 
-FUSED = {'dot_product': dot_product, 'flash': flash}
+FUSED = {'dot_product': dot_product, 'cudnn': cudnn, 'flash': flash}
 
-__all__ = ['ATTENTIONS', 'AUTO', 'FUSED', 'FLASH_BLOCK', 'FLASH_FLOAT32_CHIPS', 'check', 'platform', 'resolve',
-           'interpret_flash', 'dot_product', 'flash']
+__all__ = ['ATTENTIONS', 'AUTO', 'FUSED', 'FLASH_BLOCK', 'CUDNN_MULTIPLE', 'FLASH_FLOAT32_CHIPS',
+           'check', 'platform', 'resolve', 'interpret_flash', 'cudnn_as_xla', 'dot_product',
+           'cudnn', 'flash', 'pad_tokens', 'padded_length', 'check_cudnn']

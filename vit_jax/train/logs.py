@@ -1,8 +1,10 @@
 """Where metrics go: a JSONL log, TensorBoard event files, a progress line, a learning-curve PNG.
 
 Only process 0 writes. Each record is one JSON object per line: {"step": .., "split": "train"|
-"eval", <metric>: float, ...}. Files go through `fileio`, so the workdir may be a local path or a
-bucket (gs://...), as on a TPU pod; TensorFlow is imported for a bucket only.
+"eval", <metric>: float, ...}. Train records from the second on also carry `img_per_s` and `mfu`
+(`Throughput`: model FLOPs utilisation over the steps since the previous record). Files go through
+`fileio`, so the workdir may be a local path or a bucket (gs://...), as on a TPU pod; TensorFlow
+is imported for a bucket only.
 """
 
 import contextlib
@@ -11,6 +13,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable, Optional
 
 from vit_jax import fileio
 from vit_jax.train import curve
@@ -31,13 +34,53 @@ def _process_index() -> int:
   return jax.process_index()
 
 
+class Throughput:
+  """img/s and MFU between consecutive train records: (steps since the previous record) x batch
+  / wall time, and that times the model's FLOPs per image (`models.cost.train_flops`) over the
+  peak FLOP/s of the run's devices (`platform.chips.peak_flops`). The first train record, whose
+  time holds the compilation, gets none; any other record (an evaluation) restarts the clock, so
+  its time is not counted."""
+
+  def __init__(self, batch_size: int, flops_per_image: float, peak_flops: float,
+               clock: Callable[[], float] = time.perf_counter):
+    self.batch_size, self.flops_per_image, self.peak_flops = batch_size, flops_per_image, peak_flops
+    self._clock = clock
+    self._mark = None  # (step, time) the next interval starts at
+
+  def mark(self, step: int) -> None:
+    self._mark = (step, self._clock())
+
+  def measure(self, step: int) -> dict:
+    """{'img_per_s', 'mfu'} since the mark (empty without one, or for no steps), then marks."""
+    start, now = self._mark, self._clock()
+    self._mark = (step, now)
+    if start is None or step <= start[0] or now <= start[1]:
+      return {}
+    img_per_s = (step - start[0]) * self.batch_size / (now - start[1])
+    return {'img_per_s': img_per_s, 'mfu': img_per_s * self.flops_per_image / self.peak_flops}
+
+
+def throughput_for(model, image_shape, batch_size: int, devices, dtype: str) -> Throughput:
+  """The `Throughput` of a run of `model` on `devices`: datasheet peaks for known chips, on a CPU
+  the measured matmul rate of this process's cores (times the processes)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import cost  # pylint: disable=g-import-not-at-top
+  from vit_jax.platform import chips  # pylint: disable=g-import-not-at-top
+  measure = lambda d: jax.process_count() * chips.measure_matmul_flops(d, size=1024, repeats=3)
+  peak, _ = chips.peak_flops(list(devices), str(dtype), measure=measure)
+  return Throughput(batch_size, cost.train_flops(model, image_shape), peak)
+
+
 class MetricLogger:
-  """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/.
+  """Writes metrics to <workdir>/metrics.jsonl and <workdir>/tensorboard/; with a `throughput`,
+  train records get img/s and MFU.
 
   A failed write (disk full, permissions) raises `WriteError` naming the file; what was written
   before stays."""
 
-  def __init__(self, workdir: str, *, enabled: bool | None = None):
+  def __init__(self, workdir: str, *, enabled: bool | None = None,
+               throughput: Optional[Throughput] = None):
+    self.throughput = throughput
     self.enabled = _process_index() == 0 if enabled is None else enabled
     self.path = metrics_path(workdir)
     self.tb_dir = os.path.join(workdir, 'tensorboard')
@@ -51,6 +94,11 @@ class MetricLogger:
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
       return
+    if self.throughput is not None:
+      if split == 'train':
+        metrics = {**metrics, **self.throughput.measure(step)}
+      else:
+        self.throughput.mark(step)
     record = {'step': int(step), 'split': split, **{k: float(v) for k, v in metrics.items()}}
     with _writing(self.path):
       self._jsonl.write(json.dumps(record) + '\n')

@@ -31,6 +31,7 @@ from vit_jax.checkpoint import train_ckpt
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
+from vit_jax.platform import chips
 from vit_jax.train import guards
 from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
@@ -88,7 +89,9 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
       logger = None
       try:
         start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change)
-        logger = logs.MetricLogger(workdir)
+        logger = logs.MetricLogger(workdir, throughput=logs.throughput_for(
+            prog.model, prog.image_shape, prog.config.batch_size, prog.mesh.devices.flat,
+            prog.config.model.dtype))
         return _run(_Run(prog, ckpt, logger, preemption, workdir), train_fn, state, start_step)
       finally:
         try:
@@ -201,7 +204,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
         sharding=config.data_sharding, pipeline=config.input_pipeline)
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
-         f'{mesh.devices.size} device(s): {prog.describe()}')
+         f'{chips.describe_devices(mesh.devices.flat)}: {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
     pending = _PendingLog(logger, progress, guard)
     t_start = time.perf_counter()
