@@ -181,12 +181,12 @@ def test_cudnn_padding_and_mask_match_einsum(name):
 def test_cudnn_pads_to_its_multiple_and_masks_only_the_padding():
   """Straight on [B, N, H, hd] arrays: keys and values beyond the real N (here large
   numbers placed in the padded rows by hand) change nothing; the padded length is the multiple."""
-  assert attention_lib.padded_length(197, attention_lib.CUDNN_MULTIPLE) == 256
-  assert attention_lib.padded_length(256, attention_lib.CUDNN_MULTIPLE) == 256
+  assert attention_lib.padded_length(197, attention_lib.CUDNN_MULTIPLE) == 200
+  assert attention_lib.padded_length(200, attention_lib.CUDNN_MULTIPLE) == 200
   rng = np.random.RandomState(0)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 50, 2, 16)), jnp.float32) for _ in range(3))
   padded = attention_lib.pad_tokens(k, attention_lib.CUDNN_MULTIPLE, axis=1)
-  assert padded.shape == (2, 64, 2, 16) and not np.asarray(padded[:, 50:]).any()
+  assert padded.shape == (2, 56, 2, 16) and not np.asarray(padded[:, 50:]).any()
   want = jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla')
   with attention_lib.cudnn_as_xla():
     got = attention_lib.cudnn(q, k, v)
@@ -217,9 +217,14 @@ def test_cudnn_refuses_where_it_cannot_run():
 
 def test_auto_resolves_per_backend_as_the_table_says():
   assert set(attention_lib.AUTO) == {'cpu', 'gpu', 'tpu'}
-  assert attention_lib.AUTO['tpu'] == 'flash' and attention_lib.AUTO['gpu'] == 'einsum'
+  assert attention_lib.AUTO['tpu'] == 'flash' and attention_lib.AUTO['gpu'] == 'cudnn'
   for on, kernel in attention_lib.AUTO.items():
     assert attention_lib.resolve('auto', 0., on) == kernel
+  # On a GPU auto's cudnn falls back to einsum where cuDNN cannot run: fp32, head_dim 12.
+  assert attention_lib.resolve('auto', 0., 'gpu', jnp.bfloat16, 64) == 'cudnn'
+  assert attention_lib.resolve('auto', 0., 'gpu', jnp.float16, 80) == 'cudnn'
+  assert attention_lib.resolve('auto', 0., 'gpu', jnp.float32, 64) == 'einsum'
+  assert attention_lib.resolve('auto', 0., 'gpu', jnp.bfloat16, 12) == 'einsum'
     # Attention dropout: only einsum has it, on every backend.
     assert attention_lib.resolve('auto', 0.1, on) == 'einsum'
   for kernel in ('einsum', 'dot_product', 'cudnn'):

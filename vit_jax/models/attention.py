@@ -55,22 +55,19 @@ NO_DROPOUT = ('dot_product', 'cudnn', 'flash')
 
 # `auto`: the kernel of each backend. With model.attention_dropout_rate > 0 auto picks einsum on
 # every backend (the only kernel with attention dropout).
-#   tpu  flash: no N x N weights in HBM (per-core peak of the plan table, README.md)
-#   gpu  einsum: ViT-B/16 train step, batch 256, bf16, one NVIDIA H200 (jax 0.11.2, CUDA 13):
-#        2,843 img/s against dot_product's 2,644 and 2,660 (XLA's attention; two machines);
-#        cudnn (padded to 256 tokens) not yet measured there.
-#   cpu  einsum: on this project's 2-core AMD EPYC (shared), fp32 at 224 px, alternating the two
-#        in one process (benchmarks/attention_kernels.py; all runs in benchmarks/README.md),
-#        dot_product took 1.28x / 1.11x einsum's process CPU time per step for ViT-Ti/16 (batch
-#        32) train / inference, 1.06x for ViT-B/16 (batch 8) inference and 1.01x for the ViT-B/16
-#        train step (a tie: wall-time ratios 0.87-1.41 over four runs). einsum is never slower,
-#        and keeps attention weights and attention dropout.
-AUTO = {'tpu': 'flash', 'gpu': 'einsum', 'cpu': 'einsum'}
+#   tpu  flash: no N x N weights in HBM (per-core peak of the plan table, docs/scaling.md)
+#   gpu  cudnn where it runs (bf16/fp16, head_dim a multiple of 8), else einsum: the ViT-B/16
+#        train step (batch 256, bf16) is 1.19x faster with cudnn than with einsum and its
+#        compiled peak 7 GB lower; XLA's own dot_product is slower than einsum
+#        (benchmarks/RESULTS.md, `bench --suite=gpu`).
+#   cpu  einsum: dot_product is never faster on CPU (benchmarks/attention_kernels.py), and
+#        einsum keeps the attention weights and attention dropout.
+AUTO = {'tpu': 'flash', 'gpu': 'cudnn', 'cpu': 'einsum'}
 
 FLASH_BLOCK = 128  # splash's q and kv block; `flash` pads the sequence to a multiple of it
-# `cudnn` pads the sequence to a multiple of this: cuDNN's fused attention takes such lengths
-# (a multiple of 64 is the tile of its kernels); 197 tokens become 256.
-CUDNN_MULTIPLE = 64
+# `cudnn` pads the sequence to a multiple of this: JAX's cuDNN path refuses odd lengths in
+# training, and 8 keeps the padded rows (and their saved activations) few: 197 tokens become 200.
+CUDNN_MULTIPLE = 8
 CUDNN_DTYPES = ('bfloat16', 'float16')
 CUDNN_HEAD_DIM_MULTIPLE = 8
 # Chips for which Mosaic (libtpu 0.0.42) does not compile the kernel's bf16 matmuls ("Unsupported
@@ -144,13 +141,18 @@ def cudnn_as_xla(float32: bool = True):
     _CUDNN_AS_XLA.reset(token)
 
 
-def resolve(attention: str, dropout_rate: float, on: str = None) -> str:
+def resolve(attention: str, dropout_rate: float, on: str = None, dtype=None,
+            head_dim: int = None) -> str:
   """The kernel that runs: `attention` itself, or for 'auto' the `AUTO` entry of platform `on`
-  (default: `platform()`); einsum whenever auto meets attention dropout."""
+  (default: `platform()`); einsum whenever auto meets attention dropout, and where auto's cudnn
+  cannot take the compute `dtype` or `head_dim` (when given)."""
   check(attention, dropout_rate)
   on = platform() if on is None else on
   if attention == 'auto':
-    return 'einsum' if dropout_rate > 0 else AUTO.get(on, 'einsum')
+    kernel = 'einsum' if dropout_rate > 0 else AUTO.get(on, 'einsum')
+    if kernel == 'cudnn' and not cudnn_takes(dtype, head_dim):
+      kernel = 'einsum'
+    return kernel
   if attention == 'flash' and on != 'tpu' and not _interpreting():
     raise UserError(f'model.attention=flash is a TPU kernel and this program runs on {on}: use '
                     'config.model.attention=auto (or dot_product)')
@@ -158,6 +160,13 @@ def resolve(attention: str, dropout_rate: float, on: str = None) -> str:
     raise UserError(f'model.attention=cudnn is an NVIDIA GPU kernel (cuDNN) and this program runs '
                     f'on {on}: use config.model.attention=auto (or einsum)')
   return attention
+
+
+def cudnn_takes(dtype, head_dim: int) -> bool:
+  """Whether cuDNN's fused attention takes this compute dtype and head dimension (None: not
+  known, taken as yes)."""
+  return ((dtype is None or jnp.dtype(dtype).name in CUDNN_DTYPES) and
+          (head_dim is None or head_dim % CUDNN_HEAD_DIM_MULTIPLE == 0))
 
 
 def padded_length(n: int, multiple: int) -> int:
