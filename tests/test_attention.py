@@ -220,13 +220,13 @@ def test_auto_resolves_per_backend_as_the_table_says():
   assert attention_lib.AUTO['tpu'] == 'flash' and attention_lib.AUTO['gpu'] == 'cudnn'
   for on, kernel in attention_lib.AUTO.items():
     assert attention_lib.resolve('auto', 0., on) == kernel
+    # Attention dropout: only einsum has it, on every backend.
+    assert attention_lib.resolve('auto', 0.1, on) == 'einsum'
   # On a GPU auto's cudnn falls back to einsum where cuDNN cannot run: fp32, head_dim 12.
   assert attention_lib.resolve('auto', 0., 'gpu', jnp.bfloat16, 64) == 'cudnn'
   assert attention_lib.resolve('auto', 0., 'gpu', jnp.float16, 80) == 'cudnn'
   assert attention_lib.resolve('auto', 0., 'gpu', jnp.float32, 64) == 'einsum'
   assert attention_lib.resolve('auto', 0., 'gpu', jnp.bfloat16, 12) == 'einsum'
-    # Attention dropout: only einsum has it, on every backend.
-    assert attention_lib.resolve('auto', 0.1, on) == 'einsum'
   for kernel in ('einsum', 'dot_product', 'cudnn'):
     assert attention_lib.resolve(kernel, 0., 'gpu') == kernel
   # Here (CPU, no mesh) the model runs the CPU entry: only einsum sows attention weights.
