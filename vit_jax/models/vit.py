@@ -348,6 +348,31 @@ class Encoder(nn.Module):
                         name='encoder_norm')(x)
 
 
+def check_image_size(height: int, width: int, *, patch_size, resnet, hidden_size: int,
+                     num_layers: int, **unused) -> None:
+  """Raises a UserError unless images of `height` x `width` split into whole patches (hybrids:
+  after the ResNet stem's stride). Takes the variant table's entry (`models.decode`), so a config
+  is checked before any model or data exists."""
+  del unused
+  resnet = resnet_lib.as_resnet_config(resnet)
+  stride = resnet.stride if resnet is not None else 1
+  p = patch_size
+  ph, pw = (int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1]))
+  eh, ew = ph * stride, pw * stride
+  if height % eh or width % ew:
+    size = f'{height}' if height == width else f'{height}x{width}'
+    if resnet is None:
+      what = f'the patch size {ph if ph == pw else (ph, pw)}'
+    else:
+      what = (f'{eh if eh == ew else (eh, ew)} (ResNet stride {stride} x patch size '
+              f'{ph if ph == pw else (ph, pw)})')
+    multiple = eh if eh == ew else f'{eh} (height) and {ew} (width)'
+    raise UserError(f'image size {size} is not divisible by {what} of this '
+                    f'{"hybrid " if resnet is not None else ""}ViT '
+                    f'(hidden {hidden_size}, {num_layers} layers): '
+                    f'use a multiple of {multiple}')
+
+
 class VisionTransformer(nn.Module):
   """ViT classifier: NHWC images in [-1, 1] -> float32 logits [B, num_classes].
 
@@ -389,26 +414,9 @@ class VisionTransformer(nn.Module):
 
   @nn.nowrap
   def check_image_size(self, height: int, width: int) -> None:
-    """Raises a UserError unless the images split into whole patches (hybrids: after the ResNet
-    stem's stride). Needs no parameters: the train command checks a config with it before it
-    loads any data."""
-    resnet = resnet_lib.as_resnet_config(self.resnet)
-    stride = resnet.stride if resnet is not None else 1
-    ph, pw = self.patch
-    eh, ew = ph * stride, pw * stride
-    h, w = height, width
-    if h % eh or w % ew:
-      size = f'{h}' if h == w else f'{h}x{w}'
-      if resnet is None:
-        what = f'the patch size {ph if ph == pw else self.patch}'
-      else:
-        what = (f'{eh if eh == ew else (eh, ew)} (ResNet stride {stride} x patch size '
-                f'{ph if ph == pw else self.patch})')
-      multiple = eh if eh == ew else f'{eh} (height) and {ew} (width)'
-      raise UserError(f'image size {size} is not divisible by {what} of this '
-                      f'{"hybrid " if resnet is not None else ""}ViT '
-                      f'(hidden {self.hidden_size}, {self.num_layers} layers): '
-                      f'use a multiple of {multiple}')
+    """`check_image_size` for this model's patches and stem."""
+    check_image_size(height, width, patch_size=self.patch, resnet=self.resnet,
+                     hidden_size=self.hidden_size, num_layers=self.num_layers)
 
   @property
   def patch(self) -> Tuple[int, int]:

@@ -22,6 +22,7 @@ from vit_jax.data import catalog
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
+from vit_jax.models import vit
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
@@ -257,38 +258,52 @@ def _check_tensor_parallel(model, mesh) -> None:
                     f'MLP width {model.mlp_dim} of this model: use a mesh.model that divides both')
 
 
-def _placement(config, devices: Optional[list]):
-  """(the TPU slice compiled for or None, the mesh): `config.compile_for`'s devices or `devices`
-  (default: all), checked against the batch sizes and micro-batches."""
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a program runs: its mesh, and the TPU slice it is compiled for (`config.compile_for`)
+  or None."""
+  mesh: jax.sharding.Mesh
+  target: Optional[targets.TpuSlice] = None
+
+
+def _check_input_size(config) -> None:
+  """The image size against the variant's patches (a hybrid's: after its ResNet stem), from the
+  variant table alone; a BiT takes any size."""
+  cls, kwargs = models.decode(config.model_name)
+  if cls is models.VisionTransformer:
+    vit.check_image_size(config.image_size, config.image_size, **kwargs)
+
+
+def check_placement(config, devices: Optional[list] = None) -> Placement:
+  """The mesh of a validated config over `devices` (default: all; with `config.compile_for`, that
+  TPU slice's), checked against the batch sizes and micro-batches, and the image size checked
+  against the variant: every mistake found without the dataset, so before TensorFlow is
+  imported. `build_program` starts with it."""
   target = targets.tpu_slice(config.compile_for) if config.compile_for else None
   if target is not None:
     devices = targets.slice_devices(target)
   mesh = parallel.make_mesh(config.mesh, devices)
   _check_mesh(config, mesh)
-  return target, mesh
-
-
-def check_placement(config, devices: Optional[list] = None) -> None:
-  """The mistakes a config shows against its devices (batch sizes, micro-batches, mesh) and its
-  model's input size, found without the dataset: the train command runs this before it imports
-  the data pipeline and with it TensorFlow. `build_program` makes the same checks."""
-  _placement(config, devices)
-  model = tasks.build_model(config, num_classes=1)
-  if hasattr(model, 'check_image_size'):  # a ViT (a BiT takes any size)
-    model.check_image_size(config.image_size, config.image_size)
+  _check_input_size(config)
+  return Placement(mesh, target)
 
 
 def build_program(config, devices: Optional[list] = None, *,
-                  require_dataset: Optional[bool] = None) -> Program:
-  """Resolves and compiles (lazily, at first call) everything a config describes.
+                  require_dataset: Optional[bool] = None, validated: bool = False) -> Program:
+  """Resolves and compiles (lazily, at first call) everything a config describes, building the
+  mesh and the model once.
 
-  `require_dataset` (default: not in compile-only mode) says whether the dataset must exist.
-  With `config.compile_for` the devices are that TPU slice's, described by the TPU compiler
-  (`vit_jax/parallel/targets.py`): the program can be compiled, not run.
+  The config is validated first (`validate.check_config`) unless `validated` says its caller did
+  (the train command, before it joins a distributed run). `require_dataset` (default: not in
+  compile-only mode) says whether the dataset must exist. With `config.compile_for` the devices
+  are that TPU slice's, described by the TPU compiler (`vit_jax/parallel/targets.py`): the
+  program can be compiled, not run.
   """
-  validate.check_config(config)
+  if not validated:
+    validate.check_config(config)
   task = tasks.get_task(config)
-  target, mesh = _placement(config, devices)
+  placement = check_placement(config, devices)
+  mesh = placement.mesh
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
   num_classes, num_train, channels = dataset_facts(config, require_dataset)
@@ -321,8 +336,8 @@ def build_program(config, devices: Optional[list] = None, *,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
                  hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
-                 eval_fn=eval_fn, target=target)
+                 eval_fn=eval_fn, target=placement.target)
 
 
-__all__ = ['Init', 'Program', 'build_program', 'check_placement', 'resolve_steps',
+__all__ = ['Init', 'Placement', 'Program', 'build_program', 'check_placement', 'resolve_steps',
            'dataset_facts', 'head_width', 'init_fn_and_shapes']
