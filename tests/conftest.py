@@ -2,24 +2,14 @@
 
 import os
 
-# Most of XLA's optimisations off (XLA:CPU's LLVM backend at -O0, its expensive passes skipped):
-# the suite's programs are tiny and most are compiled once or twice, so compiling, not running,
-# is their CPU time (cold cache, tests/test_parallel.py and test_train.py: 199 s of user CPU at
-# the default level, 128 s at 0; same assertions pass). It is JAX's flag, read at each compile,
-# not XLA_FLAGS (read once per process): subprocesses inherit it even when they set their own
-# XLA_FLAGS, and a test that trains for longer turns it off for its run (`helpers.optimized()`).
-# XLA:CPU's loop-fusion emitters off (the older elemental emitters instead): compiling costs about
-# half as much (a cold 24-step ViT-Ze/4 command-line run: 10.6-11.3 CPU-s vs 13.2-13.9, AMD EPYC
-# family 25 model 17), same result. LLVM codegen in one piece instead of split into up to 32 parts
-# compiled on threads: the split buys wall time on an idle machine, but the suite keeps both cores
-# busy, and the split's own work goes (tests/test_parallel.py, test_train.py, test_scan.py on a cold
-# cache, -n 2, four runs each, alternated: 97.9-102.4 user CPU-s against 106.2-116.3; AMD EPYC
-# family 26 model 2). LLVM's optimisation level 1 instead of 2 where JAX's -O0 is turned off (the
-# 150-step run of helpers.optimized(): 42.0-46.7 CPU-s against 52.5-54.9, three alternated runs
-# each, same processor; every other compile of the suite is at 0 whatever this says). And the
-# train command's own flags (vit_jax/xla_flags.py), so that the tests that train in-process compile
-# what the command does. Subprocesses that set another device count keep all of these:
-# helpers.xla_flags.
+# The suite's programs are tiny and most compile once or twice, so compiling, not running, is
+# its CPU time: JAX's -O0 (JAX_DISABLE_MOST_OPTIMIZATIONS below; a flag read at each compile, so
+# subprocesses inherit it; `helpers.optimized()` turns it off for a test that trains longer),
+# XLA:CPU's older elemental emitters instead of the loop-fusion ones (cheaper to compile, same
+# results), LLVM code generation in one piece (the suite keeps every core busy, so splitting it
+# over threads only adds work) and LLVM at level 1 where -O0 is off. The train command's own
+# schedule flag too (vit_jax/xla_flags.py), so that in-process training compiles what the command
+# does. Subprocesses that set another device count keep all of these (`helpers.xla_flags`).
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8'
                            ' --xla_cpu_use_fusion_emitters=false'

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vit_jax import compile_cache
+from vit_jax.platform import compile_cache
 from helpers import ROOT
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vit_jax import hostmem
+from vit_jax.platform import hostmem
 from helpers import ROOT
 
 GLIBC = (2, 36)
@@ -61,7 +61,7 @@ def test_entry_point_restarts_itself_once_with_the_tunable():
 _REFAULT = '''
 import resource, sys
 import numpy as np
-from vit_jax import hostmem
+from vit_jax.platform import hostmem
 print(hostmem.keep_freed_memory())
 a = np.ones(2 ** 25)  # 256 MiB, then freed: as a step's temporaries
 del a

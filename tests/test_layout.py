@@ -9,8 +9,8 @@ from helpers import ROOT
 
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
-    ('errors',),
-    ('quiet', 'interrupt', 'hostmem', 'compile_cache', 'fileio', 'lazy', 'cpus', 'platform'),
+    ('errors', 'quiet'),
+    ('interrupt', 'fileio', 'lazy', 'platform'),
     ('parallel',),
     ('models',),
     ('tasks', 'data', 'formats', 'checkpoint', 'xla_flags'),

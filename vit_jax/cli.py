@@ -8,8 +8,6 @@ import ast
 import atexit
 import difflib
 import gc
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import re
@@ -21,8 +19,9 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
-from vit_jax import compile_cache  # pylint: disable=g-import-not-at-top
-from vit_jax import hostmem  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import compile_cache  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import hostmem  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import tf_import  # pylint: disable=g-import-not-at-top
 from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
 from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
@@ -210,47 +209,6 @@ def _flat_keys(config, prefix: str = '') -> list[str]:
   return out
 
 
-def import_tensorflow_quietly() -> None:
-  """Imports TensorFlow with file descriptor 2 pointed at /dev/null.
-
-  TensorFlow 2.21 prints its CPU-feature and oneDNN banners through absl's C++ logging before that
-  is initialised, which ignores TF_CPP_MIN_LOG_LEVEL; a user error must stay one line on stderr.
-  An import failure still raises (with its traceback) once stderr is restored.
-  """
-  if 'tensorflow' in sys.modules:
-    return
-  with quiet.silenced_stderr():
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-
-
-class _QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-  """Makes the first `import tensorflow` (wherever it happens) go through
-  `import_tensorflow_quietly`, so a command that never needs TensorFlow never pays its 2.5 s.
-  Only an import imports it: asking whether it is installed (`importlib.util.find_spec`, as
-  etils' paths do for every local path) does not."""
-
-  def find_spec(self, name, path, target=None):
-    del target
-    if name != 'tensorflow' or importlib.machinery.PathFinder.find_spec(name, path) is None:
-      return None
-    return importlib.util.spec_from_loader(name, self)
-
-  def create_module(self, spec):
-    if self in sys.meta_path:
-      sys.meta_path.remove(self)
-    import_tensorflow_quietly()
-    return sys.modules[spec.name]
-
-  def exec_module(self, module):
-    del module
-
-
-def import_tensorflow_quietly_when_needed() -> None:
-  if 'tensorflow' not in sys.modules and not any(
-      isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
-    sys.meta_path.insert(0, _QuietTensorFlowImport())
-
-
 class _NotFromOrbax:
 
   def filter(self, record) -> bool:
@@ -282,7 +240,7 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
       # orbax logs a failed background write at ERROR with its traceback, then raises it in the
       # caller, which turns it into one line; the log would only repeat it.
       logging.get_absl_handler().addFilter(_NotFromOrbax())
-    import_tensorflow_quietly_when_needed()
+    tf_import.quiet_when_needed()
     if compilation_cache:
       compile_cache.enable()
     try:

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import cpus
+from vit_jax.platform import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import specs

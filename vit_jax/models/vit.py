@@ -1,6 +1,6 @@
 """Vision Transformer (Dosovitskiy et al. 2021) and its hybrid ResNet-stem variants.
 
-Param names equal the official linen tree (facts sheet section 2), so the released .npz checkpoints
+Param names equal the original code's linen tree (`models_vit.py`), so the released .npz checkpoints
 map 1:1:
 
   [conv_root, gn_root, block1/unit1/conv1, ...]     hybrid stem (only when `resnet` is set)
@@ -101,32 +101,6 @@ def drop_path(x: jax.Array, rate: Union[float, jax.Array], rng: jax.Array) -> ja
 TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence between blocks
 
 
-def row_major_target() -> bool:
-  """Whether the trace compiles for a CPU, where the Dense layers run on [B*N, ...] rows and the
-  patch embedding as a matmul (`flat_rows`, `PatchEmbedding`): the one rule both follow."""
-  return attention_lib.platform() == 'cpu'
-
-
-def flat_rows(dense: nn.Module, x: jax.Array, features_in: int = 1) -> jax.Array:
-  """`dense` (a Dense or DenseGeneral over the last `features_in` axes of `x`) applied to `x`
-  with its leading axes merged into one row axis when the trace compiles for a CPU; as is
-  elsewhere. Same parameters, same math.
-
-  Why: for [B, N, D] inputs XLA:CPU computes the kernel's gradient (contracting over B and N) by
-  first copying the incoming gradient to a transposed layout, [mlp, B*N] for Dense_0: 168 copies
-  per ViT-Ti/16 train step (batch 32, 224 px), 419 ms of its 3,119 ms of kernel time, on an
-  Intel Xeon (family 6 model 207), where a [6304, 768] transpose runs at 2.2-2.4 GB/s. With
-  [B*N, D] rows the gradient is one dot contracting the row axis of both operands, with no copy:
-  a Dense layer's forward + backward alone, 57-59 ms against 96-100 ms there
-  (benchmarks/README.md, "The row-major Dense layers"). Not on TPU: there merging N (197
-  tokens, not a multiple of its 8-row tiles) into the row axis would force a relayout."""
-  if not row_major_target():
-    return dense(x)
-  lead = x.shape[:x.ndim - features_in]
-  y = dense(x.reshape((-1,) + x.shape[x.ndim - features_in:]))
-  return y.reshape(lead + y.shape[1:])
-
-
 def remat_policy(remat: Union[bool, str]):
   """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' (True = 'full')."""
   key = ('full' if remat else 'none') if isinstance(remat, bool) else remat
@@ -155,36 +129,6 @@ class AddPositionEmbs(nn.Module):
     return x + pe.astype(x.dtype)
 
 
-class PatchEmbedding(nn.Module):
-  """The patch embedding: a p x p convolution with stride p and VALID padding, params
-  `kernel` [p, p, C, D] and `bias` [D] (the official tree's `embedding`). When the trace compiles
-  for a CPU it runs as one matmul of the patches, [B*h*w, p*p*C] x [p*p*C, D] (same params and
-  math): XLA:CPU computed the kernel's gradient as a dilated convolution, 42-59 ms of a ViT-Ti/16
-  train step (batch 32, 224 px) on an Intel Xeon (family 6 model 207), and the forward
-  convolution 26 ms (benchmarks/README.md, "The row-major Dense layers")."""
-  features: int
-  patch: Tuple[int, int]
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    ph, pw = self.patch
-    c = x.shape[-1]
-    kernel = self.param('kernel', inits.lecun_normal(), (ph, pw, c, self.features),
-                        self.param_dtype).astype(self.dtype)
-    bias = self.param('bias', nn.initializers.zeros, (self.features,),
-                      self.param_dtype).astype(self.dtype)
-    if not row_major_target():
-      y = jax.lax.conv_general_dilated(x, kernel, self.patch, 'VALID',
-                                       dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-      return y + bias
-    b, h, w = x.shape[0], x.shape[1] // ph, x.shape[2] // pw
-    patches = x[:, :h * ph, :w * pw].reshape(b, h, ph, w, pw, c).transpose(0, 1, 3, 2, 4, 5)
-    y = patches.reshape(b * h * w, ph * pw * c) @ kernel.reshape(ph * pw * c, self.features)
-    return (y + bias).reshape(b, h, w, self.features)
-
-
 class MultiHeadDotProductAttention(nn.Module):
   """Self-attention with the flax param layout: query/key/value kernels [D, heads, head_dim],
   biases [heads, head_dim], out kernel [heads, head_dim, D]. Kernels are xavier_uniform on the
@@ -205,14 +149,13 @@ class MultiHeadDotProductAttention(nn.Module):
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
     if kernel in attention_lib.FUSED:
-      q, k, v = (flat_rows(dense(n), x) for n in ('query', 'key', 'value'))
+      q, k, v = (dense(n)(x) for n in ('query', 'key', 'value'))
       y = attention_lib.FUSED[kernel](q / jnp.sqrt(head_dim).astype(q.dtype), k, v)
     else:
       # Heads-major [B, H, N, hd] for the two attention matmuls: each is then a plain batched
-      # matmul over (B, H); XLA:CPU runs the forward attention layer 2.7-3.4x faster than with
-      # the einsums on [B, N, H, hd] (benchmarks/README.md, "What changed"). Same math and params.
+      # matmul over (B, H), with no transposes inside it. Same math and params.
       names = ('batch', 'heads', 'tokens', 'kv')
-      q, k, v = (constrain(jnp.swapaxes(flat_rows(dense(n), x), 1, 2), names)
+      q, k, v = (constrain(jnp.swapaxes(dense(n)(x), 1, 2), names)
                  for n in ('query', 'key', 'value'))
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       logits = jnp.einsum('bhqd,bhkd->bhqk', q, k)
@@ -224,7 +167,7 @@ class MultiHeadDotProductAttention(nn.Module):
         features=width, axis=(-2, -1), kernel_init=inits.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
         name='out')
-    return flat_rows(out, y, features_in=2)
+    return out(y)
 
 
 class MlpBlock(nn.Module):
@@ -242,10 +185,10 @@ class MlpBlock(nn.Module):
         bias_init=inits.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
         param_dtype=self.param_dtype)
     width = x.shape[-1]
-    x = nn.gelu(flat_rows(dense(self.mlp_dim), x), approximate=self.gelu_approximate)
+    x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
     x = constrain(x, ('batch', 'tokens', 'mlp'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
-    x = flat_rows(dense(width), x)
+    x = dense(width)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -449,8 +392,9 @@ class VisionTransformer(nn.Module):
     if resnet is not None:
       x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
 
-    x = PatchEmbedding(self.hidden_size, self.patch, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='embedding')(x)
+    x = nn.Conv(self.hidden_size, self.patch, strides=self.patch, padding='VALID',
+                kernel_init=inits.lecun_normal(), dtype=self.dtype, param_dtype=self.param_dtype,
+                name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
     if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings

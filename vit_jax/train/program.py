@@ -68,8 +68,7 @@ class Program:
   def compile_train_step_in_background(self) -> concurrent.futures.Future:
     """Starts compiling the train step for the state and batch shapes on another thread; the
     future's result is the compiled step, called like `train_fn`. Started before `init_state`,
-    the two compilations overlap on a multi-core host (ViT-Ti/16 at
-    batch 32: time to first step 16.2 -> 12.5 s, benchmarks/README.md)."""
+    the two compilations overlap on a multi-core host."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile_train_step')
     future = pool.submit(lambda: self.train_fn.lower(*self.abstract_train_args()).compile())
     pool.shutdown(wait=False)

@@ -1,9 +1,8 @@
 """The persistent XLA compilation cache of command-line runs: on by default, one switch to turn off.
 
-A resumed run, each run of a sweep, predict and analyze compile the same programs again; with the
-cache they load the compiled executables instead (docs/scaling.md, "Compilation cache": time to
-first step, cold and warm). JAX keys entries by the program, the compile options and the backend,
-so a hit is the same executable.
+A rerun, a resumed run, each run of a sweep, predict and analyze compile the same programs again;
+with the cache they load the compiled executables instead. JAX keys entries by the program, the
+compile options and the backend, so a hit is the same executable.
 
   VIT_JAX_COMPILATION_CACHE unset   ~/.cache/vit_jax/xla/<host> ($XDG_CACHE_HOME if set): a local
                                     disk on a laptop and on every worker of a Cloud TPU VM
@@ -14,12 +13,8 @@ JAX's own JAX_COMPILATION_CACHE_DIR, when set, wins. <host> names the processor 
 a hash of the CPU model and feature flags): XLA:CPU compiles for the host's vector extensions, so
 a home directory shared by machines with different processors must not share CPU executables.
 A local cache keeps every program, however quick its compile (JAX stores only those of a second
-or more by default): the eval step, the initial state's small programs and the loop's small ones
-load too. The default config's 20-step run, rerun with the cache warm: 4.08-4.19 s against
-5.15-5.35 s with JAX's threshold (92 entries, 1.2 MB, against 2); its cold run took 7.31-7.81 s
-against 7.19-7.27 s for writing them (AMD EPYC family 26 model 2). A gs:// cache keeps JAX's
-threshold (each entry is an object write), and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, when
-set, wins.
+or more by default), so a run's many small programs load too. A gs:// cache keeps JAX's threshold
+(each entry is an object write), and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, when set, wins.
 """
 
 import hashlib
