@@ -28,15 +28,7 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
-import gc  # pylint: disable=g-import-not-at-top
-
 import pytest  # pylint: disable=g-import-not-at-top
-
-from vit_jax import cli  # pylint: disable=g-import-not-at-top
-
-# The commands' garbage-collection thresholds (vit_jax/cli.py) for the test processes too: they
-# import the same libraries and trace many more programs.
-gc.set_threshold(*cli.GC_THRESHOLDS)
 
 
 # Whole modules of subprocess and end-to-end tests, and the fixtures that train or compile for a
@@ -54,14 +46,6 @@ def pytest_collection_modifyitems(items):
     module = item.module.__name__.rsplit('.', 1)[-1]
     if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, 'fixturenames', ())):
       item.add_marker(pytest.mark.slow)
-
-
-def pytest_unconfigure(config):
-  """The test processes skip the interpreter's final collections too (vit_jax/cli.py's
-  _freeze_at_exit): `pytest tests/test_train.py` ends 0.4 s after its summary instead of 0.86 s
-  (AMD EPYC family 26 model 2)."""
-  del config
-  gc.freeze()
 
 
 def pytest_configure(config):

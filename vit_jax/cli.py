@@ -5,9 +5,7 @@ fix>` on stderr and exits 2, without a traceback. Internal bugs keep their trace
 """
 
 import ast
-import atexit
 import difflib
-import gc
 import importlib.util
 import os
 import re
@@ -32,24 +30,6 @@ EXIT_USER_ERROR = 2
 # (vit_jax/__main__.py) also takes the word help.
 HELP_FLAGS = frozenset({'-h', '-?', *(dash + name for dash in ('-', '--')
                                       for name in ('help', 'helpshort', 'helpfull', 'helpxml'))})
-
-# Python's garbage-collection thresholds for a command (run_main): importing TensorFlow, JAX and
-# Flax and tracing the steps allocate millions of objects that live for the whole run, and the
-# default (a collection every 700 new container objects) keeps walking them. A 24-step ViT-Ze/4
-# run with a warm compilation cache: 9.4 CPU-s instead of 10.4 (AMD EPYC family 25 model 17).
-# Garbage is still collected.
-GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def _freeze_at_exit() -> None:
-  """Leaves the objects alive at exit out of the interpreter's final collections. Tearing down a
-  process that imported TensorFlow, JAX and Flax walked their millions of objects again: a 6-step
-  ViT-Ze/4 train command took 4.9-5.1 s, 3.9-4.1 s with this (three runs each, warm compilation
-  cache; an error before TensorFlow: 0.71-0.84 s vs 0.59-0.71 s; AMD EPYC family 26 model 2).
-  Only the cycle collector stops: other exit handlers still run and objects are still freed when
-  their last reference goes; the commands close what they write themselves (outputs unchanged)."""
-  gc.freeze()
-
 
 # A config key as libraries name it (`config.lr`, `config.model.remat`), not already a flag.
 _CONFIG_KEY = re.compile(r'(?<![\w.\-/])config\.(?=[a-z_])')
@@ -219,17 +199,13 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2, and a
   command line that asks for its usage (--help) ending with exit code 0 (absl's is 1).
 
-  First, once per process, raises the garbage-collection thresholds (GC_THRESHOLDS) and skips
-  the collections at exit (_freeze_at_exit), restarts it
-  with huge-page malloc where that helps and makes malloc keep freed memory for the next step
-  (vit_jax/hostmem.py).
-  The persistent XLA compilation cache is on (vit_jax/compile_cache.py) unless
-  `compilation_cache=False` (the benchmark, which times cold compiles).
+  First, once per process, it restarts with huge-page malloc where that helps
+  (vit_jax/platform/hostmem.py). TensorFlow is imported quietly where a command needs it
+  (platform/tf_import.py), and the persistent XLA compilation cache is on
+  (platform/compile_cache.py) unless `compilation_cache=False` (the benchmark, which times cold
+  compiles).
   """
-  gc.set_threshold(*GC_THRESHOLDS)
-  atexit.register(_freeze_at_exit)
   hostmem.restart_with_hugepages()
-  hostmem.keep_freed_memory()
   interrupt.install()
   for name in required_flags:
     flags.mark_flag_as_required(name)
