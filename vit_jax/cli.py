@@ -21,7 +21,6 @@ from vit_jax.platform import compile_cache  # pylint: disable=g-import-not-at-to
 from vit_jax.platform import hostmem  # pylint: disable=g-import-not-at-top
 from vit_jax.platform import tf_import  # pylint: disable=g-import-not-at-top
 from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
-from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2

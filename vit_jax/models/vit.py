@@ -46,7 +46,6 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
-from vit_jax.models import inits
 from vit_jax.models import layout
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.parallel.sharding import constrain
@@ -119,7 +118,7 @@ class AddPositionEmbs(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind == 'learned':
-      pe = self.param('pos_embedding', inits.normal(POSEMB_STDDEV),
+      pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
                       (1, x.shape[1], x.shape[2]), self.param_dtype)
     else:  # sincos2d: fixed, not a param; the cls slot gets a zero row.
       pe = sincos2d_posemb(*self.grid, x.shape[2])
@@ -145,7 +144,7 @@ class MultiHeadDotProductAttention(nn.Module):
     width = x.shape[-1]
     head_dim = width // self.num_heads
     dense = lambda name: nn.DenseGeneral(
-        features=(self.num_heads, head_dim), axis=-1, kernel_init=inits.xavier_uniform(),
+        features=(self.num_heads, head_dim), axis=-1, kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
     if kernel in attention_lib.FUSED:
@@ -164,7 +163,7 @@ class MultiHeadDotProductAttention(nn.Module):
       weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
       y = jnp.swapaxes(constrain(jnp.einsum('bhqk,bhkd->bhqd', weights, v), names), 1, 2)
     out = nn.DenseGeneral(
-        features=width, axis=(-2, -1), kernel_init=inits.xavier_uniform(),
+        features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
         name='out')
     return out(y)
@@ -181,8 +180,8 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     dense = lambda features: nn.Dense(
-        features, kernel_init=inits.xavier_uniform(),
-        bias_init=inits.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
+        features, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
         param_dtype=self.param_dtype)
     width = x.shape[-1]
     x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
@@ -393,12 +392,12 @@ class VisionTransformer(nn.Module):
       x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
 
     x = nn.Conv(self.hidden_size, self.patch, strides=self.patch, padding='VALID',
-                kernel_init=inits.lecun_normal(), dtype=self.dtype, param_dtype=self.param_dtype,
+                kernel_init=nn.initializers.lecun_normal(), dtype=self.dtype, param_dtype=self.param_dtype,
                 name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
     if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings
-      mask = self.param('mask_token', inits.normal(POSEMB_STDDEV), (1, 1, d),
+      mask = self.param('mask_token', nn.initializers.normal(POSEMB_STDDEV), (1, 1, d),
                         self.param_dtype)
       if corrupt is not None:
         x = jnp.take_along_axis(x, corrupt['source'][..., None], axis=1)
@@ -425,7 +424,7 @@ class VisionTransformer(nn.Module):
 
     x = x.astype(jnp.float32)
     if self.representation_size is not None:
-      x = nn.Dense(self.representation_size, kernel_init=inits.lecun_normal(), dtype=jnp.float32,
+      x = nn.Dense(self.representation_size, kernel_init=nn.initializers.lecun_normal(), dtype=jnp.float32,
                    param_dtype=self.param_dtype, name='pre_logits')(x)
       x = jnp.tanh(x)
     self.sow('intermediates', 'features', x)

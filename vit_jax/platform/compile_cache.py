@@ -12,9 +12,8 @@ compile options and the backend, so a hit is the same executable.
 JAX's own JAX_COMPILATION_CACHE_DIR, when set, wins. <host> names the processor (machine type and
 a hash of the CPU model and feature flags): XLA:CPU compiles for the host's vector extensions, so
 a home directory shared by machines with different processors must not share CPU executables.
-A local cache keeps every program, however quick its compile (JAX stores only those of a second
-or more by default), so a run's many small programs load too. A gs:// cache keeps JAX's threshold
-(each entry is an object write), and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, when set, wins.
+JAX's own settings decide which programs are stored (by default those that took a second or more
+to compile: JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS).
 """
 
 import hashlib
@@ -25,7 +24,6 @@ from typing import Mapping, Optional
 ENV = 'VIT_JAX_COMPILATION_CACHE'
 OFF = ('0', 'off', 'false', 'no')
 MAX_BYTES = 4 * 2 ** 30  # least recently used entries are evicted beyond this
-MIN_COMPILE_ENV = 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'
 
 
 def _host_key(cpuinfo: str = '/proc/cpuinfo') -> str:
@@ -51,30 +49,15 @@ def cache_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
   return os.path.join(base, 'vit_jax', 'xla', _host_key())
 
 
-def min_compile_seconds(directory: str, environ: Optional[Mapping[str, str]] = None
-                        ) -> Optional[float]:
-  """The compile time from which `directory` stores a program: 0 for a local directory, None (JAX's
-  own threshold) for a bucket or when JAX's variable is set."""
-  env = os.environ if environ is None else environ
-  # a scheme (gs://...) is a bucket; fileio.is_remote says the same but is of this module's layer
-  # (tests/test_layout.py), so it is not imported here
-  if env.get(MIN_COMPILE_ENV) or '://' in directory:
-    return None
-  return 0.0
-
-
 def enable() -> Optional[str]:
   """Turns the cache on for this process as `cache_dir()` says; returns the directory used."""
   directory = cache_dir()
   if directory is None:
     return None
-  import jax  # pylint: disable=g-import-not-at-top  # only once a command runs
+  import jax  # pylint: disable=g-import-not-at-top  # cli imports this module: --help stays light
   jax.config.update('jax_compilation_cache_dir', directory)
   jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
-  seconds = min_compile_seconds(directory)
-  if seconds is not None:
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', seconds)
   return directory
 
 
-__all__ = ['ENV', 'cache_dir', 'enable', 'min_compile_seconds']
+__all__ = ['ENV', 'cache_dir', 'enable']

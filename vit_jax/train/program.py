@@ -15,7 +15,6 @@ from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from vit_jax import data as data_lib
 from vit_jax.data import catalog
@@ -57,12 +56,8 @@ class Program:
     return self.config.batch_size // jax.process_count()
 
   def init_state(self):
-    """The initial train state, created directly in its shardings (`Init`: in small programs
-    when the mesh's devices are CPUs and the parameters share their shapes, `in_small_programs`,
-    in one process or several; else as one program). Both give the same values, bitwise."""
-    if (all(d.platform == 'cpu' for d in self.mesh.devices.flat)
-        and in_small_programs(self.abstract_state.params)):
-      return self.init_fn.on_host(self.init_rng, self.state_shardings)
+    """The initial train state, created directly in its shardings (no parameter is ever whole
+    on one device first)."""
     return jax.jit(self.init_fn, out_shardings=self.state_shardings)(self.init_rng)
 
   def compile_train_step_in_background(self) -> concurrent.futures.Future:
@@ -106,8 +101,7 @@ class Program:
     report = memory.program_report(self)
     if self.config.model.get('scan'):
       # XLA's cost analysis counts a loop's body once, so a scanned encoder's figure would be a
-      # fraction of the step's (ViT-Ti/16 at 224 px, one image per device, XLA:CPU: 0.90 against
-      # 7.72 GFLOP per device unrolled).
+      # fraction of the step's.
       report['flops'] = report['eval']['flops'] = None
     if self.target is not None:
       report['target'] = self.target.describe()
@@ -171,37 +165,12 @@ def head_width(config, dataset_classes: int) -> int:
   return n
 
 
-# Parameter arrays per distinct shape from which a CPU run makes its initial state in small
-# programs (`in_small_programs`).
-SMALL_PROGRAMS_FROM = 8
-
-
-def in_small_programs(params) -> bool:
-  """Whether a CPU run makes these parameters (a tree of arrays or shapes) in small programs,
-  `Init.on_host`: one initialiser program per shape pays when many arrays share each shape (a
-  deep ViT), the one program when few do (a ResNet's many shapes, a 2-layer ViT). Cold, with the
-  train command's flags, seconds in small programs / as one program (AMD EPYC family 26 model 2;
-  arrays per shape): ViT-Ti/16 1.94 / 4.27 (16.7), R50+ViT-B/16 8.89 / 9.66 (11.1), ViT-Mu/4
-  2.22 / 2.45 (8.7), BiT-R50x1 8.57 / 5.08 (5.5), ViT-Ze/4 1.68 / 1.22 (3.3), R+ViT-Ze/4
-  2.02 / 1.24 (3.3), BiT-R14x0.5 6.51 / 2.50 (1.9)."""
-  leaves = jax.tree.leaves(params)
-  shapes = {(tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves}
-  return len(leaves) >= SMALL_PROGRAMS_FROM * len(shapes)
-
-
 @dataclasses.dataclass(eq=False)
 class Init:
   """The initial train state of `model` and `tx` for images of `image_shape`.
 
   `init(rng)` is traceable: jitted with the state's shardings, parameters are never built
-  unsharded. `on_host(rng, shardings)` gives the same state, bitwise, without one program that
-  holds every layer's initialisers: the parameters come from `Module.lazy_init` outside a jit
-  (each random initialiser one small program compiled once per shape, models/inits.py) and the
-  optimizer state from a small jitted program; for meshes of CPU devices and parameters that
-  share their shapes (`in_small_programs`), where the one program's compile is the slow part of
-  a cold start (ViT-Ti/16: 3.6-3.8 s against 1.8 s, AMD EPYC family 26 model 2). With several
-  processes each makes the whole parameters (the same values) and `device_put` keeps its
-  shards. With `mesh`, both trace under the mesh's activation rules, as the steps do
+  unsharded. With `mesh`, it traces under the mesh's activation rules, as the steps do
   (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU host).
   """
   model: Any
@@ -213,24 +182,14 @@ class Init:
   def _under_mesh(self, fn: Callable) -> Callable:
     return fn if self.mesh is None else sharding.with_activation_sharding(fn, self.mesh)
 
-  def _input(self) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct((1,) + tuple(self.image_shape), jnp.float32)
-
   def _state(self, params):
     return step_lib.TrainState.create(params, self.tx)
 
   def __call__(self, rng):
     def init(rng):
-      dummy = jnp.zeros(self._input().shape, jnp.float32)
+      dummy = jnp.zeros((1, *self.image_shape), jnp.float32)
       return self._state(self.model.init({'params': rng}, dummy, train=False)['params'])
     return self._under_mesh(init)(rng)
-
-  def on_host(self, rng, shardings):
-    lazy = lambda rng: self.model.lazy_init({'params': rng}, self._input(), train=False)['params']
-    params = self._under_mesh(lazy)(rng)
-    if jax.process_count() > 1:  # each process made the same values: place them on the mesh
-      params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
-    return jax.jit(self._state, out_shardings=shardings)(params)
 
 
 def init_fn_and_shapes(model, tx, image_shape, rng, mesh=None):
