@@ -7,16 +7,13 @@ import os
 # subprocesses inherit it; `helpers.optimized()` turns it off for a test that trains longer),
 # XLA:CPU's older elemental emitters instead of the loop-fusion ones (cheaper to compile, same
 # results), LLVM code generation in one piece (the suite keeps every core busy, so splitting it
-# over threads only adds work) and LLVM at level 1 where -O0 is off. The train command's own
-# schedule flag too (vit_jax/xla_flags.py), so that in-process training compiles what the command
-# does. Subprocesses that set another device count keep all of these (`helpers.xla_flags`).
+# over threads only adds work) and LLVM at level 1 where -O0 is off. Subprocesses that set
+# another device count keep all of these (`helpers.xla_flags`).
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8'
                            ' --xla_cpu_use_fusion_emitters=false'
                            ' --xla_cpu_parallel_codegen_split_count=1'
                            ' --xla_backend_optimization_level=1').strip()
-from vit_jax import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-xla_flags.apply(os.environ, xla_flags.SCHEDULES['memory'])  # compiles faster (xla_flags.py)
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')

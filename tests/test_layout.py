@@ -13,7 +13,7 @@ LAYERS = (
     ('interrupt', 'fileio', 'lazy', 'platform'),
     ('parallel',),
     ('models',),
-    ('tasks', 'data', 'formats', 'checkpoint', 'xla_flags'),
+    ('tasks', 'data', 'formats', 'checkpoint'),
     ('analysis', 'serving'),
     ('evaluate',),
     ('train',),

@@ -9,14 +9,12 @@ Multi-host: run the same command on every host with --coordinator_address (proce
 processes do not all arrive within --distributed_timeout seconds, every one fails with one line.
 """
 
-import os
 import signal
 import sys
 
 from absl import flags
 
 from vit_jax import cli
-from vit_jax import xla_flags
 from vit_jax.commands import flag_groups
 
 _CONFIG = flag_groups.config()
@@ -41,10 +39,6 @@ def run(argv) -> int:
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(config)  # the run's one validation: before joining a distributed run
-  # Before JAX's first device (init_distributed): XLA reads XLA_FLAGS then. The batch is global:
-  # a run of N processes splits it over all their devices.
-  xla_flags.apply(os.environ, xla_flags.schedule_flags(config,
-                                                       processes=_NUM_PROCESSES.value or 1))
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
   prog = program.build_program(config, validated=True)  # the mesh and the model, built once

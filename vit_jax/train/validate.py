@@ -71,7 +71,6 @@ CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('model.posemb', _from('models.vit', 'POSEMBS')),
     ('model.remat', _from('models.vit', 'REMAT_POLICIES')),
     ('init_posemb_resize', _from('models.posemb_resize', 'METHODS')),
-    ('xla_cpu_schedule', _from('xla_flags', 'CHOICES')),
 )
 
 
