@@ -144,7 +144,8 @@ class MultiHeadDotProductAttention(nn.Module):
     width = x.shape[-1]
     head_dim = width // self.num_heads
     dense = lambda name: nn.DenseGeneral(
-        features=(self.num_heads, head_dim), axis=-1, kernel_init=nn.initializers.xavier_uniform(),
+        features=(self.num_heads, head_dim), axis=-1,
+        kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
     if kernel in attention_lib.FUSED:
@@ -392,8 +393,8 @@ class VisionTransformer(nn.Module):
       x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
 
     x = nn.Conv(self.hidden_size, self.patch, strides=self.patch, padding='VALID',
-                kernel_init=nn.initializers.lecun_normal(), dtype=self.dtype, param_dtype=self.param_dtype,
-                name='embedding')(x)
+                kernel_init=nn.initializers.lecun_normal(), dtype=self.dtype,
+                param_dtype=self.param_dtype, name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
     if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings
@@ -424,8 +425,8 @@ class VisionTransformer(nn.Module):
 
     x = x.astype(jnp.float32)
     if self.representation_size is not None:
-      x = nn.Dense(self.representation_size, kernel_init=nn.initializers.lecun_normal(), dtype=jnp.float32,
-                   param_dtype=self.param_dtype, name='pre_logits')(x)
+      x = nn.Dense(self.representation_size, kernel_init=nn.initializers.lecun_normal(),
+                   dtype=jnp.float32, param_dtype=self.param_dtype, name='pre_logits')(x)
       x = jnp.tanh(x)
     self.sow('intermediates', 'features', x)
     return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,

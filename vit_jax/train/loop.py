@@ -1,10 +1,10 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
 `program.build_program` (config checked; mesh, model, optimizer, shardings, jitted steps) ->
-workdir checked and locked -> born-sharded state (or the newest readable checkpoint, refusing a changed config or
-other array shapes before reading it; the metrics log cut back to it) -> per-process batches ->
-train step (donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation
-and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
+workdir checked and locked -> born-sharded state (or the newest readable checkpoint, refusing a
+changed config or other array shapes before reading it; the metrics log cut back to it) ->
+per-process batches -> train step (donated state) -> metrics (JSONL, TensorBoard, progress line)
+-> periodic evaluation and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
 the per-device memory report; when preempted, {'preempted': True, 'step': N}).
 
 Step N+1 is dispatched before step N's metrics are read. Every step's `nonfinite` flag is checked
