@@ -33,7 +33,7 @@ import pytest  # pylint: disable=g-import-not-at-top
 # @pytest.mark.slow (each measured at 1 CPU-second or more: VIT_JAX_TEST_CPU_LOG below).
 SLOW_MODULES = frozenset({
     'test_bad_inputs', 'test_benchmark', 'test_compile_targets', 'test_main', 'test_multiprocess',
-    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_sweep',
+    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_run_once', 'test_sweep',
     'test_sweep_study'})
 SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
@@ -66,7 +66,8 @@ if os.environ.get('VIT_JAX_TEST_CPU_LOG'):
   import time  # pylint: disable=g-import-not-at-top
 
   def _cpu_seconds():
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
   @pytest.hookimpl(hookwrapper=True)
