@@ -24,7 +24,7 @@ ACCELS := cuda13 cuda12
 ACCEL_CHECK ?= 1
 # --dist loadgroup: the tests of one `xdist_group` (the bad-input catalogue, which runs its cases
 # as a pool of subprocesses) stay on one worker.
-# Huge-page malloc for the test process (vit_jax/hostmem.py; the CLIs restart with it themselves).
+# Huge-page malloc for the test process (vit_jax/platform/hostmem.py; the commands restart with it themselves).
 HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
 .PHONY: install accel-check tpu-compiler gpu-compiler train test test-fast test-interop clean

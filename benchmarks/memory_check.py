@@ -14,7 +14,7 @@ import argparse
 import resource
 import sys
 
-from vit_jax import cli
+from vit_jax.platform import tf_import
 
 
 def _rss_bytes() -> int:
@@ -27,7 +27,7 @@ def main():
   parser.add_argument('--batch_size', type=int, default=32)
   parser.add_argument('--mesh', default='8,1,1', help='data,fsdp,model')
   args = parser.parse_args()
-  cli.import_tensorflow_quietly()
+  tf_import.import_quietly()
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, '.')

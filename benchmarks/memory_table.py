@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import sys
 
-from vit_jax import cli
+from vit_jax.platform import tf_import
 
 STRATEGIES = [
     ('data parallel', dict(data=-1, fsdp=1, model=1)),
@@ -39,7 +39,7 @@ def main():
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--remat', default='none')
   args = parser.parse_args()
-  cli.import_tensorflow_quietly()
+  tf_import.import_quietly()
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   gib = 2 ** 30

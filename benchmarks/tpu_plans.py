@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from vit_jax import cli
+from vit_jax.platform import tf_import
 
 # Memory settings, cheapest first: each step costs compute (remat), precision (bf16) or
 # communication (FSDP). scan and attention stay as the plan or the recipe sets them.
@@ -61,7 +61,7 @@ def main():
   parser.add_argument('--search', action='store_true', help='try LADDER instead of the plan')
   parser.add_argument('--json', default='', help='also append one JSON line per plan here')
   args = parser.parse_args()
-  cli.import_tensorflow_quietly()
+  tf_import.import_quietly()
   from configs import recipes  # pylint: disable=g-import-not-at-top
   keys = ([tuple(k.split(':')) for k in args.only.split(',')] if args.only
           else list(recipes.TPU_PLANS))

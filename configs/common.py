@@ -10,7 +10,6 @@ Config files take `key=value,key=value` arguments (`configs/default.py:model_nam
 
 from ml_collections import config_dict
 
-from vit_jax import xla_flags
 from vit_jax.errors import UserError
 
 placeholder = config_dict.placeholder
@@ -128,9 +127,6 @@ def base_config() -> config_dict.ConfigDict:
   c.checkpoint_every = 1000               # steps between checkpoints (and at the end)
   c.keep_checkpoints = 3                  # keep the newest K checkpoints
   c.progress = True                       # progress line on stderr
-  # XLA:CPU's order of a train step's operations: memory (fewer temporaries alive at once),
-  # concurrency (XLA's default) or auto (memory for large activations); vit_jax/xla_flags.py.
-  c.xla_cpu_schedule = xla_flags.DEFAULT_SCHEDULE
   c.max_nonfinite_steps = 0               # 0: stop at the first NaN/Inf loss or gradient;
                                           # K: skip up to K such steps (counted in the log)
   return c

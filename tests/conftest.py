@@ -2,31 +2,18 @@
 
 import os
 
-# Most of XLA's optimisations off (XLA:CPU's LLVM backend at -O0, its expensive passes skipped):
-# the suite's programs are tiny and most are compiled once or twice, so compiling, not running,
-# is their CPU time (cold cache, tests/test_parallel.py and test_train.py: 199 s of user CPU at
-# the default level, 128 s at 0; same assertions pass). It is JAX's flag, read at each compile,
-# not XLA_FLAGS (read once per process): subprocesses inherit it even when they set their own
-# XLA_FLAGS, and a test that trains for longer turns it off for its run (`helpers.optimized()`).
-# XLA:CPU's loop-fusion emitters off (the older elemental emitters instead): compiling costs about
-# half as much (a cold 24-step ViT-Ze/4 command-line run: 10.6-11.3 CPU-s vs 13.2-13.9, AMD EPYC
-# family 25 model 17), same result. LLVM codegen in one piece instead of split into up to 32 parts
-# compiled on threads: the split buys wall time on an idle machine, but the suite keeps both cores
-# busy, and the split's own work goes (tests/test_parallel.py, test_train.py, test_scan.py on a cold
-# cache, -n 2, four runs each, alternated: 97.9-102.4 user CPU-s against 106.2-116.3; AMD EPYC
-# family 26 model 2). LLVM's optimisation level 1 instead of 2 where JAX's -O0 is turned off (the
-# 150-step run of helpers.optimized(): 42.0-46.7 CPU-s against 52.5-54.9, three alternated runs
-# each, same processor; every other compile of the suite is at 0 whatever this says). And the
-# train command's own flags (vit_jax/xla_flags.py), so that the tests that train in-process compile
-# what the command does. Subprocesses that set another device count keep all of these:
-# helpers.xla_flags.
+# The suite's programs are tiny and most compile once or twice, so compiling, not running, is
+# its CPU time: JAX's -O0 (JAX_DISABLE_MOST_OPTIMIZATIONS below; a flag read at each compile, so
+# subprocesses inherit it; `helpers.optimized()` turns it off for a test that trains longer),
+# XLA:CPU's older elemental emitters instead of the loop-fusion ones (cheaper to compile, same
+# results), LLVM code generation in one piece (the suite keeps every core busy, so splitting it
+# over threads only adds work) and LLVM at level 1 where -O0 is off. Subprocesses that set
+# another device count keep all of these (`helpers.xla_flags`).
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8'
                            ' --xla_cpu_use_fusion_emitters=false'
                            ' --xla_cpu_parallel_codegen_split_count=1'
                            ' --xla_backend_optimization_level=1').strip()
-from vit_jax import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-xla_flags.apply(os.environ, xla_flags.SCHEDULES['memory'])  # compiles faster (xla_flags.py)
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -38,15 +25,7 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
-import gc  # pylint: disable=g-import-not-at-top
-
 import pytest  # pylint: disable=g-import-not-at-top
-
-from vit_jax import cli  # pylint: disable=g-import-not-at-top
-
-# The commands' garbage-collection thresholds (vit_jax/cli.py) for the test processes too: they
-# import the same libraries and trace many more programs.
-gc.set_threshold(*cli.GC_THRESHOLDS)
 
 
 # Whole modules of subprocess and end-to-end tests, and the fixtures that train or compile for a
@@ -54,7 +33,7 @@ gc.set_threshold(*cli.GC_THRESHOLDS)
 # @pytest.mark.slow (each measured at 1 CPU-second or more: VIT_JAX_TEST_CPU_LOG below).
 SLOW_MODULES = frozenset({
     'test_bad_inputs', 'test_benchmark', 'test_compile_targets', 'test_main', 'test_multiprocess',
-    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_sweep',
+    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_run_once', 'test_sweep',
     'test_sweep_study'})
 SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
@@ -64,14 +43,6 @@ def pytest_collection_modifyitems(items):
     module = item.module.__name__.rsplit('.', 1)[-1]
     if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, 'fixturenames', ())):
       item.add_marker(pytest.mark.slow)
-
-
-def pytest_unconfigure(config):
-  """The test processes skip the interpreter's final collections too (vit_jax/cli.py's
-  _freeze_at_exit): `pytest tests/test_train.py` ends 0.4 s after its summary instead of 0.86 s
-  (AMD EPYC family 26 model 2)."""
-  del config
-  gc.freeze()
 
 
 def pytest_configure(config):
@@ -95,7 +66,8 @@ if os.environ.get('VIT_JAX_TEST_CPU_LOG'):
   import time  # pylint: disable=g-import-not-at-top
 
   def _cpu_seconds():
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
   @pytest.hookimpl(hookwrapper=True)

@@ -77,16 +77,3 @@ def test_train_without_config_is_one_error_line(tmp_path):
   (line,) = proc.stderr.splitlines()
   assert line.startswith('error: ') and '--config' in line
   assert not os.path.exists(tmp_path / 'run')
-
-
-def test_a_command_leaves_its_objects_out_of_the_collections_at_exit():
-  """run_main freezes the objects alive at exit (cli._freeze_at_exit): the interpreter's final
-  collections walked TensorFlow's and JAX's objects again (vit_jax/cli.py). A handler registered before run_main still runs, after the freeze."""
-  code = ('import atexit, gc\n'
-          'atexit.register(lambda: print("at exit:", gc.get_freeze_count() > 0))\n'
-          'from vit_jax import cli\n'
-          'cli.run_main(lambda argv: print("in the command:", gc.get_freeze_count() > 0))\n')
-  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
-                        timeout=120)
-  assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.splitlines() == ['in the command: False', 'at exit: True']

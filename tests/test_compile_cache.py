@@ -1,4 +1,4 @@
-"""The persistent compilation cache of command-line runs (vit_jax/compile_cache.py)."""
+"""The persistent compilation cache of command-line runs (vit_jax/platform/compile_cache.py)."""
 
 import os
 import subprocess
@@ -6,9 +6,8 @@ import sys
 
 import pytest
 
-from vit_jax import compile_cache
+from vit_jax.platform import compile_cache
 from helpers import ROOT
-
 
 
 def test_cache_dir_policy(tmp_path, monkeypatch):
@@ -26,27 +25,16 @@ def test_cache_dir_policy(tmp_path, monkeypatch):
                                   'VIT_JAX_COMPILATION_CACHE': '/v'}) is None
 
 
-def test_a_local_cache_keeps_every_program():
-  assert compile_cache.min_compile_seconds('/home/u/.cache/vit_jax/xla/h', {}) == 0.0
-  assert compile_cache.min_compile_seconds('gs://b/xla', {}) is None  # JAX's threshold
-  env = {'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '2'}  # the user's own setting wins
-  assert compile_cache.min_compile_seconds('/c', env) is None
-
-
-def test_enable_sets_the_local_threshold(tmp_path, monkeypatch):
+def test_enable_sets_the_cache_directory(tmp_path, monkeypatch):
   import jax  # pylint: disable=g-import-not-at-top
-  before = (jax.config.jax_compilation_cache_dir,
-            jax.config.jax_persistent_cache_min_compile_time_secs)
+  before = jax.config.jax_compilation_cache_dir
   monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
-  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', raising=False)
   monkeypatch.setenv('VIT_JAX_COMPILATION_CACHE', str(tmp_path / 'xla'))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
   try:
     assert compile_cache.enable() == str(tmp_path / 'xla')
-    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / 'xla')
   finally:
-    jax.config.update('jax_compilation_cache_dir', before[0])
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', before[1])
+    jax.config.update('jax_compilation_cache_dir', before)
 
 
 def test_host_key_separates_processors(tmp_path):

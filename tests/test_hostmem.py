@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vit_jax import hostmem
+from vit_jax.platform import hostmem
 from helpers import ROOT
 
 GLIBC = (2, 36)
@@ -56,33 +56,3 @@ def test_entry_point_restarts_itself_once_with_the_tunable():
   glibc = (libc or '').startswith('glibc ') and tuple(
       int(p) for p in libc.split()[1].split('.')[:2]) >= (2, 35)
   assert tunables == ('glibc.malloc.hugetlb=1' if madvise and glibc else 'None')
-
-
-_REFAULT = '''
-import resource, sys
-import numpy as np
-from vit_jax import hostmem
-print(hostmem.keep_freed_memory())
-a = np.ones(2 ** 25)  # 256 MiB, then freed: as a step's temporaries
-del a
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-b = np.ones(2 ** 25)  # the next step's
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-'''
-
-
-@pytest.mark.slow  # a subprocess each (mallopt changes the whole process)
-@pytest.mark.parametrize('keep', [True, False])
-def test_freed_memory_is_reused_without_page_faults(keep):
-  env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
-  env[hostmem.KEEP_OPT_IN] = '1' if keep else '0'
-  out = subprocess.run([sys.executable, '-c', _REFAULT], cwd=ROOT, env=env, text=True,
-                       capture_output=True, timeout=120, check=True).stdout.split()
-  applied, faults = out[0] == 'True', int(out[1])
-  huge_pages = 2 ** 28 // 2 ** 21  # numpy asks for transparent huge pages for large arrays
-  glibc = (os.confstr('CS_GNU_LIBC_VERSION') or '').startswith('glibc ')
-  assert applied == (keep and glibc)
-  if applied:
-    assert faults < huge_pages // 8, faults  # the freed block is handed out again, mapped
-  elif glibc:
-    assert faults > huge_pages // 2, faults  # unmapped on free: it faults in again

@@ -761,56 +761,6 @@ def test_pointwise_std_conv_is_the_convolution_with_its_gradients(padding):
       lambda x: strided.apply({'params': params}, x))(x))
 
 
-@pytest.mark.parametrize('size', [28, 30])
-def test_cpu_patch_embedding_is_the_convolution_with_its_gradients(size):
-  """On CPU the patch embedding runs as one matmul of the patches (no dilated convolution for its
-  kernel's gradient); values and both gradients equal the p x p stride-p VALID convolution's, also when
-  the image is not a multiple of the patch (30 px, patch 7: the last 2 rows and columns unused)."""
-  x = _normal((2, size, size, 3), seed=5)
-  kernel, bias = _normal((7, 7, 3, 16), seed=6) * 0.2, _normal((16,), seed=7)
-  module = vit_lib.PatchEmbedding(16, (7, 7))
-  assert jax.tree.map(jnp.shape, module.init(jax.random.PRNGKey(0), x)['params']) == {
-      'kernel': (7, 7, 3, 16), 'bias': (16,)}
-
-  def ours(x, kernel):
-    return module.apply({'params': {'kernel': kernel, 'bias': bias}}, x)
-
-  def by_conv(x, kernel):
-    return jax.lax.conv_general_dilated(x, kernel, (7, 7), 'VALID', dimension_numbers=(
-        'NHWC', 'HWIO', 'NHWC')) + bias
-
-  assert 'conv_general_dilated' not in str(jax.make_jaxpr(ours)(x, kernel))
-  np.testing.assert_allclose(ours(x, kernel), by_conv(x, kernel), rtol=1e-5, atol=1e-5)
-  loss = lambda fn: lambda x, kernel: jnp.sum(jnp.sin(fn(x, kernel)))
-  got = jax.grad(loss(ours), argnums=(0, 1))(x, kernel)
-  want = jax.grad(loss(by_conv), argnums=(0, 1))(x, kernel)
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize('features_in,features', [(1, 12), (1, (3, 4)), (2, 12)])
-def test_flat_rows_dense_equals_the_dense_on_the_batch_with_its_gradients(features_in, features):
-  """`vit.flat_rows` (on CPU: leading axes merged into one row axis around the Dense, so the
-  kernel's gradient needs no transposed copy) gives the Dense's values and gradients on [B, N, ...]
-  inputs: a Dense, a heads-split DenseGeneral (q/k/v) and a DenseGeneral over two axes (out)."""
-  shape = (2, 5, 3, 4) if features_in == 2 else (2, 5, 12)
-  x = _normal(shape, seed=8)
-  axis = (-2, -1) if features_in == 2 else -1
-  dense = nn.DenseGeneral(features, axis=axis, bias_init=nn.initializers.normal(0.5))
-  params = dense.init(jax.random.PRNGKey(1), x)['params']
-  plain = lambda p, x: dense.apply({'params': p}, x)
-  rows = lambda p, x: vit_lib.flat_rows(dense.bind({'params': p}), x, features_in)
-  got, want = rows(params, x), plain(params, x)
-  assert got.shape == want.shape == shape[:2] + ((features,) if isinstance(features, int) else
-                                                 features)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  loss = lambda fn: lambda p, x: jnp.sum(jnp.sin(fn(p, x)))
-  got = jax.grad(loss(rows), argnums=(0, 1))(params, x)
-  want = jax.grad(loss(plain), argnums=(0, 1))(params, x)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-
-
 def _group_norm_reference(x, groups=32, eps=1e-6):
   n, h, w, c = x.shape
   g = x.reshape(n, h, w, groups, c // groups)

@@ -98,8 +98,8 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           # import it; importing it does, through the quiet import.
           'import importlib.util, os\n'
           'from etils import epath\n'
-          'from vit_jax import cli\n'
-          'cli.import_tensorflow_quietly_when_needed()\n'
+          'from vit_jax.platform import tf_import\n'
+          'tf_import.quiet_when_needed()\n'
           'found = importlib.util.find_spec("tensorflow") is not None\n'
           'print(found, epath.Path(os.getcwd()).is_dir(), "tensorflow" in sys.modules, end=" ")\n'
           'import tensorflow\n'

@@ -5,11 +5,7 @@ fix>` on stderr and exits 2, without a traceback. Internal bugs keep their trace
 """
 
 import ast
-import atexit
 import difflib
-import gc
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import re
@@ -21,10 +17,10 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
-from vit_jax import compile_cache  # pylint: disable=g-import-not-at-top
-from vit_jax import hostmem  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import compile_cache  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import hostmem  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import tf_import  # pylint: disable=g-import-not-at-top
 from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
-from vit_jax import quiet  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
@@ -33,24 +29,6 @@ EXIT_USER_ERROR = 2
 # (vit_jax/__main__.py) also takes the word help.
 HELP_FLAGS = frozenset({'-h', '-?', *(dash + name for dash in ('-', '--')
                                       for name in ('help', 'helpshort', 'helpfull', 'helpxml'))})
-
-# Python's garbage-collection thresholds for a command (run_main): importing TensorFlow, JAX and
-# Flax and tracing the steps allocate millions of objects that live for the whole run, and the
-# default (a collection every 700 new container objects) keeps walking them. A 24-step ViT-Ze/4
-# run with a warm compilation cache: 9.4 CPU-s instead of 10.4 (AMD EPYC family 25 model 17).
-# Garbage is still collected.
-GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def _freeze_at_exit() -> None:
-  """Leaves the objects alive at exit out of the interpreter's final collections. Tearing down a
-  process that imported TensorFlow, JAX and Flax walked their millions of objects again: a 6-step
-  ViT-Ze/4 train command took 4.9-5.1 s, 3.9-4.1 s with this (three runs each, warm compilation
-  cache; an error before TensorFlow: 0.71-0.84 s vs 0.59-0.71 s; AMD EPYC family 26 model 2).
-  Only the cycle collector stops: other exit handlers still run and objects are still freed when
-  their last reference goes; the commands close what they write themselves (outputs unchanged)."""
-  gc.freeze()
-
 
 # A config key as libraries name it (`config.lr`, `config.model.remat`), not already a flag.
 _CONFIG_KEY = re.compile(r'(?<![\w.\-/])config\.(?=[a-z_])')
@@ -210,47 +188,6 @@ def _flat_keys(config, prefix: str = '') -> list[str]:
   return out
 
 
-def import_tensorflow_quietly() -> None:
-  """Imports TensorFlow with file descriptor 2 pointed at /dev/null.
-
-  TensorFlow 2.21 prints its CPU-feature and oneDNN banners through absl's C++ logging before that
-  is initialised, which ignores TF_CPP_MIN_LOG_LEVEL; a user error must stay one line on stderr.
-  An import failure still raises (with its traceback) once stderr is restored.
-  """
-  if 'tensorflow' in sys.modules:
-    return
-  with quiet.silenced_stderr():
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-
-
-class _QuietTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-  """Makes the first `import tensorflow` (wherever it happens) go through
-  `import_tensorflow_quietly`, so a command that never needs TensorFlow never pays its 2.5 s.
-  Only an import imports it: asking whether it is installed (`importlib.util.find_spec`, as
-  etils' paths do for every local path) does not."""
-
-  def find_spec(self, name, path, target=None):
-    del target
-    if name != 'tensorflow' or importlib.machinery.PathFinder.find_spec(name, path) is None:
-      return None
-    return importlib.util.spec_from_loader(name, self)
-
-  def create_module(self, spec):
-    if self in sys.meta_path:
-      sys.meta_path.remove(self)
-    import_tensorflow_quietly()
-    return sys.modules[spec.name]
-
-  def exec_module(self, module):
-    del module
-
-
-def import_tensorflow_quietly_when_needed() -> None:
-  if 'tensorflow' not in sys.modules and not any(
-      isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
-    sys.meta_path.insert(0, _QuietTensorFlowImport())
-
-
 class _NotFromOrbax:
 
   def filter(self, record) -> bool:
@@ -261,17 +198,13 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   """app.run(fn) with flag errors and UserErrors turned into one line and exit code 2, and a
   command line that asks for its usage (--help) ending with exit code 0 (absl's is 1).
 
-  First, once per process, raises the garbage-collection thresholds (GC_THRESHOLDS) and skips
-  the collections at exit (_freeze_at_exit), restarts it
-  with huge-page malloc where that helps and makes malloc keep freed memory for the next step
-  (vit_jax/hostmem.py).
-  The persistent XLA compilation cache is on (vit_jax/compile_cache.py) unless
-  `compilation_cache=False` (the benchmark, which times cold compiles).
+  First, once per process, it restarts with huge-page malloc where that helps
+  (vit_jax/platform/hostmem.py). TensorFlow is imported quietly where a command needs it
+  (platform/tf_import.py), and the persistent XLA compilation cache is on
+  (platform/compile_cache.py) unless `compilation_cache=False` (the benchmark, which times cold
+  compiles).
   """
-  gc.set_threshold(*GC_THRESHOLDS)
-  atexit.register(_freeze_at_exit)
   hostmem.restart_with_hugepages()
-  hostmem.keep_freed_memory()
   interrupt.install()
   for name in required_flags:
     flags.mark_flag_as_required(name)
@@ -282,7 +215,7 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
       # orbax logs a failed background write at ERROR with its traceback, then raises it in the
       # caller, which turns it into one line; the log would only repeat it.
       logging.get_absl_handler().addFilter(_NotFromOrbax())
-    import_tensorflow_quietly_when_needed()
+    tf_import.quiet_when_needed()
     if compilation_cache:
       compile_cache.enable()
     try:

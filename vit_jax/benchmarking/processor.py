@@ -8,7 +8,7 @@ the CPUs this process may run on, and the vector extensions XLA:CPU and PyTorch 
 import platform
 from typing import Dict, List, Optional
 
-from vit_jax import cpus as cpus_lib
+from vit_jax.platform import cpus as cpus_lib
 
 CPUINFO = '/proc/cpuinfo'
 

@@ -21,13 +21,11 @@ memory analysis (`make gpu-compiler`; vit_jax/platform/gpu.py).
 """
 
 import json
-import os
 import sys
 
 from absl import flags
 
 from vit_jax import cli
-from vit_jax import xla_flags
 from vit_jax.commands import flag_groups
 
 _CONFIG = flag_groups.config()
@@ -137,18 +135,14 @@ def run(argv) -> int:
     print(json.dumps(result, indent=1) if _JSON.value else input_bench.format_result(result))
     return 0
   if _MODE.value == 'train':
-    # What the train command would run this model, batch and size with (vit_jax/xla_flags.py).
     from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
     ours.set_benchmark_values(_CONFIG.value, _MODEL.value, _BATCH.value, _IMAGE.value,
                               _DTYPE.value)
-    xla_flags.apply(os.environ, xla_flags.schedule_flags(_CONFIG.value))
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
       mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,
       compare_with=_COMPARE.value, input_data=_INPUT.value, input_size=_INPUT_SIZE.value,
       data_dir=_DATA_DIR.value, profile=_PROFILE.value)
-  if _MODE.value != 'input':
-    result['xla_cpu_schedule'] = xla_flags.in_effect()
   if _JSON.value:
     print(json.dumps(result, indent=1))
   else:

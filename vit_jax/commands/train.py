@@ -9,14 +9,12 @@ Multi-host: run the same command on every host with --coordinator_address (proce
 processes do not all arrive within --distributed_timeout seconds, every one fails with one line.
 """
 
-import os
 import signal
 import sys
 
 from absl import flags
 
 from vit_jax import cli
-from vit_jax import xla_flags
 from vit_jax.commands import flag_groups
 
 _CONFIG = flag_groups.config()
@@ -33,30 +31,24 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 
 def run(argv) -> int:
   del argv
-  from vit_jax.train import guards, validate  # pylint: disable=g-import-not-at-top
+  # JAX and the trainer load here, not at import: --help and flag errors answer at once.
+  from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import guards, loop, program, validate  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
-  validate.check_config(_CONFIG.value)  # before joining a distributed run or touching the disk
-  # Before JAX's first device (init_distributed, check_placement): XLA reads XLA_FLAGS then.
-  # The batch is global: a run of N processes splits it over all their devices.
-  xla_flags.apply(os.environ, xla_flags.schedule_flags(_CONFIG.value,
-                                                       processes=_NUM_PROCESSES.value or 1))
-  from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import program  # pylint: disable=g-import-not-at-top
+  validate.check_config(config)  # the run's one validation: before joining a distributed run
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
-  program.check_placement(_CONFIG.value)  # the batch against the devices, the image size
-  # The loop imports the data pipeline and with it TensorFlow (~3 CPU-s): only for a config that
-  # passed every check that needs no data.
-  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
-  result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+  prog = program.build_program(config, validated=True)  # the mesh and the model, built once
+  result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-  if _CONFIG.value.compile_only or _CONFIG.value.compile_for or result.get('preempted'):
+  if config.compile_only or config.compile_for or result.get('preempted'):
     return 0
-  print(f'final {_CONFIG.value.eval_split} {tasks.get_task(_CONFIG.value).metric_name}: '
+  print(f'final {config.eval_split} {tasks.get_task(config).metric_name}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 

@@ -45,7 +45,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from vit_jax import cpus
+from vit_jax.platform import cpus
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import releases

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.errors import UserError
-from vit_jax.models import inits
 
 Dtype = Any
 
@@ -69,7 +68,7 @@ class StdConv(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     shape = (*self.kernel_size, x.shape[-1], self.features)
-    kernel = self.param('kernel', inits.lecun_normal(), shape, self.param_dtype)
+    kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, self.param_dtype)
     # Standardise in float32 (the statistics need it), then run the conv in the compute dtype.
     kernel = weight_standardize(kernel.astype(jnp.float32), self.ws_eps,
                                 eps_in_sqrt=self.ws_eps_in_sqrt)

@@ -1,6 +1,6 @@
 """Vision Transformer (Dosovitskiy et al. 2021) and its hybrid ResNet-stem variants.
 
-Param names equal the official linen tree (facts sheet section 2), so the released .npz checkpoints
+Param names equal the original code's linen tree (`models_vit.py`), so the released .npz checkpoints
 map 1:1:
 
   [conv_root, gn_root, block1/unit1/conv1, ...]     hybrid stem (only when `resnet` is set)
@@ -46,7 +46,6 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
-from vit_jax.models import inits
 from vit_jax.models import layout
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.parallel.sharding import constrain
@@ -101,32 +100,6 @@ def drop_path(x: jax.Array, rate: Union[float, jax.Array], rng: jax.Array) -> ja
 TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence between blocks
 
 
-def row_major_target() -> bool:
-  """Whether the trace compiles for a CPU, where the Dense layers run on [B*N, ...] rows and the
-  patch embedding as a matmul (`flat_rows`, `PatchEmbedding`): the one rule both follow."""
-  return attention_lib.platform() == 'cpu'
-
-
-def flat_rows(dense: nn.Module, x: jax.Array, features_in: int = 1) -> jax.Array:
-  """`dense` (a Dense or DenseGeneral over the last `features_in` axes of `x`) applied to `x`
-  with its leading axes merged into one row axis when the trace compiles for a CPU; as is
-  elsewhere. Same parameters, same math.
-
-  Why: for [B, N, D] inputs XLA:CPU computes the kernel's gradient (contracting over B and N) by
-  first copying the incoming gradient to a transposed layout, [mlp, B*N] for Dense_0: 168 copies
-  per ViT-Ti/16 train step (batch 32, 224 px), 419 ms of its 3,119 ms of kernel time, on an
-  Intel Xeon (family 6 model 207), where a [6304, 768] transpose runs at 2.2-2.4 GB/s. With
-  [B*N, D] rows the gradient is one dot contracting the row axis of both operands, with no copy:
-  a Dense layer's forward + backward alone, 57-59 ms against 96-100 ms there
-  (benchmarks/README.md, "The row-major Dense layers"). Not on TPU: there merging N (197
-  tokens, not a multiple of its 8-row tiles) into the row axis would force a relayout."""
-  if not row_major_target():
-    return dense(x)
-  lead = x.shape[:x.ndim - features_in]
-  y = dense(x.reshape((-1,) + x.shape[x.ndim - features_in:]))
-  return y.reshape(lead + y.shape[1:])
-
-
 def remat_policy(remat: Union[bool, str]):
   """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' (True = 'full')."""
   key = ('full' if remat else 'none') if isinstance(remat, bool) else remat
@@ -145,7 +118,7 @@ class AddPositionEmbs(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind == 'learned':
-      pe = self.param('pos_embedding', inits.normal(POSEMB_STDDEV),
+      pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
                       (1, x.shape[1], x.shape[2]), self.param_dtype)
     else:  # sincos2d: fixed, not a param; the cls slot gets a zero row.
       pe = sincos2d_posemb(*self.grid, x.shape[2])
@@ -153,36 +126,6 @@ class AddPositionEmbs(nn.Module):
         pe = np.concatenate([np.zeros_like(pe[:1]), pe], axis=0)
       pe = jnp.asarray(pe)[None]
     return x + pe.astype(x.dtype)
-
-
-class PatchEmbedding(nn.Module):
-  """The patch embedding: a p x p convolution with stride p and VALID padding, params
-  `kernel` [p, p, C, D] and `bias` [D] (the official tree's `embedding`). When the trace compiles
-  for a CPU it runs as one matmul of the patches, [B*h*w, p*p*C] x [p*p*C, D] (same params and
-  math): XLA:CPU computed the kernel's gradient as a dilated convolution, 42-59 ms of a ViT-Ti/16
-  train step (batch 32, 224 px) on an Intel Xeon (family 6 model 207), and the forward
-  convolution 26 ms (benchmarks/README.md, "The row-major Dense layers")."""
-  features: int
-  patch: Tuple[int, int]
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    ph, pw = self.patch
-    c = x.shape[-1]
-    kernel = self.param('kernel', inits.lecun_normal(), (ph, pw, c, self.features),
-                        self.param_dtype).astype(self.dtype)
-    bias = self.param('bias', nn.initializers.zeros, (self.features,),
-                      self.param_dtype).astype(self.dtype)
-    if not row_major_target():
-      y = jax.lax.conv_general_dilated(x, kernel, self.patch, 'VALID',
-                                       dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-      return y + bias
-    b, h, w = x.shape[0], x.shape[1] // ph, x.shape[2] // pw
-    patches = x[:, :h * ph, :w * pw].reshape(b, h, ph, w, pw, c).transpose(0, 1, 3, 2, 4, 5)
-    y = patches.reshape(b * h * w, ph * pw * c) @ kernel.reshape(ph * pw * c, self.features)
-    return (y + bias).reshape(b, h, w, self.features)
 
 
 class MultiHeadDotProductAttention(nn.Module):
@@ -201,18 +144,18 @@ class MultiHeadDotProductAttention(nn.Module):
     width = x.shape[-1]
     head_dim = width // self.num_heads
     dense = lambda name: nn.DenseGeneral(
-        features=(self.num_heads, head_dim), axis=-1, kernel_init=inits.xavier_uniform(),
+        features=(self.num_heads, head_dim), axis=-1,
+        kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
     if kernel in attention_lib.FUSED:
-      q, k, v = (flat_rows(dense(n), x) for n in ('query', 'key', 'value'))
+      q, k, v = (dense(n)(x) for n in ('query', 'key', 'value'))
       y = attention_lib.FUSED[kernel](q / jnp.sqrt(head_dim).astype(q.dtype), k, v)
     else:
       # Heads-major [B, H, N, hd] for the two attention matmuls: each is then a plain batched
-      # matmul over (B, H); XLA:CPU runs the forward attention layer 2.7-3.4x faster than with
-      # the einsums on [B, N, H, hd] (benchmarks/README.md, "What changed"). Same math and params.
+      # matmul over (B, H), with no transposes inside it. Same math and params.
       names = ('batch', 'heads', 'tokens', 'kv')
-      q, k, v = (constrain(jnp.swapaxes(flat_rows(dense(n), x), 1, 2), names)
+      q, k, v = (constrain(jnp.swapaxes(dense(n)(x), 1, 2), names)
                  for n in ('query', 'key', 'value'))
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       logits = jnp.einsum('bhqd,bhkd->bhqk', q, k)
@@ -221,10 +164,10 @@ class MultiHeadDotProductAttention(nn.Module):
       weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=deterministic)
       y = jnp.swapaxes(constrain(jnp.einsum('bhqk,bhkd->bhqd', weights, v), names), 1, 2)
     out = nn.DenseGeneral(
-        features=width, axis=(-2, -1), kernel_init=inits.xavier_uniform(),
+        features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
         name='out')
-    return flat_rows(out, y, features_in=2)
+    return out(y)
 
 
 class MlpBlock(nn.Module):
@@ -238,14 +181,14 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     dense = lambda features: nn.Dense(
-        features, kernel_init=inits.xavier_uniform(),
-        bias_init=inits.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
+        features, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
         param_dtype=self.param_dtype)
     width = x.shape[-1]
-    x = nn.gelu(flat_rows(dense(self.mlp_dim), x), approximate=self.gelu_approximate)
+    x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
     x = constrain(x, ('batch', 'tokens', 'mlp'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
-    x = flat_rows(dense(width), x)
+    x = dense(width)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -348,6 +291,31 @@ class Encoder(nn.Module):
                         name='encoder_norm')(x)
 
 
+def check_image_size(height: int, width: int, *, patch_size, resnet, hidden_size: int,
+                     num_layers: int, **unused) -> None:
+  """Raises a UserError unless images of `height` x `width` split into whole patches (hybrids:
+  after the ResNet stem's stride). Takes the variant table's entry (`models.decode`), so a config
+  is checked before any model or data exists."""
+  del unused
+  resnet = resnet_lib.as_resnet_config(resnet)
+  stride = resnet.stride if resnet is not None else 1
+  p = patch_size
+  ph, pw = (int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1]))
+  eh, ew = ph * stride, pw * stride
+  if height % eh or width % ew:
+    size = f'{height}' if height == width else f'{height}x{width}'
+    if resnet is None:
+      what = f'the patch size {ph if ph == pw else (ph, pw)}'
+    else:
+      what = (f'{eh if eh == ew else (eh, ew)} (ResNet stride {stride} x patch size '
+              f'{ph if ph == pw else (ph, pw)})')
+    multiple = eh if eh == ew else f'{eh} (height) and {ew} (width)'
+    raise UserError(f'image size {size} is not divisible by {what} of this '
+                    f'{"hybrid " if resnet is not None else ""}ViT '
+                    f'(hidden {hidden_size}, {num_layers} layers): '
+                    f'use a multiple of {multiple}')
+
+
 class VisionTransformer(nn.Module):
   """ViT classifier: NHWC images in [-1, 1] -> float32 logits [B, num_classes].
 
@@ -389,26 +357,9 @@ class VisionTransformer(nn.Module):
 
   @nn.nowrap
   def check_image_size(self, height: int, width: int) -> None:
-    """Raises a UserError unless the images split into whole patches (hybrids: after the ResNet
-    stem's stride). Needs no parameters: the train command checks a config with it before it
-    loads any data."""
-    resnet = resnet_lib.as_resnet_config(self.resnet)
-    stride = resnet.stride if resnet is not None else 1
-    ph, pw = self.patch
-    eh, ew = ph * stride, pw * stride
-    h, w = height, width
-    if h % eh or w % ew:
-      size = f'{h}' if h == w else f'{h}x{w}'
-      if resnet is None:
-        what = f'the patch size {ph if ph == pw else self.patch}'
-      else:
-        what = (f'{eh if eh == ew else (eh, ew)} (ResNet stride {stride} x patch size '
-                f'{ph if ph == pw else self.patch})')
-      multiple = eh if eh == ew else f'{eh} (height) and {ew} (width)'
-      raise UserError(f'image size {size} is not divisible by {what} of this '
-                      f'{"hybrid " if resnet is not None else ""}ViT '
-                      f'(hidden {self.hidden_size}, {self.num_layers} layers): '
-                      f'use a multiple of {multiple}')
+    """`check_image_size` for this model's patches and stem."""
+    check_image_size(height, width, patch_size=self.patch, resnet=self.resnet,
+                     hidden_size=self.hidden_size, num_layers=self.num_layers)
 
   @property
   def patch(self) -> Tuple[int, int]:
@@ -441,12 +392,13 @@ class VisionTransformer(nn.Module):
     if resnet is not None:
       x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
 
-    x = PatchEmbedding(self.hidden_size, self.patch, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='embedding')(x)
+    x = nn.Conv(self.hidden_size, self.patch, strides=self.patch, padding='VALID',
+                kernel_init=nn.initializers.lecun_normal(), dtype=self.dtype,
+                param_dtype=self.param_dtype, name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
     if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings
-      mask = self.param('mask_token', inits.normal(POSEMB_STDDEV), (1, 1, d),
+      mask = self.param('mask_token', nn.initializers.normal(POSEMB_STDDEV), (1, 1, d),
                         self.param_dtype)
       if corrupt is not None:
         x = jnp.take_along_axis(x, corrupt['source'][..., None], axis=1)
@@ -473,8 +425,8 @@ class VisionTransformer(nn.Module):
 
     x = x.astype(jnp.float32)
     if self.representation_size is not None:
-      x = nn.Dense(self.representation_size, kernel_init=inits.lecun_normal(), dtype=jnp.float32,
-                   param_dtype=self.param_dtype, name='pre_logits')(x)
+      x = nn.Dense(self.representation_size, kernel_init=nn.initializers.lecun_normal(),
+                   dtype=jnp.float32, param_dtype=self.param_dtype, name='pre_logits')(x)
       x = jnp.tanh(x)
     self.sow('intermediates', 'features', x)
     return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,

@@ -1,10 +1,10 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
-config checked -> workdir checked and locked -> `program.build_program` (mesh, model, optimizer,
-shardings, jitted steps) -> born-sharded state (or the newest readable checkpoint, refusing a changed config or
-other array shapes before reading it; the metrics log cut back to it) -> per-process batches ->
-train step (donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation
-and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
+`program.build_program` (config checked; mesh, model, optimizer, shardings, jitted steps) ->
+workdir checked and locked -> born-sharded state (or the newest readable checkpoint, refusing a
+changed config or other array shapes before reading it; the metrics log cut back to it) ->
+per-process batches -> train step (donated state) -> metrics (JSONL, TensorBoard, progress line)
+-> periodic evaluation and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
 the per-device memory report; when preempted, {'preempted': True, 'step': N}).
 
 Step N+1 is dispatched before step N's metrics are read. Every step's `nonfinite` flag is checked
@@ -37,7 +37,6 @@ from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
-from vit_jax.train import validate
 from vit_jax.train import workdir as workdir_lib
 from vit_jax.data.config_pp import eval_pp, train_pp
 from vit_jax import tasks
@@ -61,16 +60,18 @@ def _mean_metrics(history: list) -> dict:
 
 
 def train_and_evaluate(config, workdir: str, *, devices=None,
-                       allow_config_change: bool = False) -> dict:
+                       allow_config_change: bool = False, program=None) -> dict:
   """Trains `config` in `workdir` (resuming from its newest checkpoint) and returns final eval.
 
-  `devices` (default: all devices of all processes) is what the mesh is built over. Resuming a
-  workdir whose checkpoint was made with another config is refused unless `allow_config_change`;
-  one whose arrays have other shapes is always refused. The run holds the workdir's lock
-  (`lock.py`) from start to end: a second run on the same workdir stops at once.
+  `program`: the config's `program.build_program`, when the caller built it (the train command);
+  else it is built here (the config validated once, the mesh over `devices`, default all devices
+  of all processes). Resuming a workdir whose checkpoint was made with another config is refused
+  unless `allow_config_change`; one whose arrays have other shapes is always refused. The run
+  holds the workdir's lock (`lock.py`) from start to end: a second run on the same workdir stops
+  at once.
   """
+  prog = program or program_lib.build_program(config, devices)  # before the disk is touched
   if config.compile_only or config.compile_for:
-    prog = program_lib.build_program(config, devices)
     report = prog.memory_report()
     if jax.process_index() == 0:
       print(memory.format_report(report, prog.describe()), flush=True)
@@ -78,12 +79,10 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
       raise UserError(f'{memory.fit_line(report)} ({prog.describe()}): try '
                       f'{memory.MEMORY_FIXES}')
     return report
-  validate.check_config(config)  # a mistake in the config alone: before the disk is touched
   workdir_lib.prepare(workdir)
   held = lock_lib.hold(workdir)
   ckpt = None
   try:
-    prog = program_lib.build_program(config, devices)
     with guards.Preemption() as preemption:
       ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
       logger = None

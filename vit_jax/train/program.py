@@ -15,13 +15,13 @@ from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from vit_jax import data as data_lib
 from vit_jax.data import catalog
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
+from vit_jax.models import vit
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
@@ -56,19 +56,14 @@ class Program:
     return self.config.batch_size // jax.process_count()
 
   def init_state(self):
-    """The initial train state, created directly in its shardings (`Init`: in small programs
-    when the mesh's devices are CPUs and the parameters share their shapes, `in_small_programs`,
-    in one process or several; else as one program). Both give the same values, bitwise."""
-    if (all(d.platform == 'cpu' for d in self.mesh.devices.flat)
-        and in_small_programs(self.abstract_state.params)):
-      return self.init_fn.on_host(self.init_rng, self.state_shardings)
+    """The initial train state, created directly in its shardings (no parameter is ever whole
+    on one device first)."""
     return jax.jit(self.init_fn, out_shardings=self.state_shardings)(self.init_rng)
 
   def compile_train_step_in_background(self) -> concurrent.futures.Future:
     """Starts compiling the train step for the state and batch shapes on another thread; the
     future's result is the compiled step, called like `train_fn`. Started before `init_state`,
-    the two compilations overlap on a multi-core host (ViT-Ti/16 at
-    batch 32: time to first step 16.2 -> 12.5 s, benchmarks/README.md)."""
+    the two compilations overlap on a multi-core host."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile_train_step')
     future = pool.submit(lambda: self.train_fn.lower(*self.abstract_train_args()).compile())
     pool.shutdown(wait=False)
@@ -106,8 +101,7 @@ class Program:
     report = memory.program_report(self)
     if self.config.model.get('scan'):
       # XLA's cost analysis counts a loop's body once, so a scanned encoder's figure would be a
-      # fraction of the step's (ViT-Ti/16 at 224 px, one image per device, XLA:CPU: 0.90 against
-      # 7.72 GFLOP per device unrolled).
+      # fraction of the step's.
       report['flops'] = report['eval']['flops'] = None
     if self.target is not None:
       report['target'] = self.target.describe()
@@ -171,37 +165,12 @@ def head_width(config, dataset_classes: int) -> int:
   return n
 
 
-# Parameter arrays per distinct shape from which a CPU run makes its initial state in small
-# programs (`in_small_programs`).
-SMALL_PROGRAMS_FROM = 8
-
-
-def in_small_programs(params) -> bool:
-  """Whether a CPU run makes these parameters (a tree of arrays or shapes) in small programs,
-  `Init.on_host`: one initialiser program per shape pays when many arrays share each shape (a
-  deep ViT), the one program when few do (a ResNet's many shapes, a 2-layer ViT). Cold, with the
-  train command's flags, seconds in small programs / as one program (AMD EPYC family 26 model 2;
-  arrays per shape): ViT-Ti/16 1.94 / 4.27 (16.7), R50+ViT-B/16 8.89 / 9.66 (11.1), ViT-Mu/4
-  2.22 / 2.45 (8.7), BiT-R50x1 8.57 / 5.08 (5.5), ViT-Ze/4 1.68 / 1.22 (3.3), R+ViT-Ze/4
-  2.02 / 1.24 (3.3), BiT-R14x0.5 6.51 / 2.50 (1.9)."""
-  leaves = jax.tree.leaves(params)
-  shapes = {(tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves}
-  return len(leaves) >= SMALL_PROGRAMS_FROM * len(shapes)
-
-
 @dataclasses.dataclass(eq=False)
 class Init:
   """The initial train state of `model` and `tx` for images of `image_shape`.
 
   `init(rng)` is traceable: jitted with the state's shardings, parameters are never built
-  unsharded. `on_host(rng, shardings)` gives the same state, bitwise, without one program that
-  holds every layer's initialisers: the parameters come from `Module.lazy_init` outside a jit
-  (each random initialiser one small program compiled once per shape, models/inits.py) and the
-  optimizer state from a small jitted program; for meshes of CPU devices and parameters that
-  share their shapes (`in_small_programs`), where the one program's compile is the slow part of
-  a cold start (ViT-Ti/16: 3.6-3.8 s against 1.8 s, AMD EPYC family 26 model 2). With several
-  processes each makes the whole parameters (the same values) and `device_put` keeps its
-  shards. With `mesh`, both trace under the mesh's activation rules, as the steps do
+  unsharded. With `mesh`, it traces under the mesh's activation rules, as the steps do
   (`model.attention=auto|flash` resolved for its platform, e.g. TPU from a CPU host).
   """
   model: Any
@@ -213,24 +182,14 @@ class Init:
   def _under_mesh(self, fn: Callable) -> Callable:
     return fn if self.mesh is None else sharding.with_activation_sharding(fn, self.mesh)
 
-  def _input(self) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct((1,) + tuple(self.image_shape), jnp.float32)
-
   def _state(self, params):
     return step_lib.TrainState.create(params, self.tx)
 
   def __call__(self, rng):
     def init(rng):
-      dummy = jnp.zeros(self._input().shape, jnp.float32)
+      dummy = jnp.zeros((1, *self.image_shape), jnp.float32)
       return self._state(self.model.init({'params': rng}, dummy, train=False)['params'])
     return self._under_mesh(init)(rng)
-
-  def on_host(self, rng, shardings):
-    lazy = lambda rng: self.model.lazy_init({'params': rng}, self._input(), train=False)['params']
-    params = self._under_mesh(lazy)(rng)
-    if jax.process_count() > 1:  # each process made the same values: place them on the mesh
-      params = jax.device_put(jax.tree.map(np.asarray, params), shardings.params)
-    return jax.jit(self._state, out_shardings=shardings)(params)
 
 
 def init_fn_and_shapes(model, tx, image_shape, rng, mesh=None):
@@ -257,38 +216,52 @@ def _check_tensor_parallel(model, mesh) -> None:
                     f'MLP width {model.mlp_dim} of this model: use a mesh.model that divides both')
 
 
-def _placement(config, devices: Optional[list]):
-  """(the TPU slice compiled for or None, the mesh): `config.compile_for`'s devices or `devices`
-  (default: all), checked against the batch sizes and micro-batches."""
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a program runs: its mesh, and the TPU slice it is compiled for (`config.compile_for`)
+  or None."""
+  mesh: jax.sharding.Mesh
+  target: Optional[targets.TpuSlice] = None
+
+
+def _check_input_size(config) -> None:
+  """The image size against the variant's patches (a hybrid's: after its ResNet stem), from the
+  variant table alone; a BiT takes any size."""
+  cls, kwargs = models.decode(config.model_name)
+  if cls is models.VisionTransformer:
+    vit.check_image_size(config.image_size, config.image_size, **kwargs)
+
+
+def check_placement(config, devices: Optional[list] = None) -> Placement:
+  """The mesh of a validated config over `devices` (default: all; with `config.compile_for`, that
+  TPU slice's), checked against the batch sizes and micro-batches, and the image size checked
+  against the variant: every mistake found without the dataset, so before TensorFlow is
+  imported. `build_program` starts with it."""
   target = targets.tpu_slice(config.compile_for) if config.compile_for else None
   if target is not None:
     devices = targets.slice_devices(target)
   mesh = parallel.make_mesh(config.mesh, devices)
   _check_mesh(config, mesh)
-  return target, mesh
-
-
-def check_placement(config, devices: Optional[list] = None) -> None:
-  """The mistakes a config shows against its devices (batch sizes, micro-batches, mesh) and its
-  model's input size, found without the dataset: the train command runs this before it imports
-  the data pipeline and with it TensorFlow. `build_program` makes the same checks."""
-  _placement(config, devices)
-  model = tasks.build_model(config, num_classes=1)
-  if hasattr(model, 'check_image_size'):  # a ViT (a BiT takes any size)
-    model.check_image_size(config.image_size, config.image_size)
+  _check_input_size(config)
+  return Placement(mesh, target)
 
 
 def build_program(config, devices: Optional[list] = None, *,
-                  require_dataset: Optional[bool] = None) -> Program:
-  """Resolves and compiles (lazily, at first call) everything a config describes.
+                  require_dataset: Optional[bool] = None, validated: bool = False) -> Program:
+  """Resolves and compiles (lazily, at first call) everything a config describes, building the
+  mesh and the model once.
 
-  `require_dataset` (default: not in compile-only mode) says whether the dataset must exist.
-  With `config.compile_for` the devices are that TPU slice's, described by the TPU compiler
-  (`vit_jax/parallel/targets.py`): the program can be compiled, not run.
+  The config is validated first (`validate.check_config`) unless `validated` says its caller did
+  (the train command, before it joins a distributed run). `require_dataset` (default: not in
+  compile-only mode) says whether the dataset must exist. With `config.compile_for` the devices
+  are that TPU slice's, described by the TPU compiler (`vit_jax/parallel/targets.py`): the
+  program can be compiled, not run.
   """
-  validate.check_config(config)
+  if not validated:
+    validate.check_config(config)
   task = tasks.get_task(config)
-  target, mesh = _placement(config, devices)
+  placement = check_placement(config, devices)
+  mesh = placement.mesh
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
   num_classes, num_train, channels = dataset_facts(config, require_dataset)
@@ -321,8 +294,8 @@ def build_program(config, devices: Optional[list] = None, *,
                  num_train=num_train, total_steps=total_steps, image_shape=image_shape,
                  hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
-                 eval_fn=eval_fn, target=target)
+                 eval_fn=eval_fn, target=placement.target)
 
 
-__all__ = ['Init', 'Program', 'build_program', 'check_placement', 'resolve_steps',
+__all__ = ['Init', 'Placement', 'Program', 'build_program', 'check_placement', 'resolve_steps',
            'dataset_facts', 'head_width', 'init_fn_and_shapes']

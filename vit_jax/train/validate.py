@@ -2,8 +2,8 @@
 
 Types are enforced by the locked ConfigDict. This checks, in order, every key of `CHOICES` (the
 valid values come from the module that uses them, so the table cannot drift from the code), the
-variant name, then every range of `RANGES`, then the combinations that no single key shows. The
-train command runs it right after parsing flags, `build_program` again for library callers.
+variant name, then every range of `RANGES`, then the combinations that no single key shows. It
+runs once per run: in the train command right after parsing flags, else in `build_program`.
 
 Messages name the key as `config.<key>`; the command line spells it as the flag `config.<key>`
 (vit_jax/cli.py).
@@ -12,6 +12,7 @@ Messages name the key as `config.<key>`; the command line spells it as the flag 
 import importlib
 from typing import Any, Callable, Tuple
 
+from vit_jax import models
 from vit_jax.errors import UserError
 
 _POSITIVE = (lambda v: v > 0, 'a number > 0')
@@ -70,7 +71,6 @@ CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('model.posemb', _from('models.vit', 'POSEMBS')),
     ('model.remat', _from('models.vit', 'REMAT_POLICIES')),
     ('init_posemb_resize', _from('models.posemb_resize', 'METHODS')),
-    ('xla_cpu_schedule', _from('xla_flags', 'CHOICES')),
 )
 
 
@@ -105,7 +105,6 @@ def check_choices(config) -> None:
 
 def check_config(config) -> None:
   """Every mistake a config alone shows, found before devices or data are touched."""
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
   check_choices(config)
   models.decode_variant(config.model_name)  # an unknown variant: one line, listing the valid ones
   check_values(config)

@@ -1,9 +1,8 @@
 """The persistent XLA compilation cache of command-line runs: on by default, one switch to turn off.
 
-A resumed run, each run of a sweep, predict and analyze compile the same programs again; with the
-cache they load the compiled executables instead (docs/scaling.md, "Compilation cache": time to
-first step, cold and warm). JAX keys entries by the program, the compile options and the backend,
-so a hit is the same executable.
+A rerun, a resumed run, each run of a sweep, predict and analyze compile the same programs again;
+with the cache they load the compiled executables instead. JAX keys entries by the program, the
+compile options and the backend, so a hit is the same executable.
 
   VIT_JAX_COMPILATION_CACHE unset   ~/.cache/vit_jax/xla/<host> ($XDG_CACHE_HOME if set): a local
                                     disk on a laptop and on every worker of a Cloud TPU VM
@@ -13,13 +12,8 @@ so a hit is the same executable.
 JAX's own JAX_COMPILATION_CACHE_DIR, when set, wins. <host> names the processor (machine type and
 a hash of the CPU model and feature flags): XLA:CPU compiles for the host's vector extensions, so
 a home directory shared by machines with different processors must not share CPU executables.
-A local cache keeps every program, however quick its compile (JAX stores only those of a second
-or more by default): the eval step, the initial state's small programs and the loop's small ones
-load too. The default config's 20-step run, rerun with the cache warm: 4.08-4.19 s against
-5.15-5.35 s with JAX's threshold (92 entries, 1.2 MB, against 2); its cold run took 7.31-7.81 s
-against 7.19-7.27 s for writing them (AMD EPYC family 26 model 2). A gs:// cache keeps JAX's
-threshold (each entry is an object write), and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, when
-set, wins.
+JAX's own settings decide which programs are stored (by default those that took a second or more
+to compile: JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS).
 """
 
 import hashlib
@@ -30,7 +24,6 @@ from typing import Mapping, Optional
 ENV = 'VIT_JAX_COMPILATION_CACHE'
 OFF = ('0', 'off', 'false', 'no')
 MAX_BYTES = 4 * 2 ** 30  # least recently used entries are evicted beyond this
-MIN_COMPILE_ENV = 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'
 
 
 def _host_key(cpuinfo: str = '/proc/cpuinfo') -> str:
@@ -56,30 +49,15 @@ def cache_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
   return os.path.join(base, 'vit_jax', 'xla', _host_key())
 
 
-def min_compile_seconds(directory: str, environ: Optional[Mapping[str, str]] = None
-                        ) -> Optional[float]:
-  """The compile time from which `directory` stores a program: 0 for a local directory, None (JAX's
-  own threshold) for a bucket or when JAX's variable is set."""
-  env = os.environ if environ is None else environ
-  # a scheme (gs://...) is a bucket; fileio.is_remote says the same but is of this module's layer
-  # (tests/test_layout.py), so it is not imported here
-  if env.get(MIN_COMPILE_ENV) or '://' in directory:
-    return None
-  return 0.0
-
-
 def enable() -> Optional[str]:
   """Turns the cache on for this process as `cache_dir()` says; returns the directory used."""
   directory = cache_dir()
   if directory is None:
     return None
-  import jax  # pylint: disable=g-import-not-at-top  # only once a command runs
+  import jax  # pylint: disable=g-import-not-at-top  # cli imports this module: --help stays light
   jax.config.update('jax_compilation_cache_dir', directory)
   jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
-  seconds = min_compile_seconds(directory)
-  if seconds is not None:
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', seconds)
   return directory
 
 
-__all__ = ['ENV', 'cache_dir', 'enable', 'min_compile_seconds']
+__all__ = ['ENV', 'cache_dir', 'enable']
