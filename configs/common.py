@@ -31,13 +31,15 @@ def base_config() -> config_dict.ConfigDict:
   c.model.param_dtype = 'float32'         # parameter dtype (keep float32 for training)
   c.model.head_bias_init = 0.0            # initial head bias (-10 for sigmoid i21k pre-training)
   c.model.gelu_approximate = True         # tanh GELU as the original; False = exact erf
-  c.model.remat = 'none'                  # none | full | dots: rematerialise each encoder block
-                                          # (dots keeps the Dense outputs, recomputes the rest)
+  c.model.remat = 'none'                  # none | full | dots | gelu: rematerialise each encoder
+                                          # block (dots keeps the Dense outputs, recomputes the
+                                          # rest; gelu recomputes only the MLP's GELU output)
   c.model.scan = False                    # encoder blocks as one scanned layer: compiled once, not
                                           # per block; params stacked [L, ...] in training state
                                           # only (files keep encoderblock_{i}); same math
   c.model.attention = 'auto'              # auto | einsum | dot_product | cudnn | flash: attention
-                                          # kernel; auto = flash on TPU, einsum on GPU and CPU
+                                          # kernel; auto = flash on TPU, cudnn on GPU (einsum
+                                          # where cuDNN cannot run), einsum on CPU
                                           # (einsum wherever attention_dropout_rate > 0)
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.

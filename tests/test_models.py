@@ -4,7 +4,9 @@ Big models are only traced (`jax.eval_shape`), never materialised. Expected numb
 original code's `models_test.py` (the paper's Table 1 models).
 """
 
+import contextlib
 import functools
+import io
 import math
 
 import flax.linen as nn
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
+from jax import ad_checkpoint
 
 from vit_jax.errors import UserError
 from vit_jax.models import VARIANTS, VisionTransformer, create_model, decode_variant
@@ -918,3 +921,31 @@ def test_unknown_override():
                             num_heads=2, mlp_dim=8, classifier='bogus')
   with pytest.raises(UserError):
     model.init(_key(0), jnp.zeros((1, 8, 8, 1)), train=False)
+
+
+def test_gelu_remat_recomputes_only_the_gelu_output():
+  """remat='gelu': the same loss and gradients as no remat, and of the MLP's [B, N, mlp_dim]
+  tensors only the first Dense's output is saved for the backward pass (the GELU's are not)."""
+  x = jax.random.normal(jax.random.key(0), (2, 28, 28, 1))
+  models = {r: create_model('ViT-Ze/4', num_classes=10, remat=r) for r in ('none', 'gelu')}
+  params = models['none'].init(jax.random.key(1), x, train=False)['params']
+  mlp_dim, layers = 64, 2  # ViT-Ze/4 (vit_jax/models/variants.py)
+  assert params['Transformer']['encoderblock_1']['MlpBlock_0']['Dense_0']['kernel'].shape[1] == (
+      mlp_dim)
+  assert 'encoderblock_2' not in params['Transformer']
+
+  def loss(model):
+    return lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, x, train=False)))
+
+  got, want = (jax.value_and_grad(loss(models[r]))(params) for r in ('gelu', 'none'))
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+  for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+  def mlp_sized(r):  # the saved residuals of shape [B, N, mlp_dim], as JAX prints them
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      ad_checkpoint.print_saved_residuals(loss(models[r]), params)
+    return out.getvalue().count(f'[2,50,{mlp_dim}]')
+
+  assert mlp_sized('gelu') == layers and mlp_sized('none') > layers

@@ -17,11 +17,11 @@ map 1:1:
 
 Activations carry logical axis names (`batch`, `tokens`, `embed`, `heads`, `kv`, `mlp`) through
 `vit_jax.parallel.sharding.constrain`, which maps them to mesh axes inside the jitted train step
-and does nothing elsewhere. `remat` ('none' | 'full' | 'dots') rematerialises each encoder block
-(scanned, 'none' still recomputes the elementwise ops: `SCAN_NO_REMAT_POLICY`).
+and does nothing elsewhere. `remat` ('none' | 'full' | 'dots' | 'gelu') rematerialises each
+encoder block (scanned, 'none' still recomputes the elementwise ops: `SCAN_NO_REMAT_POLICY`).
 
 `attention` selects the attention kernel (vit_jax/models/attention.py: einsum | dot_product |
-flash | auto).
+cudnn | flash | auto).
 
 `scan=True` runs the blocks as one `nn.scan`ned layer (`scanned_blocks`): XLA compiles one block
 instead of L. Its params are stacked, `Transformer/encoderblock/...` with a leading layer axis
@@ -42,6 +42,7 @@ from typing import Any, Optional, Tuple, Union
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 
 from vit_jax.errors import UserError
@@ -56,11 +57,16 @@ CLASSIFIERS = ('token', 'gap', 'unpooled')
 POSEMBS = ('learned', 'sincos2d', 'none')
 # Rematerialisation of each encoder block: nothing saved ('full'), or only the outputs of the
 # matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).
+# 'gelu' rematerialises no block: only the MLP's GELU, whose output the backward pass recomputes
+# from the first Dense's output (one [B, N, mlp_dim] tensor per block fewer kept for it).
 REMAT_POLICIES = {
     'none': None,
     'full': jax.checkpoint_policies.nothing_saveable,
     'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'gelu': None,
 }
+MLP_HIDDEN = 'mlp_hidden'  # the first Dense's output, the one tensor remat='gelu' keeps
+GELU_REMAT_POLICY = jax.checkpoint_policies.save_only_these_names(MLP_HIDDEN)
 # remat 'none' of a scanned encoder: XLA fuses the unrolled loop's elementwise ops into their
 # consumers and so stores little besides matmul outputs for the backward pass, but it cannot see
 # across a scan's iterations, where JAX would store every intermediate [L, ...]. Saving the matmul
@@ -101,7 +107,7 @@ TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence betw
 
 
 def remat_policy(remat: Union[bool, str]):
-  """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' (True = 'full')."""
+  """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' / 'gelu' (True = 'full')."""
   key = ('full' if remat else 'none') if isinstance(remat, bool) else remat
   if key not in REMAT_POLICIES:
     raise UserError(f'unknown remat {remat!r}: use one of {", ".join(REMAT_POLICIES)}')
@@ -147,7 +153,8 @@ class MultiHeadDotProductAttention(nn.Module):
         features=(self.num_heads, head_dim), axis=-1,
         kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    kernel = attention_lib.resolve(self.implementation, self.dropout_rate)
+    kernel = attention_lib.resolve(self.implementation, self.dropout_rate, dtype=self.dtype,
+                                   head_dim=head_dim)
     if kernel in attention_lib.FUSED:
       q, k, v = (dense(n)(x) for n in ('query', 'key', 'value'))
       y = attention_lib.FUSED[kernel](q / jnp.sqrt(head_dim).astype(q.dtype), k, v)
@@ -179,13 +186,14 @@ class MlpBlock(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     dense = lambda features: nn.Dense(
         features, kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
         param_dtype=self.param_dtype)
     width = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim)(x), approximate=self.gelu_approximate)
+    x = nn.gelu(checkpoint_name(dense(self.mlp_dim)(x), MLP_HIDDEN),
+                approximate=self.gelu_approximate)
     x = constrain(x, ('batch', 'tokens', 'mlp'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(width)(x)
@@ -201,6 +209,7 @@ class Encoder1DBlock(nn.Module):
   attention_dropout_rate: float = 0.
   gelu_approximate: bool = True
   attention: str = 'auto'
+  recompute_gelu: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -220,8 +229,12 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + self._drop_path(y, drop_path_rate, deterministic)
     y = norm()(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=self.dtype,
-                 param_dtype=self.param_dtype)(y, deterministic=deterministic)
+    # remat='gelu': the MLP keeps only its input and the first Dense's output for the backward
+    # pass, which recomputes the GELU (the second Dense's input) from it.
+    mlp = (nn.remat(MlpBlock, static_argnums=(2,), policy=GELU_REMAT_POLICY)
+           if self.recompute_gelu else MlpBlock)
+    y = mlp(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=self.dtype,
+            param_dtype=self.param_dtype, name='MlpBlock_0')(y, deterministic)
     return constrain(x + self._drop_path(y, drop_path_rate, deterministic), TOKENS)
 
 
@@ -277,8 +290,8 @@ class Encoder(nn.Module):
     block = functools.partial(
         block_cls, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
         dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-        gelu_approximate=self.gelu_approximate, attention=self.attention, dtype=self.dtype,
-        param_dtype=self.param_dtype)
+        gelu_approximate=self.gelu_approximate, attention=self.attention,
+        recompute_gelu=self.remat == 'gelu', dtype=self.dtype, param_dtype=self.param_dtype)
     rates = [self.stochastic_depth * i / (self.num_layers - 1) if self.num_layers > 1 else 0.
              for i in range(self.num_layers)]
     if self.scan:
@@ -342,7 +355,7 @@ class VisionTransformer(nn.Module):
   head_bias_init: float = 0.
   gelu_approximate: bool = True
   remat: Union[bool, str] = 'none'
-  attention: str = 'auto'  # attention kernel: auto | einsum | dot_product | flash (attention.py)
+  attention: str = 'auto'  # attention kernel: auto | einsum | dot_product | cudnn | flash
   with_mask_token: bool = False  # masked patch prediction: a learnable [mask] patch embedding
   scan: bool = False  # the blocks as one scanned layer, params stacked [L, ...] (see `init`)
 
