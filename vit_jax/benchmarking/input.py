@@ -17,7 +17,7 @@ from typing import Dict
 
 import numpy as np
 
-from vit_jax import cpus
+from vit_jax.platform import cpus
 from vit_jax.benchmarking import processor
 
 # Typical ImageNet image shapes (width, height); the release's mean is about 400 x 350.

@@ -21,6 +21,7 @@ memory analysis (`make gpu-compiler`; vit_jax/platform/gpu.py).
 """
 
 import json
+import os
 import sys
 
 from absl import flags

@@ -40,7 +40,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax import cpus
+from vit_jax.platform import cpus
 from vit_jax.errors import UserError
 
 LAYOUTS = ('tar_of_tars', 'tars', 'folders', 'flat_tar', 'flat_folder')
