@@ -60,7 +60,7 @@ _FAST_TRAIN = ('--config.total_steps=2 --config.warmup_steps=1 --config.eval_eve
 _SMALL_TPU_PLAN = ('--config.compile_for=v3-8 --config.model_name=ViT-Ze/4 --config.image_size=28 '
                    '--config.batch_size=8')
 _NOT_PREPARED = r"^error: dataset '[\w/]+' is not prepared: tfds looked in "
-_NO_DATA = rf"{_NOT_PREPARED}|^error: unknown dataset '[\w/]+'"
+_NO_DATA = rf"{_NOT_PREPARED}|^error: no ImageNet-21k release under "
 _ELIDED = r'^error: missing --workdir'  # a line that ends in `...` (arguments left out)
 _PY = '.venv/bin/python -m vit_jax'
 
@@ -72,6 +72,7 @@ COMMANDS = {
     'make test': Exempt('the test suite itself (this file is part of it)'),
     'make install': Exempt('installs packages from PyPI'),
     'make tpu-compiler': Exempt('installs packages from PyPI'),
+    'make gpu-compiler': Exempt('installs packages from PyPI'),
     # README.md
     f'{_PY}.main --config=configs/default.py --workdir=runs/cifar10': Fails(_NOT_PREPARED),
     f'{_PY}.main --config=configs/finetune.py:model=B/16,dataset=cifar10': Fails(_NOT_PREPARED),
@@ -118,6 +119,19 @@ COMMANDS = {
     'W=runs/recipes python -m vit_jax.main --config=configs/finetune.py:model=Mu/4':
         Run(_FAST_TRAIN),
     'W=runs/recipes python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
+    'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet2012 --workdir':
+        Fails(_NO_DATA),
+    # docs/data.md
+    'python -m vit_jax bench --mode=input --input_data=archive':
+        Run(replace=(('--batch_size=32', '--batch_size=8 --steps=2 --input_size=64 '
+                                         '--data_dir=runs/bench_input'),)),
+    # docs/gpu.md: here there is no GPU.
+    'python -m vit_jax bench --model=ViT-Ti/16 --batch_size=8 --config.model.attention=cudnn':
+        Fails(r'^error: model.attention=cudnn is an NVIDIA GPU kernel'),
+    'python -m vit_jax bench --suite=gpu': Fails(r'^error: --suite=gpu times on an NVIDIA GPU'),
+    'python -m vit_jax bench --suite=smoke': Run(),
+    'python -m vit_jax bench --compile_for=h100':
+        Fails(r'^error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler'),
 }
 
 
