@@ -273,6 +273,7 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   hostmem.restart_with_hugepages()
   hostmem.keep_freed_memory()
   interrupt.install()
+  interrupt.survive_closed_output()  # `... | head -1` or a closed terminal never stops a run
   for name in required_flags:
     flags.mark_flag_as_required(name)
 

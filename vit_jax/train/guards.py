@@ -1,12 +1,14 @@
 """What keeps a run safe: preemption signals, non-finite numbers, and config drift on resume.
 
-  Preemption         SIGTERM or SIGINT sets a flag; the loop finishes the current step, saves a
-                     checkpoint and exits 0. With several processes, JAX's preemption sync point
-                     makes every process stop at the same step (a SIGINT is turned into the
-                     SIGTERM that JAX's preemption notifier listens for). A second SIGINT on a
-                     single process stops at once (KeyboardInterrupt), except while a checkpoint
-                     is written (`saving()`) or once the stop step is reached: that checkpoint
-                     is finished first.
+  Preemption         SIGTERM, SIGHUP (a closed terminal or SSH session) or SIGINT sets a flag;
+                     the loop finishes the current step, saves a checkpoint (with the train
+                     metrics of the steps since the last record) and exits 0. With several
+                     processes, JAX's preemption sync point makes every process stop at the
+                     same step (SIGINT and SIGHUP are turned into the SIGTERM that JAX's
+                     preemption notifier listens for). A second SIGINT on a single process stops
+                     at once (KeyboardInterrupt), except while a checkpoint is written
+                     (`saving()`) or once the stop step is reached: that checkpoint is finished
+                     first.
   check_finite       one step's `nonfinite` flag -> an error naming the step and the metric.
   config_changes     keys whose values differ between the stored config and this run's config,
                      except the operational ones that do not change the training computation.
@@ -61,7 +63,7 @@ class Diverged(UserError):
 
 
 class Preemption:
-  """Turns SIGTERM/SIGINT into a request to save and stop at a step boundary."""
+  """Turns SIGTERM/SIGHUP/SIGINT into a request to save and stop at a step boundary."""
 
   def __init__(self):
     self._requested = False
@@ -75,8 +77,10 @@ class Preemption:
     interrupt.check()  # a Ctrl-C during start-up that Python swallowed: stop before training
     if threading.current_thread() is not threading.main_thread():
       return self  # Python delivers signals to the main thread only: nothing to listen for
-    signals = [signal.SIGINT] if self._multiprocess else [signal.SIGTERM, signal.SIGINT]
-    for sig in signals:  # with several processes, JAX's notifier owns SIGTERM
+    signals = [signal.SIGINT, signal.SIGHUP]  # SIGHUP: the terminal or SSH session closed
+    if not self._multiprocess:  # with several processes, JAX's notifier owns SIGTERM
+      signals.append(signal.SIGTERM)
+    for sig in signals:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 

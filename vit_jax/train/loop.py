@@ -218,10 +218,10 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         jax.block_until_ready(metrics)
         progress.restart_clock(step)
       is_last = step == total_steps
-      if step % config.log_every == 0 or is_last:
+      stop = run.preemption.should_stop(step) and not is_last
+      if step % config.log_every == 0 or is_last or stop:  # the stop save logs its steps too
         pending.hold(step, history)
         history = []
-      stop = run.preemption.should_stop(step) and not is_last
       if step % config.eval_every == 0 or is_last:
         guard.check_held()
         pending.flush()
