@@ -22,6 +22,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
 from vit_jax import compile_cache  # pylint: disable=g-import-not-at-top
+from vit_jax import errors  # pylint: disable=g-import-not-at-top
 from vit_jax import hostmem  # pylint: disable=g-import-not-at-top
 from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
 from vit_jax import quiet  # pylint: disable=g-import-not-at-top
@@ -290,6 +291,11 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
       return fn(argv)
     except UserError as e:
       fail(str(e))
+    except Exception as e:  # a full disk, a missing permission, ...: one line; a bug: traceback
+      line = errors.environment_failure(e)
+      if line is None:
+        raise
+      fail(line)
 
   try:
     app.run(guarded, flags_parser=_parse_flags)

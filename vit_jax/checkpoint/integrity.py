@@ -24,8 +24,16 @@ _METADATA_NAMES = ('_CHECKPOINT_METADATA', '_METADATA', 'metadata', '_sharding')
 
 def _files(step_dir: epath.Path) -> Dict[str, epath.Path]:
   """{path relative to the step directory: path} of its files, the manifest left out."""
-  prefix = len(os.fspath(step_dir).rstrip('/')) + 1
-  out = {os.fspath(p)[prefix:]: p for p in step_dir.rglob('*') if p.is_file()}
+  out = {}
+  pending = ['']
+  while pending:  # (epath's rglob refuses `**` on every path, walk() is local-only)
+    rel = pending.pop()
+    for child in (step_dir / rel if rel else step_dir).iterdir():
+      name = f'{rel}/{child.name}' if rel else child.name
+      if child.is_dir():
+        pending.append(name)
+      elif not child.name.startswith(f'.{MANIFEST}'):
+        out[name] = child
   out.pop(MANIFEST, None)
   return out
 
@@ -41,7 +49,7 @@ def _checksum(path: epath.Path) -> str:
 def describe(step_dir) -> dict:
   """{relative path: [size, crc32]} of the files of a step directory (its manifest's content)."""
   step_dir = epath.Path(step_dir)
-  return {rel: [path.stat().st_size, _checksum(path)]
+  return {rel: [path.stat().length, _checksum(path)]
           for rel, path in sorted(_files(step_dir).items())}
 
 
@@ -71,7 +79,7 @@ def damage(step_dir) -> Optional[str]:
       path = present.get(rel)
       if path is None:
         return f'{rel} is missing'
-      actual = path.stat().st_size
+      actual = path.stat().length
       if actual != size:
         return f'{rel} has {actual} bytes, {size} were written'
       if _checksum(path) != crc:

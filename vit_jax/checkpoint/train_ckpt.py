@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from vit_jax.checkpoint import integrity
+from vit_jax import errors
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
 from vit_jax.models import layout
@@ -212,7 +213,8 @@ class Checkpointer:
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)
       source.rename(target)
-      print(f'checkpoint {step} in {self.directory} is damaged ({reason[:240]}); moved it to '
+      print(f'checkpoint {step} in {self.directory} is unreadable, its files damaged '
+            f'({reason[:240]}); moved it to '
             f'{target} and trying the previous one', file=sys.stderr, flush=True)
     _sync(f'set_aside_{step}')
     self._manager.close()
@@ -262,58 +264,38 @@ def _one_line(error: BaseException) -> str:
   return ' '.join(str(error).split())[:200] or type(error).__name__
 
 
-# errno values (and the status words tensorstore and XLA use) of failures that come from the
-# machine, not from the program: each with the fix the error line gives.
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
-_OUT_OF_MEMORY_WORDS = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory', 'bad_alloc',
-                        'Cannot allocate memory', "can't start new thread", 'MemoryError')
-_NO_SPACE_WORDS = ('No space left on device', 'Disk quota exceeded')
-_NO_PERMISSION_WORDS = ('Permission denied', 'Read-only file system', 'PERMISSION_DENIED')
-
-
-def _chain(error: BaseException):
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    yield error
-    error = error.__cause__ or error.__context__
-
-
-def _text(error: BaseException) -> str:
-  return ' '.join(f'{type(e).__name__}: {e}' for e in _chain(error))
-
-
 def write_failure_reason(error: BaseException) -> Optional[str]:
   """The reason of a write that failed for want of space or permission ('No space left on
-  device'), or None for any other failure."""
-  for e in _chain(error):
-    if isinstance(e, OSError) and e.errno in _NO_SPACE + _NO_PERMISSION:
-      return e.strerror or os.strerror(e.errno)
-  text = _text(error)
-  for word in _NO_SPACE_WORDS + _NO_PERMISSION_WORDS:
-    if word in text:
-      return word
-  if 'RESOURCE_EXHAUSTED' in text:  # tensorstore's status for a write the disk has no room for
-    return 'No space left on device'
+  device'), or None for any other failure. tensorstore reports a full disk as RESOURCE_EXHAUSTED
+  without an errno."""
+  code = errors.environment_errno(error)
+  if code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+    return os.strerror(code)
+  if any('RESOURCE_EXHAUSTED' in str(e) for e in errors.chain(error)):
+    return os.strerror(errno.ENOSPC)
   return None
 
 
 def restore_failure_fix(error: BaseException) -> str:
   """What to do about a restore that failed for a reason outside the checkpoint's files."""
-  text = _text(error)
-  if any(isinstance(e, MemoryError) for e in _chain(error)) or any(
+  text = ' '.join(f'{type(e).__name__}: {e}' for e in errors.chain(error))
+  if any(isinstance(e, MemoryError) for e in errors.chain(error)) or any(
       w in text for w in _OUT_OF_MEMORY_WORDS):
     return 'free memory (or raise the memory limit: ulimit -v) for the restore'
-  codes = {e.errno for e in _chain(error) if isinstance(e, OSError)}
-  if codes & set(_NO_SPACE) or any(w in text for w in _NO_SPACE_WORDS):
+  code = errors.environment_errno(error)
+  if code in (errno.ENOSPC, errno.EDQUOT):
     return 'free space on the disk'
-  if codes & set(_NO_PERMISSION) or any(w in text for w in _NO_PERMISSION_WORDS):
+  if code in (errno.EACCES, errno.EPERM, errno.EROFS):
     return 'make the checkpoint readable (and its workdir writable) for this user'
-  if codes:
+  if code is not None or any(isinstance(e, OSError) for e in errors.chain(error)):
     return 'fix the disk or file system it is on'
   return ('fix the cause named here (if the checkpoint itself is damaged, move it to '
           f'{CORRUPT_DIR}/ to resume from the previous one)')
+
+
+# Words of out-of-memory failures (XLA's and tensorstore's status, C++'s, Python's threads).
+_OUT_OF_MEMORY_WORDS = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory', 'bad_alloc',
+                        'Cannot allocate memory', "can't start new thread", 'MemoryError')
 
 
 def _sync(name: str) -> None:

@@ -14,9 +14,10 @@
                      except the operational ones that do not change the training computation.
   stop_with_parent   in a run started by a sweep ($VIT_JAX_STOP_WITH_PARENT), the sweep's death
                      (even by kill -9) is a SIGTERM to the run: it saves and stops, no orphan.
-  refuse_mismatch    resuming a checkpoint of another config (unless allowed), or one whose
-                     arrays have other shapes than this run's (never allowed: another model,
-                     class count or input shape), is one line; the checkpoints stay as they are.
+  refuse_mismatch    resuming a checkpoint of another config or on changed data (unless
+                     allowed), or one whose arrays have other shapes than this run's (never
+                     allowed: another model, class count or input shape), is one line naming
+                     the cause; the checkpoints stay as they are.
 """
 
 import contextlib
@@ -26,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from vit_jax import interrupt
 from vit_jax.errors import UserError
@@ -38,6 +39,7 @@ OPERATIONAL_KEYS = frozenset({
     'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
     'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
     'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split', 'xla_cpu_schedule',
+    'model.attention',  # the attention kernel: same parameters, same math
 })
 
 
@@ -229,21 +231,40 @@ def _shape(shape) -> str:
 
 def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dict,
                     stored_facts: Optional[dict], facts: dict, shape_changes: list,
-                    allow_config_change: bool) -> None:
-  """Raises UserError if checkpoint `step` must not be resumed by this run (module docstring).
+                    allow_config_change: bool, data_changes: Sequence[str] = ()) -> List[str]:
+  """Raises UserError if checkpoint `step` must not be resumed by this run (module docstring);
+  returns the notes to print when it may (changed data, allowed by `allow_config_change`).
 
-  `shape_changes`: (array, stored shape, this run's shape) triples (`train_ckpt.shape_changes`).
+  `shape_changes`: (array, stored shape, this run's shape) triples (`train_ckpt.shape_changes`);
+  `data_changes`: what changed in the dataset since the checkpoint, in words
+  (`vit_jax.data.identity.changes`).
   """
   changes = config_changes(stored_config, config)
   fresh = (f'use a new --workdir (config.init={workdir} starts a new run from its weights '
            'where they fit)')
+  dataset = config.get('dataset')
+  data_text = '; '.join(data_changes)
   if changes and not allow_config_change and not shape_changes:
     refuse_config_drift(workdir, step, stored_config, config)
   if not shape_changes:
-    return
+    if not data_changes:
+      return []
+    if not allow_config_change:
+      raise UserError(f'{workdir} holds a run (step {step}) trained on other data ({dataset}: '
+                      f'{data_text}): restore the dataset as it was to resume, use a new '
+                      f'--workdir, or pass --allow_config_change to continue on the data as it '
+                      f'is now')
+    return [f'note: --allow_config_change: continuing the run of {workdir} (step {step}) on '
+            f'changed data ({dataset}: {data_text})']
   arrays = f'its arrays have other shapes ({_shapes(shape_changes)})'
   data = [(k, (stored_facts or {}).get(k), v) for k, v in facts.items()
-          if stored_facts and k in stored_facts and _plain(stored_facts[k]) != _plain(v)]
+          if k in _SHAPE_FACTS and stored_facts and k in stored_facts
+          and _plain(stored_facts[k]) != _plain(v)]
+  if data:  # the data changed the shapes (a class added changes the head), whatever else did
+    cause = f'; {data_text}' if data_text else ''
+    raise UserError(f'{workdir} holds a run (step {step}) of this config on other data '
+                    f'({dataset}: {_listed(data)}), so {arrays}{cause}: restore the dataset as '
+                    f'it was to resume, or {fresh}')
   if changes and not allow_config_change:
     raise UserError(f'{workdir} holds a run (step {step}) with another config: '
                     f'{_listed(changes)}; {arrays}, so it cannot go on with this config: rerun '
@@ -252,9 +273,12 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
     raise UserError(f'--allow_config_change cannot continue {workdir} (step {step}) with '
                     f'{_listed(changes)}: {arrays}; rerun with the stored values of the keys '
                     f'that change them, or {fresh}')
-  other = f' ({config.get("dataset")}: {_listed(data)})' if data else ''
-  raise UserError(f'{workdir} holds a run (step {step}) of this config on other data{other}, so '
+  raise UserError(f'{workdir} holds a run (step {step}) of this config on other data, so '
                   f'{arrays}: restore the dataset as it was to resume, or {fresh}')
+
+
+# The facts that set array shapes (the head's width, the input's).
+_SHAPE_FACTS = ('num_classes', 'image_shape')
 
 
 def _plain(value):
