@@ -244,16 +244,17 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
            'where they fit)')
   dataset = config.get('dataset')
   data_text = '; '.join(data_changes)
-  if changes and not allow_config_change and not shape_changes:
+  if changes and not data_changes and not allow_config_change and not shape_changes:
     refuse_config_drift(workdir, step, stored_config, config)
   if not shape_changes:
     if not data_changes:
       return []
     if not allow_config_change:
-      raise UserError(f'{workdir} holds a run (step {step}) trained on other data ({dataset}: '
-                      f'{data_text}): restore the dataset as it was to resume, use a new '
-                      f'--workdir, or pass --allow_config_change to continue on the data as it '
-                      f'is now')
+      other_config = f'with another config ({_listed(changes)}) and ' if changes else ''
+      raise UserError(f'{workdir} holds a run (step {step}) {other_config}trained on other data '
+                      f'({dataset}: {data_text}): restore the dataset as it was to resume, use a '
+                      f'new --workdir, or pass --allow_config_change to continue on the data as '
+                      f'it is now')
     return [f'note: --allow_config_change: continuing the run of {workdir} (step {step}) on '
             f'changed data ({dataset}: {data_text})']
   arrays = f'its arrays have other shapes ({_shapes(shape_changes)})'
