@@ -1,7 +1,8 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
-config checked -> workdir checked and locked -> `program.build_program` (mesh, model, optimizer,
-shardings, jitted steps) -> born-sharded state (or the newest readable checkpoint, refusing a changed config or
+config checked -> `program.build_program` (mesh, model, optimizer, shardings, jitted steps: a
+run refused there leaves nothing on disk) -> workdir created, checked and locked -> born-sharded
+state (or the newest readable checkpoint, refusing a changed config or
 other array shapes before reading it; the metrics log cut back to it) -> per-process batches ->
 train step (donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation
 and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
@@ -79,11 +80,16 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
                       f'{memory.MEMORY_FIXES}')
     return report
   validate.check_config(config)  # a mistake in the config alone: before the disk is touched
+  if config.get('num_classes') is not None and config.num_classes < 1:
+    raise UserError(f'config.num_classes={config.num_classes} is out of range: leave it unset '
+                    '(None: the dataset\'s class count) or give the head\'s width (>= 1)')
+  workdir_lib.check(workdir)  # the workdir's layout, before anything is created
+  # The model, the dataset and the devices: a run refused here leaves no workdir behind.
+  prog = program_lib.build_program(config, devices)
   workdir_lib.prepare(workdir)
   held = lock_lib.hold(workdir)
   ckpt = None
   try:
-    prog = program_lib.build_program(config, devices)
     with guards.Preemption() as preemption:
       ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
       logger = None
