@@ -96,6 +96,8 @@ def open_storage(url: str, heartbeat_s: int):
         raise
       last = e
       time.sleep(0.5 * (attempt + 1))
+    except sqlalchemy.exc.DatabaseError as e:  # not a database, or a damaged one
+      raise UserError(damaged(url, e)) from None
     except (ImportError, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as e:
       e = e.__cause__ or e.__context__ or e  # Optuna's ImportError wraps the missing module's
       raise UserError(f'cannot use the study database {_shown(url)} ({type(e).__name__}: '
@@ -103,6 +105,14 @@ def open_storage(url: str, heartbeat_s: int):
                       f'installed; another database needs its Python driver') from None
   raise UserError(f'cannot reach the study database {_shown(url)} ({_first_line(last)}): check '
                   f'the URL and that the server runs and accepts connections from this host')
+
+
+def damaged(url: str, error: BaseException) -> str:
+  """The line for a study database that is not one, or is damaged (a truncated or overwritten
+  SQLite file): the runs' workdirs keep their results, so a new study resumes from them."""
+  return (f'the study database {_shown(url)} is damaged or not a database ({_first_line(error)}): '
+          f'move it away and rerun the same command to start a new study (each run keeps its '
+          f'workdir)')
 
 
 def _sqlite_wal(engine) -> None:
