@@ -10,6 +10,7 @@ a path too long for its file system or under a regular file) is one line too:
 
 import errno
 import os
+import re
 from typing import Iterator, Optional
 
 
@@ -68,6 +69,8 @@ def environment_failure(error: BaseException) -> Optional[str]:
     return None
   filename = next((e.filename for e in chain(error)
                    if isinstance(e, OSError) and e.filename), None)
+  if filename:  # an atomic write's hidden temporary file (formats/files.py): name its target
+    filename = re.sub(r'/\.([^/]+)\.[0-9a-f]{32}\.tmp$', r'/\1', str(filename))
   where = f' {filename}' if filename else ''
   return f'cannot use{where} ({os.strerror(code)}): {_FIXES[code]}'
 
