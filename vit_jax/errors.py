@@ -39,6 +39,9 @@ _WORDS = {
 }
 
 
+_PATH = re.compile(r'(?<![\w.])(/[^\s;:,\'"()]+)')
+
+
 def chain(error: BaseException) -> Iterator[BaseException]:
   """The error and the ones it was raised from or during, outermost first."""
   seen = set()
@@ -69,10 +72,14 @@ def environment_failure(error: BaseException) -> Optional[str]:
     return None
   filename = next((e.filename for e in chain(error)
                    if isinstance(e, OSError) and e.filename), None)
+  if not filename:  # TensorFlow and tensorstore put the path in their text
+    found = (_PATH.search(str(e)) for e in chain(error))
+    filename = next((m.group(1) for m in found if m), None)
   if filename:  # an atomic write's hidden temporary file (formats/files.py): name its target
     filename = re.sub(r'/\.([^/]+)\.[0-9a-f]{32}\.tmp$', r'/\1', str(filename))
   where = f' {filename}' if filename else ''
-  return f'cannot use{where} ({os.strerror(code)}): {_FIXES[code]}'
+  verb = 'write' if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) else 'use'
+  return f'cannot {verb}{where} ({os.strerror(code)}): {_FIXES[code]}'
 
 
 __all__ = ['UserError', 'chain', 'environment_errno', 'environment_failure']
