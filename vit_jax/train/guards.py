@@ -261,7 +261,8 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
   data = [(k, (stored_facts or {}).get(k), v) for k, v in facts.items()
           if k in _SHAPE_FACTS and stored_facts and k in stored_facts
           and _plain(stored_facts[k]) != _plain(v)]
-  if data:  # the data changed the shapes (a class added changes the head), whatever else did
+  if data and (data_changes or not changes):  # the data changed the shapes (a class added
+    # changes the head), whatever else changed in the config
     cause = f'; {data_text}' if data_text else ''
     raise UserError(f'{workdir} holds a run (step {step}) of this config on other data '
                     f'({dataset}: {_listed(data)}), so {arrays}{cause}: restore the dataset as '
