@@ -135,7 +135,7 @@ CASES = [
          _cli('predict', '--checkpoint={ze_npz}', '--model=ViT-Ze/4', '--image_size=30',
               '{image}'),
          ["--image_size=30 is not a multiple of the model's 4-pixel patches"]),
-    # Config files that cannot be loaded (issue 19).
+    # Config files that cannot be loaded.
     Case('config file missing', _config_file('{tmp}/no_such_config.py'),
          ['the --config file', 'no_such_config.py does not exist', 'configs/default.py']),
     Case('config file with a syntax error', _config_file('{syntax_config}'),

@@ -112,7 +112,7 @@ def test_sigterm_at_a_random_step_then_resume_is_bitwise_exact(tmp_path, data_di
 
 
 def test_kill_9_loop_always_resumes_and_ends_bitwise_exact(tmp_path, data_dir, reference):
-  """10 kills (the issue's minimum): odd ones the moment a checkpoint is being written, even
+  """10 kills: odd ones the moment a checkpoint is being written, even
   ones at random times."""
   workdir = tmp_path / 'work'
   extra = ['--config.checkpoint_every=1', '--config.keep_checkpoints=2']

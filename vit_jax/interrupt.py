@@ -7,7 +7,7 @@ garbage-collection callback or a `__del__` (JAX and TensorFlow run some), Python
 remember it; such a swallowed interrupt is then not printed, and `check()` (called where a
 command would start work that a Ctrl-C must not silently skip past, e.g. before training) raises
 it again. While a module is being imported the interrupt is only remembered: a KeyboardInterrupt
-raised inside an extension module's initialisation crashed the interpreter (a segmentation fault
+raised inside an extension module's initialisation can crash the interpreter (a segmentation fault
 loading jaxlib), so `check()` raises it once imports are done. Handlers installed later (the
 trainer's preemption handler, the sweep's) take over.
 

@@ -309,7 +309,7 @@ _PLAIN_WRITES = []
 
 def _use_plain_array_writes_on_cpu() -> None:
   """Replica-parallel writes slice every replicated array with a fresh jit (one compile per
-  shape: ~10 s for a small ViT on 8 CPU devices) and buy nothing without accelerators."""
+  shape) and buy nothing without accelerators."""
   if jax.default_backend() != 'cpu' or _PLAIN_WRITES:
     return
   ocp.type_handlers.register_type_handler(

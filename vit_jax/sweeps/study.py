@@ -117,7 +117,7 @@ def damaged(url: str, error: BaseException) -> str:
 
 def _sqlite_wal(engine) -> None:
   """SQLite in write-ahead-log mode with synchronous=NORMAL: a commit no longer waits for the
-  disk (one fsync per commit made the bookkeeping ~0.9 s per trial on a busy disk); a killed
+  disk (one fsync per commit made each trial's bookkeeping wait on a busy disk); a killed
   process still loses nothing committed, only a power cut could lose the last commits."""
   import sqlalchemy  # pylint: disable=g-import-not-at-top
 
