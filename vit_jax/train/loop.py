@@ -1,8 +1,9 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
-config checked -> `program.build_program` (mesh, model, optimizer, shardings, jitted steps: a
-run refused there leaves nothing on disk) -> workdir created, checked and locked -> born-sharded
-state (or the newest readable checkpoint, refusing a changed config or
+config checked -> workdir checked and locked (a new workdir is created only once
+`program.build_program` has accepted the model, dataset and devices: a run refused at start-up
+leaves none behind) -> `program.build_program` (mesh, model, optimizer, shardings, jitted steps)
+-> born-sharded state (or the newest readable checkpoint, refusing a changed config or
 other array shapes before reading it; the metrics log cut back to it) -> per-process batches ->
 train step (donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation
 and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
@@ -84,12 +85,14 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
     raise UserError(f'config.num_classes={config.num_classes} is out of range: leave it unset '
                     '(None: the dataset\'s class count) or give the head\'s width (>= 1)')
   workdir_lib.check(workdir)  # the workdir's layout, before anything is created
-  # The model, the dataset and the devices: a run refused here leaves no workdir behind.
-  prog = program_lib.build_program(config, devices)
+  prog = None
+  if not workdir_lib.exists(workdir):  # built first: a run refused here leaves no workdir behind
+    prog = program_lib.build_program(config, devices)
   workdir_lib.prepare(workdir)
-  held = lock_lib.hold(workdir)
+  held = lock_lib.hold(workdir)  # an existing workdir: locked first, a second run stops at once
   ckpt = None
   try:
+    prog = prog or program_lib.build_program(config, devices)
     with guards.Preemption() as preemption:
       ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
       logger = None

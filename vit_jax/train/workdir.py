@@ -26,6 +26,10 @@ def prepare(workdir: str) -> None:
   check(workdir)
 
 
+def exists(workdir: str) -> bool:
+  return fileio.files_for(workdir).exists(workdir)
+
+
 def check(workdir: str) -> None:
   """Checks an existing workdir's layout (nothing to check, and nothing created, when it does not
   exist yet); UserError saying what to fix."""
@@ -40,4 +44,4 @@ def check(workdir: str) -> None:
                         f'away or use another --workdir')
 
 
-__all__ = ['check', 'prepare', 'DIRECTORIES', 'FILES']
+__all__ = ['check', 'exists', 'prepare', 'DIRECTORIES', 'FILES']
