@@ -313,6 +313,17 @@ def test_resume_after_a_class_folder_was_added_is_refused_and_nothing_moved(tmp_
   assert loop.train_and_evaluate(c, str(workdir))['count'] == 3
 
 
+def test_another_attention_kernel_is_not_config_drift(tmp_path, data_dir, two_step_run):
+  """`model.attention` picks a kernel for the same parameters and math: a run resumes with
+  another one without --allow_config_change."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(two_step_run, workdir)
+  config = _config(data_dir, total_steps=3, checkpoint_every=1, eval_every=3, warmup_steps=1)
+  config.model.attention = 'dot_product'
+  loop.train_and_evaluate(config, str(workdir))
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['1', '2', '3']  # resumed at 2
+
+
 def test_a_changed_config_that_keeps_shapes_resumes_with_allow_config_change(
     tmp_path, data_dir, two_step_run):
   workdir = tmp_path / 'work'

@@ -92,6 +92,9 @@ CASES = [
     Case('sweep with a garbage study.db', _cli('sweep', '--sweep={sweep}', '--workdir={bad_db}'),
          ['study.db is damaged or not a database (file is not a database)', 'move it away'],
          absent=[]),
+    Case('sweep with a truncated study.db', _cli('sweep', '--sweep={sweep}',
+                                                 '--workdir={cut_db}'),
+         ['study.db is damaged or not a database (database disk image is malformed)'], absent=[]),
     Case('sweep with an unknown metric', _cli('sweep', '--sweep={metric_sweep}',
                                               '--workdir={work}'),
          ['"metric" in', "is 'top5', which no eval record has: use one of accuracy"]),
@@ -107,6 +110,17 @@ CASES = [
          env=lambda r: {weights.URL_VAR: f'file://{r["mirror"]}',
                         weights.DIR_VAR: f'{r["tmp"]}/mirror_cache'}),
 ]
+
+
+def _study_db(path) -> None:
+  """A study database with some trials, cut to a third: a truncated copy."""
+  import optuna  # pylint: disable=g-import-not-at-top
+  study = optuna.create_study(storage=f'sqlite:///{path}', study_name='cut')
+  for i in range(30):
+    study.enqueue_trial({'x': i})
+  del study
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 3)
 
 
 def _mount(path, options):
@@ -136,6 +150,8 @@ def resources(tmp_path_factory, data_dir):
   Image.fromarray(np.full((28, 28, 3), 128, np.uint8)).save(base / 'image.png')
   (base / 'bad_db').mkdir()
   (base / 'bad_db' / 'study.db').write_bytes(os.urandom(3000))
+  (base / 'cut_db').mkdir()
+  _study_db(base / 'cut_db' / 'study.db')
   sweep = ("def get_sweep():\n  return {'config': 'configs/mnist5k.py:model_name=ViT-Ze/4,"
            "steps=2,batch_size=32', 'grid': {'lr': [0.1]}, 'sampler': 'tpe', 'trials': 1, "
            "'ranges': {'warmup_steps': {'low': 1, 'high': 3, 'int': True}}%s}\n")
@@ -150,7 +166,7 @@ def resources(tmp_path_factory, data_dir):
                import_config=str(base / 'import_config.py'), finished=str(base / 'finished'),
                regular_file=str(base / 'regular_file'), read_only=mounts[0],
                full_disk=mounts[1], ze_npz=str(base / 'ze.npz'), colours=str(base / 'colours'),
-               bad_db=str(base / 'bad_db'), sweep=str(base / 'sweep.py'),
+               bad_db=str(base / 'bad_db'), cut_db=str(base / 'cut_db'), sweep=str(base / 'sweep.py'),
                metric_sweep=str(base / 'metric_sweep.py'), mirror=str(base / 'mirror'),
                image=str(base / 'image.png'))
   finally:

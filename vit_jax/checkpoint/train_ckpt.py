@@ -66,6 +66,7 @@ class Checkpointer:
     self.directory = directory if is_remote(directory) else os.path.abspath(directory)
     self.workdir = workdir
     self._keep = keep
+    self._saved = set()  # steps saved by this run that have no manifest yet
     self._manager = self._open()
 
   def _open(self) -> ocp.CheckpointManager:
@@ -89,6 +90,7 @@ class Checkpointer:
       self._manager.save(step, args=ocp.args.Composite(**items))
     except Exception as e:  # pylint: disable=broad-except
       self._failed_write(e)
+    self._saved.add(step)
 
   def _failed_write(self, error: Exception) -> None:
     """A write that failed for want of space or permission (orbax and tensorstore raise OSError,
@@ -112,13 +114,14 @@ class Checkpointer:
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def _write_manifests(self) -> None:
-    """Gives every finished step without one its manifest (process 0; after the step's rename)."""
-    if jax.process_index() != 0:
-      return
-    for step in self._manager.all_steps():
-      step_dir = epath.Path(self.directory) / str(step)
-      if not (step_dir / integrity.MANIFEST).exists():
-        integrity.write_manifest(step_dir)
+    """Gives each step this run saved its manifest once orbax has finished it (process 0; after
+    the step's rename). Steps found on disk are left as they are: their files are not vouched
+    for."""
+    finished = set(self._manager.all_steps())
+    for step in sorted(self._saved & finished):
+      if jax.process_index() == 0:
+        integrity.write_manifest(epath.Path(self.directory) / str(step))
+    self._saved -= finished
 
   def resume_point(self) -> str:
     """'the checkpoint of step N' (the newest complete one on disk) or 'the start'."""
