@@ -202,8 +202,9 @@ class Checkpointer:
     failure = f'{type(error).__name__}: {_one_line(error)}'
     try:
       damaged = integrity.damage(step_dir)
-    except OSError as e:
-      damaged, failure = None, f'{failure}; checking its files: {e.strerror or e}'
+    except Exception as e:  # pylint: disable=broad-except  # I/O, memory: says nothing of the files
+      damaged = None
+      failure = f'{failure}; checking its files: {getattr(e, "strerror", None) or e or type(e).__name__}'
     if damaged is None:
       raise UserError(f'cannot read checkpoint {step} in {self.directory} ({failure}); its files '
                       f'pass the integrity check, so it stays where it is: '
