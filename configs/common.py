@@ -134,6 +134,11 @@ def base_config() -> config_dict.ConfigDict:
   return c
 
 
+# How a config argument or a `--config.KEY=...` override says "no value" (vit_jax/cli.py reads
+# the same spellings for overrides).
+UNSET_SPELLINGS = ('None', 'none', 'null')
+
+
 def parse_arg(arg: str | None, **defaults):
   """Parses `key=value,key=value` into a dict typed like `defaults`; unknown keys are errors."""
   out = dict(defaults)
@@ -146,7 +151,9 @@ def parse_arg(arg: str | None, **defaults):
     if key not in defaults:
       raise UserError(f'unknown config argument {key!r}; valid keys: {sorted(defaults)}')
     kind = type(defaults[key])
-    if kind is bool:
+    if value in UNSET_SPELLINGS and defaults[key] is None:  # key=None: an optional value unset
+      out[key] = None
+    elif kind is bool:
       if value.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
         raise UserError(f'config argument {key}={value!r} is not a bool: use true or false')
       out[key] = value.lower() in ('1', 'true', 'yes')

@@ -112,7 +112,7 @@ def test_sigterm_at_a_random_step_then_resume_is_bitwise_exact(tmp_path, data_di
 
 
 def test_kill_9_loop_always_resumes_and_ends_bitwise_exact(tmp_path, data_dir, reference):
-  """10 kills (the issue's minimum): odd ones the moment a checkpoint is being written, even
+  """10 kills: odd ones the moment a checkpoint is being written, even
   ones at random times."""
   workdir = tmp_path / 'work'
   extra = ['--config.checkpoint_every=1', '--config.keep_checkpoints=2']
@@ -311,6 +311,17 @@ def test_resume_after_a_class_folder_was_added_is_refused_and_nothing_moved(tmp_
   assert _tree(workdir) == before
   shutil.rmtree(root / 'cyan')  # as it was: the run resumes (and finds nothing left to train)
   assert loop.train_and_evaluate(c, str(workdir))['count'] == 3
+
+
+def test_another_attention_kernel_is_not_config_drift(tmp_path, data_dir, two_step_run):
+  """`model.attention` picks a kernel for the same parameters and math: a run resumes with
+  another one without --allow_config_change."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(two_step_run, workdir)
+  config = _config(data_dir, total_steps=2, checkpoint_every=1, eval_every=2, warmup_steps=1)
+  config.model.attention = 'dot_product'
+  assert loop.train_and_evaluate(config, str(workdir))['count'] == 1000  # the final step, resumed
+  assert not os.path.exists(workdir / 'corrupt_checkpoints')
 
 
 def test_a_changed_config_that_keeps_shapes_resumes_with_allow_config_change(

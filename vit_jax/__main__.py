@@ -5,10 +5,13 @@ Runs vit_jax/commands/<command>.py as the main module with the flags after the c
 module is imported. `python -m vit_jax --help` lists the commands.
 """
 
-import runpy
-import sys
+from vit_jax import interrupt  # pylint: disable=g-bad-import-order
+interrupt.install()  # first: a Ctrl-C while the command's modules load is one line, no traceback
 
-from vit_jax.cli import EXIT_USER_ERROR, HELP_FLAGS
+import runpy  # pylint: disable=g-import-not-at-top,wrong-import-position
+import sys  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from vit_jax.cli import EXIT_USER_ERROR, HELP_FLAGS  # pylint: disable=wrong-import-position
 from vit_jax.commands import COMMANDS
 
 

@@ -17,6 +17,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
+from vit_jax import errors  # pylint: disable=g-import-not-at-top
 from vit_jax.platform import compile_cache  # pylint: disable=g-import-not-at-top
 from vit_jax.platform import hostmem  # pylint: disable=g-import-not-at-top
 from vit_jax.platform import tf_import  # pylint: disable=g-import-not-at-top
@@ -53,12 +54,64 @@ def _parse_flags(argv):
   head = len(_flag_part(argv))
   argv = [('--help' if arg == '-h' else arg) for arg in argv[:head]] + argv[head:]
   _check_config_file(argv)
+  unset = [arg for arg in argv[:head] if _UNSET.match(arg)]
   try:
-    return flags.FLAGS(argv)
+    parsed = flags.FLAGS([arg for arg in argv if arg not in unset])
   except flags.Error as e:
     fail(_user_message(e) or _one_line(str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no config key
     fail(_unknown_key_message(_key_of(e), argv))
+  except Exception as e:  # pylint: disable=broad-except  # raised by the config file's code
+    fail(_config_code_message(e, argv))
+  _check_config_value(argv)
+  for arg in unset:
+    _unset_key(arg, argv)
+  return parsed
+
+
+# `--config.KEY=None`: the key unset (ml_collections would parse None as the key's type), e.g.
+# `--config.total_steps=None --config.total_epochs=10` to switch a recipe to epochs.
+_UNSET = re.compile(r'^--config\.([A-Za-z_][\w.]*)=(None|none|null)$')
+
+
+def _unset_key(arg: str, argv) -> None:
+  """Sets the key of `--config.KEY=None` to None; only a key whose default is None (an optional
+  value, a placeholder) may be unset."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  key = _UNSET.match(arg).group(1)
+  node = flags.FLAGS['config'].value if 'config' in flags.FLAGS else None
+  *parents, leaf = key.split('.')
+  for part in parents:
+    node = node.get(part) if isinstance(node, config_dict.ConfigDict) else None
+  if not isinstance(node, config_dict.ConfigDict) or leaf not in node:
+    fail(_unknown_key_message(key, argv))
+  if not isinstance(node._fields[leaf], config_dict.FieldReference):  # pylint: disable=protected-access
+    fail(f'{arg}: {key} always has a value (only the keys whose default is None can be unset): '
+         f'give it a value, see configs/README.md')
+  node[leaf] = None
+
+
+def _config_code_message(error: BaseException, argv) -> str:
+  """One line for a --config file whose code fails when it is loaded or run (it imports a module
+  that is not installed, its get_config raises)."""
+  path = (_config_value(argv) or '').partition(':')[0]
+  if isinstance(error, ModuleNotFoundError):
+    return (f'the --config file {path} imports {error.name!r}, which is not installed: install it '
+            f'or remove the import')
+  return (f'the --config file {path} failed when loaded ({type(error).__name__}: '
+          f'{_one_line(str(error))[:200]}): fix it there')
+
+
+def _check_config_value(argv) -> None:
+  """A --config file whose get_config() returns something other than a ConfigDict: one line."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  if 'config' not in flags.FLAGS or _config_value(argv) is None:
+    return
+  value = flags.FLAGS['config'].value
+  if not isinstance(value, config_dict.ConfigDict):
+    path = _config_value(argv).partition(':')[0]
+    fail(f'the --config file {path} returns {type(value).__name__} from get_config(), not a '
+         f'ConfigDict: return one, as configs/default.py does')
 
 
 def _config_value(argv) -> str | None:
@@ -80,7 +133,8 @@ def _check_config_file(argv) -> None:
   path = value.partition(':')[0]
   fix = 'pass --config=<file.py>, e.g. --config=configs/default.py (see configs/README.md)'
   if not os.path.exists(path):
-    fail(f'the --config file {path} does not exist: {fix}')
+    where = '' if os.path.isabs(path) else f' (relative to the working directory {os.getcwd()})'
+    fail(f'the --config file {path} does not exist{where}: {fix}')
   if not os.path.isfile(path):
     fail(f'the --config file {path} is not a file: {fix}')
   try:
@@ -206,10 +260,12 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   """
   hostmem.restart_with_hugepages()
   interrupt.install()
+  interrupt.survive_closed_output()  # `... | head -1` or a closed terminal never stops a run
   for name in required_flags:
     flags.mark_flag_as_required(name)
 
   def guarded(argv):
+    interrupt.check()  # a Ctrl-C while the command's modules were imported
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.ERROR)  # library INFO/WARNING chatter off unless asked for
       # orbax logs a failed background write at ERROR with its traceback, then raises it in the
@@ -222,6 +278,11 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
       return fn(argv)
     except UserError as e:
       fail(str(e))
+    except Exception as e:  # a full disk, a missing permission, ...: one line; a bug: traceback
+      line = errors.environment_failure(e)
+      if line is None:
+        raise
+      fail(line)
 
   try:
     app.run(guarded, flags_parser=_parse_flags)

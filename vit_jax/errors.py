@@ -1,10 +1,85 @@
-"""The one exception type for user mistakes.
+"""The one exception type for user mistakes, and the one line for a failure of the machine.
 
 Anything a user can get wrong (a variant name, a config key, a dataset that is not prepared, a batch
 size that does not split over the devices) raises `UserError` with a message that says what is wrong
 and how to fix it. The CLIs catch it and print that one line; internal bugs keep their traceback.
+A failure that comes from the machine rather than the program (a full disk, a missing permission,
+a path too long for its file system or under a regular file) is one line too:
+`environment_failure` words it, naming the file and the fix.
 """
+
+import errno
+import os
+import re
+from typing import Iterator, Optional
 
 
 class UserError(ValueError):
   """A mistake in what the user asked for; the message says how to fix it."""
+
+
+_FIXES = {
+    errno.ENOSPC: 'free space there, then rerun the same command',
+    errno.EDQUOT: 'free space (or raise the quota) there, then rerun the same command',
+    errno.EACCES: 'fix its permissions or pass a writable location',
+    errno.EPERM: 'fix its permissions or pass a writable location',
+    errno.EROFS: 'pass a location on a writable file system',
+    errno.ENAMETOOLONG: 'use shorter file or folder names (most file systems allow 255 bytes a '
+                        'name)',
+    errno.ENOTDIR: 'a part of the path is a file, not a directory: pass a path under a directory',
+    errno.EISDIR: 'it is a directory: pass a file path, or move the directory away',
+    errno.EIO: 'the disk or file system reported an I/O error: check it, then rerun the same '
+               'command',
+}
+# The same failures as words in the text of errors that carry no errno (tensorstore, TensorFlow).
+_WORDS = {
+    'No space left on device': errno.ENOSPC, 'Disk quota exceeded': errno.EDQUOT,
+    'Permission denied': errno.EACCES, 'Read-only file system': errno.EROFS,
+    'File name too long': errno.ENAMETOOLONG, 'Not a directory': errno.ENOTDIR,
+}
+
+
+_PATH = re.compile(r'(?<![\w.])(/[^\s;:,\'"()]+)')
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+  """The error and the ones it was raised from or during, outermost first."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def environment_errno(error: BaseException) -> Optional[int]:
+  """The errno of a failure of the machine behind `error` (one of `_FIXES`), or None."""
+  for e in chain(error):
+    if isinstance(e, OSError) and e.errno in _FIXES:
+      return e.errno
+  for e in chain(error):
+    text = str(e)
+    for word, code in _WORDS.items():
+      if word in text:
+        return code
+  return None
+
+
+def environment_failure(error: BaseException) -> Optional[str]:
+  """One line for a failure of the machine ("cannot write X (No space left on device): free
+  space there, ..."), or None for any other error (a bug keeps its traceback)."""
+  code = environment_errno(error)
+  if code is None:
+    return None
+  filename = next((e.filename for e in chain(error)
+                   if isinstance(e, OSError) and e.filename), None)
+  if not filename:  # TensorFlow and tensorstore put the path in their text
+    found = (_PATH.search(str(e)) for e in chain(error))
+    filename = next((m.group(1) for m in found if m), None)
+  if filename:  # an atomic write's hidden temporary file (formats/files.py): name its target
+    filename = re.sub(r'/\.([^/]+)\.[0-9a-f]{32}\.tmp$', r'/\1', str(filename))
+  where = f' {filename}' if filename else ''
+  verb = 'write' if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) else 'use'
+  return f'cannot {verb}{where} ({os.strerror(code)}): {_FIXES[code]}'
+
+
+__all__ = ['UserError', 'chain', 'environment_errno', 'environment_failure']

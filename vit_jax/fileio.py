@@ -36,7 +36,7 @@ class _LocalFiles:
 
 def files_for(path: str):
   """tf.io.gfile for a remote path (gs://, ...), its local stand-in otherwise: code that only
-  touches files never imports TensorFlow (2.5 s) for a local workdir."""
+  touches files never imports TensorFlow (seconds of start-up) for a local workdir."""
   return gfile() if is_remote(path) else _LocalFiles
 
 

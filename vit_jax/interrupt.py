@@ -7,10 +7,17 @@ garbage-collection callback or a `__del__` (JAX and TensorFlow run some), Python
 remember it; such a swallowed interrupt is then not printed, and `check()` (called where a
 command would start work that a Ctrl-C must not silently skip past, e.g. before training) raises
 it again. While a module is being imported the interrupt is only remembered: a KeyboardInterrupt
-raised inside an extension module's initialisation crashed the interpreter (a segmentation fault
-loading jaxlib, seen in tests/test_reliability.py), so `check()` raises it once imports are done. Handlers installed later (the trainer's preemption handler, the sweep's) take over.
+raised inside an extension module's initialisation can crash the interpreter (a segmentation fault
+loading jaxlib), so `check()` raises it once imports are done. Handlers installed later (the
+trainer's preemption handler, the sweep's) take over.
+
+A closed terminal or output pipe (`... | head -1`, an SSH session that ended) must not stop a
+command either: `survive_closed_output()` makes stdout and stderr drop their output from then on
+(their file descriptors pointed at /dev/null) instead of raising BrokenPipeError or EIO.
 """
 
+import errno
+import os
 import signal
 import sys
 import threading
@@ -58,4 +65,61 @@ def check() -> None:
     raise KeyboardInterrupt
 
 
-__all__ = ['install', 'check']
+# A reader that went away: a closed pipe (EPIPE), a terminal hung up (EIO), a socket reset.
+_READER_GONE = (errno.EPIPE, errno.EIO, errno.ECONNRESET, errno.ENXIO)
+
+
+class _DropsWhenClosed:
+  """A text stream whose writes never fail because its reader is gone: the first such failure
+  points the file descriptor at /dev/null (the text still buffered goes there too)."""
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def _reader_gone(self, error: OSError) -> None:
+    if error.errno not in _READER_GONE:
+      raise error
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+      os.dup2(devnull, self._stream.fileno())
+    finally:
+      os.close(devnull)
+
+  def write(self, text):
+    try:
+      return self._stream.write(text)
+    except OSError as e:
+      self._reader_gone(e)
+      return len(text)
+
+  def writelines(self, lines):
+    for line in lines:
+      self.write(line)
+
+  def flush(self):
+    try:
+      self._stream.flush()
+    except OSError as e:
+      self._reader_gone(e)
+      try:
+        self._stream.flush()  # the buffered text, now to /dev/null
+      except OSError:
+        pass
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def survive_closed_output() -> None:
+  """Makes sys.stdout and sys.stderr drop their output once their reader is gone."""
+  for name in ('stdout', 'stderr'):
+    stream = getattr(sys, name)
+    if stream is not None and not isinstance(stream, _DropsWhenClosed):
+      try:
+        stream.fileno()
+      except (OSError, ValueError, AttributeError):  # not a real file (captured in a test)
+        continue
+      setattr(sys, name, _DropsWhenClosed(stream))
+
+
+__all__ = ['install', 'check', 'survive_closed_output']

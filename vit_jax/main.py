@@ -7,4 +7,6 @@ which documents the flags).
 import runpy
 
 if __name__ == '__main__':
+  from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
+  interrupt.install()  # first: a Ctrl-C while the modules load is one line, no traceback
   runpy.run_module('vit_jax.commands.train', run_name='__main__', alter_sys=True)

@@ -90,6 +90,17 @@ def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_colle
   return layout.unstack_blocks(opt_state[_average_index(opt_state)]['average']), config
 
 
+def load_facts(step_dir) -> dict:
+  """What a checkpoint step recorded of its run's data (`facts`: class count, input shape and,
+  where known, the dataset's class names and fingerprint); {} for a checkpoint without it."""
+  path = _absolute(step_dir) / 'facts'
+  if not path.is_dir():
+    return {}
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
+    return dict(ckptr.restore(path))
+
+
 def _absolute(path) -> epath.Path:
   path = str(path)
   return epath.Path(path if is_remote(path) else os.path.abspath(path))
@@ -103,4 +114,4 @@ def _average_index(opt_state) -> Optional[int]:
   return found[0] if found else None
 
 
-__all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint']
+__all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint', 'load_facts']

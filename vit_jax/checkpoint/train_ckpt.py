@@ -10,18 +10,23 @@ the stored layout (`shape_changes`), so a change of `model.scan` alone is not a 
 
 Crash safety: orbax writes each step into a temporary directory and renames it when complete, so
 a process killed mid-write leaves only a temporary directory, which is ignored (and cleaned up on
-the next start). A finished step that cannot be read back (disk damage, a truncated copy) is
-reported, moved to `<workdir>/corrupt_checkpoints/<step>` (kept, not deleted) and the previous
-step is used. Only a checkpoint that cannot be read is set aside: before its arrays are read,
-`restore_latest` reads its config, facts and array shapes (`inspect`) and lets the caller refuse
-a run that does not match (another config, other shapes), which leaves every checkpoint where it
-is. A failed write (disk full, permissions) is one UserError line; the checkpoints already
-written stay as they are.
+the next start). Once a step is complete its `manifest.json` records each file's size and
+checksum (`integrity.py`). A step that cannot be read back is set aside (moved to
+`<workdir>/corrupt_checkpoints/<step>-<time>`, kept, not deleted) only when its own files fail
+that check (disk damage, a truncated copy), and the previous step is used; any other failure
+(out of memory, disk, permissions, I/O) stops the run with one UserError line and leaves every
+checkpoint in place. Before its arrays are read, `restore_latest` reads a step's config, facts
+and array shapes (`inspect`) and lets the caller refuse a run that does not match (another
+config, other shapes, other data), which also leaves every checkpoint where it is. A failed write
+(disk full, permissions) is one UserError line; the half-written temporary directory is removed
+and the checkpoints already written stay as they are.
 """
 
 import dataclasses
+import errno
 import functools
 import os
+import shutil
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -30,6 +35,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from vit_jax.checkpoint import integrity
+from vit_jax import errors
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
 from vit_jax.models import layout
@@ -59,6 +66,7 @@ class Checkpointer:
     self.directory = directory if is_remote(directory) else os.path.abspath(directory)
     self.workdir = workdir
     self._keep = keep
+    self._saved = set()  # steps saved by this run that have no manifest yet
     self._manager = self._open()
 
   def _open(self) -> ocp.CheckpointManager:
@@ -77,16 +85,43 @@ class Checkpointer:
     items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_dict))
     if facts is not None:
       items['facts'] = ocp.args.JsonSave(facts)
+    self.wait()  # the previous save (orbax waits for it anyway): finished and given its manifest
     try:
       self._manager.save(step, args=ocp.args.Composite(**items))
-    except OSError as e:  # this save, or an earlier one still finishing in the background
-      self._write_failed(e)
+    except Exception as e:  # pylint: disable=broad-except
+      self._failed_write(e)
+    self._saved.add(step)
 
-  def _write_failed(self, error: OSError) -> None:
+  def _failed_write(self, error: Exception) -> None:
+    """A write that failed for want of space or permission (orbax and tensorstore raise OSError,
+    ValueError or tensorstore's own errors, with the errno or a status in the text) is one
+    line; anything else is a bug and keeps its traceback."""
+    reason = write_failure_reason(error)
+    if reason is None:
+      raise error
+    self._remove_temporary_directories()
     self._manager = self._open()  # forget the failed save; list what is really on disk
-    raise UserError(f'cannot write a checkpoint to {self.directory} ({error.strerror or error}): '
-                    f'free space or fix permissions there, then rerun the same command to resume '
-                    f'from {self.resume_point()}') from None
+    raise UserError(f'cannot write a checkpoint to {self.directory} ({reason}): free space or fix '
+                    f'permissions there, then rerun the same command to resume from '
+                    f'{self.resume_point()}') from None
+
+  def _remove_temporary_directories(self) -> None:
+    """The half-written step directories of a failed save (orbax's `*.orbax-checkpoint-tmp*`)."""
+    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+      return
+    for name in os.listdir(self.directory):
+      if 'orbax-checkpoint-tmp' in name:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+  def _write_manifests(self) -> None:
+    """Gives each step this run saved its manifest once orbax has finished it (process 0; after
+    the step's rename). Steps found on disk are left as they are: their files are not vouched
+    for."""
+    finished = set(self._manager.all_steps())
+    for step in sorted(self._saved & finished):
+      if jax.process_index() == 0:
+        integrity.write_manifest(epath.Path(self.directory) / str(step))
+    self._saved -= finished
 
   def resume_point(self) -> str:
     """'the checkpoint of step N' (the newest complete one on disk) or 'the start'."""
@@ -135,53 +170,136 @@ class Checkpointer:
     """(step, state, config) of the newest readable checkpoint, or (None, None, None).
 
     `check(stored)` sees each candidate before its arrays are read, and raises to refuse it
-    (nothing is moved). Unreadable steps are reported on stderr and moved aside; the next older
-    one is tried.
+    (nothing is moved). A step that cannot be read is set aside only when its files fail the
+    integrity check (`integrity.damage`), and the next older one is tried; otherwise the failure
+    is one UserError line and nothing is moved. Checkpoints newer than the one used that sit in
+    `corrupt_checkpoints/` are named in a note.
     """
     while True:
       step = self.latest_step()
       if step is None:
+        self._note_set_aside_newer(None)
         return None, None, None
       try:
         stored = self.inspect(step)
-      except Exception as e:  # pylint: disable=broad-except  # whatever a damaged file raises
-        self._set_aside(step, e)
+      except Exception as e:  # pylint: disable=broad-except  # whatever reading it raised
+        self._unreadable(step, e)
         continue
       if check is not None:
         check(stored)
       try:
         state, config = self.restore(step, abstract_state)
-        return step, state, config
-      except Exception as e:  # pylint: disable=broad-except  # whatever a damaged file raises
-        self._set_aside(step, e)
+      except Exception as e:  # pylint: disable=broad-except  # whatever reading it raised
+        self._unreadable(step, e)
+        continue
+      self._note_set_aside_newer(step)
+      return step, state, config
 
-  def _set_aside(self, step: int, error: BaseException) -> None:
+  def _unreadable(self, step: int, error: Exception) -> None:
+    """Sets step `step` aside if its own files are damaged; otherwise a UserError naming the
+    failure, every checkpoint left in place."""
+    step_dir = epath.Path(self.directory) / str(step)
+    failure = f'{type(error).__name__}: {_one_line(error)}'
+    try:
+      damaged = integrity.damage(step_dir)
+    except Exception as e:  # pylint: disable=broad-except  # I/O, memory: says nothing of the files
+      damaged = None
+      failure = f'{failure}; checking its files: {getattr(e, "strerror", None) or e or type(e).__name__}'
+    if damaged is None:
+      raise UserError(f'cannot read checkpoint {step} in {self.directory} ({failure}); its files '
+                      f'pass the integrity check, so it stays where it is: '
+                      f'{restore_failure_fix(error)}, then rerun the same command') from None
+    self._set_aside(step, f'{damaged}; {failure}')
+
+  def _set_aside(self, step: int, reason: str) -> None:
     source = epath.Path(self.directory) / str(step)
-    target = epath.Path(self.workdir) / 'corrupt_checkpoints' / f'{step}-{int(time.time())}'
-    reason = ' '.join(str(error).split())[:160] or type(error).__name__
+    target = epath.Path(self.workdir) / CORRUPT_DIR / f'{step}-{int(time.time())}'
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)
       source.rename(target)
-      print(f'checkpoint {step} in {self.directory} is unreadable ({type(error).__name__}: '
-            f'{reason}); moved it to {target} and trying the previous one', file=sys.stderr,
-            flush=True)
+      print(f'checkpoint {step} in {self.directory} is unreadable, its files damaged '
+            f'({reason[:240]}); moved it to '
+            f'{target} and trying the previous one', file=sys.stderr, flush=True)
     _sync(f'set_aside_{step}')
     self._manager.close()
     self._manager = self._open()
 
+  def _note_set_aside_newer(self, step: Optional[int]) -> None:
+    newer = set_aside_after(self.workdir, step or 0)
+    if newer and jax.process_index() == 0:
+      start = f'from step {step}' if step else 'from the start'
+      print(f'note: starting {start} while the newer checkpoint(s) '
+            f'{", ".join(str(s) for s, _ in newer)} sit in '
+            f'{os.path.join(self.workdir, CORRUPT_DIR)} (set aside as damaged); the steps after '
+            f'{step or 0} are trained again', file=sys.stderr, flush=True)
+
   def wait(self) -> None:
     try:
       self._manager.wait_until_finished()
-    except OSError as e:
-      self._write_failed(e)
+    except Exception as e:  # pylint: disable=broad-except  # an async write failed after `save`
+      self._failed_write(e)
+    self._write_manifests()
 
   def close(self) -> None:
     try:
-      self._manager.wait_until_finished()
-    except OSError as e:  # an async write failed after `save` returned
-      self._write_failed(e)
+      self.wait()
     finally:
       self._manager.close()
+
+
+CORRUPT_DIR = 'corrupt_checkpoints'
+
+
+def set_aside_after(workdir: str, step: int) -> List[Tuple[int, str]]:
+  """(step, directory name) of the checkpoints in `<workdir>/corrupt_checkpoints` newer than
+  `step`, oldest first."""
+  directory = epath.Path(workdir) / CORRUPT_DIR
+  if not directory.is_dir():
+    return []
+  found = []
+  for path in directory.iterdir():
+    head = path.name.split('-')[0]
+    if head.isdigit() and int(head) > step:
+      found.append((int(head), path.name))
+  return sorted(found)
+
+
+def _one_line(error: BaseException) -> str:
+  return ' '.join(str(error).split())[:200] or type(error).__name__
+
+
+def write_failure_reason(error: BaseException) -> Optional[str]:
+  """The reason of a write that failed for want of space or permission ('No space left on
+  device'), or None for any other failure. tensorstore reports a full disk as RESOURCE_EXHAUSTED
+  without an errno."""
+  code = errors.environment_errno(error)
+  if code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+    return os.strerror(code)
+  if any('RESOURCE_EXHAUSTED' in str(e) for e in errors.chain(error)):
+    return os.strerror(errno.ENOSPC)
+  return None
+
+
+def restore_failure_fix(error: BaseException) -> str:
+  """What to do about a restore that failed for a reason outside the checkpoint's files."""
+  text = ' '.join(f'{type(e).__name__}: {e}' for e in errors.chain(error))
+  if any(isinstance(e, MemoryError) for e in errors.chain(error)) or any(
+      w in text for w in _OUT_OF_MEMORY_WORDS):
+    return 'free memory (or raise the memory limit: ulimit -v) for the restore'
+  code = errors.environment_errno(error)
+  if code in (errno.ENOSPC, errno.EDQUOT):
+    return 'free space on the disk'
+  if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+    return 'make the checkpoint readable (and its workdir writable) for this user'
+  if code is not None or any(isinstance(e, OSError) for e in errors.chain(error)):
+    return 'fix the disk or file system it is on'
+  return ('fix the cause named here (if the checkpoint itself is damaged, move it to '
+          f'{CORRUPT_DIR}/ to resume from the previous one)')
+
+
+# Words of out-of-memory failures (XLA's and tensorstore's status, C++'s, Python's threads).
+_OUT_OF_MEMORY_WORDS = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory', 'bad_alloc',
+                        'Cannot allocate memory', "can't start new thread", 'MemoryError')
 
 
 def _sync(name: str) -> None:
@@ -195,7 +313,7 @@ _PLAIN_WRITES = []
 
 def _use_plain_array_writes_on_cpu() -> None:
   """Replica-parallel writes slice every replicated array with a fresh jit (one compile per
-  shape: ~10 s for a small ViT on 8 CPU devices) and buy nothing without accelerators."""
+  shape) and buy nothing without accelerators."""
   if jax.default_backend() != 'cpu' or _PLAIN_WRITES:
     return
   ocp.type_handlers.register_type_handler(

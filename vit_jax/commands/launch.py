@@ -51,8 +51,33 @@ def run(argv) -> int:
   return 0
 
 
+# The flags that take a value, which may follow them as the next argument (`--tpu NAME`).
+_VALUED = frozenset({'tpu', 'zone', 'project', 'repo_dir', 'launch_dir', 'python', 'lines',
+                     'stop_timeout'})
+
+
+def command_without_separator(args) -> str | None:
+  """The first word of a command given without `--` before it (absl would read its `-m` as a
+  flag of launch), or None."""
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg == '--':
+      return None
+    if not arg.startswith('-'):
+      return arg
+    if '=' not in arg and arg.lstrip('-') in _VALUED:
+      i += 1  # its value
+    i += 1
+  return None
+
+
 def main():
   flag_groups.adapt('dry_run', help='Print the gcloud commands instead of running.')
+  word = command_without_separator(sys.argv[1:])
+  if word is not None and not cli.asks_for_help(sys.argv):
+    cli.fail(f'{word!r} is not a flag of launch: put the command to run after --, e.g. python -m '
+             f'vit_jax launch --tpu=NAME --zone=ZONE -- {word} ...')
   cli.run_main(run)
 
 

@@ -21,10 +21,13 @@ names the file's address and where to put it by hand.
 import dataclasses
 import os
 import shutil
+import sys
 import urllib.error
 import urllib.request
 import zipfile
 from typing import Dict, Optional
+
+import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
@@ -129,14 +132,21 @@ def url(weights: Weights) -> str:
 
 
 def fetch(name: str) -> str:
-  """The local path of the weights `name`, downloaded first if they are not in the cache."""
+  """The local path of the weights `name`, downloaded first if they are not in the cache. A cached
+  file that is not a whole .npz (cut short, damaged) is downloaded again, with a note. A failed
+  download leaves no file and no directory it created."""
   weights = lookup(name)
   path = local_path(weights)
   if os.path.isfile(path):
-    return path
+    if zipfile.is_zipfile(path):
+      return path
+    print(f'note: the cached file {path} is not a whole .npz file; downloading it again',
+          file=sys.stderr, flush=True)
+    os.remove(path)
   address = url(weights)
   by_hand = (f'download {address} (gs: {BUCKET}/{weights.path}) by hand to {path}, or point '
              f'{URL_VAR} at a mirror')
+  created = _missing_ancestor(os.path.dirname(path))
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
   except OSError as e:
@@ -150,11 +160,38 @@ def fetch(name: str) -> str:
       expected = response.headers.get('Content-Length')
       files.atomic_write(path, lambda f: _copy_checked(response, f, expected, address))
   except UserError:
+    _remove_empty(os.path.dirname(path), created)
     raise
   except (urllib.error.URLError, OSError, ValueError) as e:
+    _remove_empty(os.path.dirname(path), created)
     reason = getattr(e, 'reason', None) or getattr(e, 'strerror', None) or e
     raise UserError(f'cannot download {name} ({reason}): {by_hand}') from None
   return path
+
+
+def _missing_ancestor(directory: str) -> Optional[str]:
+  """The outermost directory of `directory`'s chain that does not exist yet (None if it does)."""
+  missing = None
+  while directory and not os.path.isdir(directory):
+    missing, parent = directory, os.path.dirname(directory)
+    if parent == directory:
+      break
+    directory = parent
+  return missing
+
+
+def _remove_empty(directory: str, up_to: Optional[str]) -> None:
+  """Removes the empty directories this fetch created, from `directory` up to `up_to`."""
+  if up_to is None:
+    return
+  while True:
+    try:
+      os.rmdir(directory)
+    except OSError:
+      return
+    if directory == up_to:
+      return
+    directory = os.path.dirname(directory)
 
 
 def _copy_checked(response, f, expected: Optional[str], address: str) -> None:
@@ -167,6 +204,29 @@ def _copy_checked(response, f, expected: Optional[str], address: str) -> None:
                     '(nothing was kept): run the command again')
   if not zipfile.is_zipfile(f.name):
     raise UserError(f'{address} is not an .npz (zip) file ({got} bytes): check {URL_VAR}')
+
+
+def check_model(name: str, path: str) -> None:
+  """A UserError unless the .npz at `path` (the file of the weights `name`) has the width and
+  depth of the name's own variant (the released files' `Transformer/encoder_norm/scale` and
+  `encoderblock_{i}` names): a mirror serving another model's file under the name is said so,
+  not taken for an image-size question."""
+  from vit_jax.models import variants  # pylint: disable=g-import-not-at-top
+  weights = lookup(name)
+  want = variants.decode_variant(weights.model_name)
+  if 'hidden_size' not in want:
+    return
+  with np.load(path) as data:
+    names = list(data.keys())
+    norm = 'Transformer/encoder_norm/scale'
+    width = int(data[norm].shape[-1]) if norm in names else None
+  blocks = {n.split('/')[1] for n in names if n.startswith('Transformer/encoderblock_')}
+  depth = len(blocks) or None
+  if (width, depth) != (want['hidden_size'], want['num_layers']):
+    raise UserError(f'{path} holds another model (width {width}, {depth} blocks), not '
+                    f'{weights.name} ({weights.model_name}: width {want["hidden_size"]}, '
+                    f'{want["num_layers"]} blocks): delete it and fix the mirror at ${URL_VAR} '
+                    f'({base_url()}), or pass --model with the variant the file holds')
 
 
 def resolve(text: Optional[str]) -> Optional[str]:
@@ -189,5 +249,5 @@ def listing() -> str:
   return '\n'.join(lines)
 
 
-__all__ = ['KNOWN', 'Weights', 'base_url', 'cache_dir', 'fetch', 'is_name', 'listing',
+__all__ = ['KNOWN', 'Weights', 'base_url', 'cache_dir', 'check_model', 'fetch', 'is_name', 'listing',
            'local_path', 'lookup', 'model_name', 'resolve', 'url']

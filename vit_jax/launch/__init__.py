@@ -47,10 +47,21 @@ def _call(command: List[str], *, capture: bool = False) -> str:
     raise UserError('gcloud is not installed here: install the Google Cloud CLI, or use '
                     '--dry_run and run the printed commands elsewhere') from None
   if result.returncode:
-    said = ' '.join((result.stderr or '').split())[-300:] if capture else 'see its output above'
+    said = gcloud_reason(result.stderr or '') if capture else 'see its output above'
     raise UserError(f'{" ".join(command[:6])} ... failed with exit status {result.returncode} '
                     f'({said})')
   return result.stdout or ''
+
+
+def gcloud_reason(stderr: str, limit: int = 300) -> str:
+  """The part of gcloud's stderr that says why it failed: its `ERROR:` lines (else its last
+  lines), in one line, shortened at a word boundary (with ' ...') to about `limit` characters."""
+  lines = [' '.join(line.split()) for line in stderr.splitlines() if line.strip()]
+  errors = [line for line in lines if line.startswith('ERROR:')]
+  text = ' '.join(errors or lines[-3:]) or 'no message'
+  if len(text) <= limit:
+    return text
+  return text[:limit].rsplit(' ', 1)[0] + ' ...'
 
 
 def run(plan: Plan, steps: Steps, *, local_dir: str = '.', dry_run: bool = False,
@@ -59,9 +70,18 @@ def run(plan: Plan, steps: Steps, *, local_dir: str = '.', dry_run: bool = False
   if not (steps.sync or steps.setup or steps.command or steps.status or steps.logs or steps.stop):
     raise UserError('no command to run and nothing else to do: put the command after --, or '
                     'pass --sync, --setup, --status, --logs or --stop')
+  if steps.stop and (steps.status or steps.logs) and not steps.command:
+    asked = ' and '.join(f'--{n}' for n in ('status', 'logs') if getattr(steps, n))
+    raise UserError(f'--stop with {asked}: --stop ends the run on every worker; pass {asked} '
+                    f'alone to look at it, or --stop alone to end it')
   if steps.stop:
     _do(plan.stop(steps.stop_timeout), dry_run, say)
-  if steps.sync:
+  if steps.sync and dry_run:  # the printed commands name an archive that stays for them
+    archive = source.write_archive(local_dir, tempfile.mkdtemp(prefix='vit_jax_launch_'))
+    say(f'# the source archive is kept at {archive} for these commands; delete it afterwards')
+    for command in plan.sync(archive):
+      _do(command, dry_run, say)
+  elif steps.sync:
     with tempfile.TemporaryDirectory() as tmp:
       archive = source.write_archive(local_dir, tmp)
       for command in plan.sync(archive):
@@ -107,4 +127,4 @@ def _answer(command: List[str]) -> str:
     return f'no answer: {e}'
 
 
-__all__ = ['Plan', 'Steps', 'run', 'source', 'uv_pin']
+__all__ = ['Plan', 'Steps', 'gcloud_reason', 'run', 'source', 'uv_pin']

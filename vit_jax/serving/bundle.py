@@ -86,6 +86,22 @@ def dataset_class_names(dataset: str, data_dir: Optional[str]) -> Tuple[str, ...
   return tuple(ds_info.tfds_info.features[ds_info.label_key].names)
 
 
+def _class_names(config, step_dir, num_classes: int, data_dir: Optional[str]):
+  """(class names, where they come from) of a run's checkpoint: the names recorded with it (what
+  the run was trained on), else the dataset's as it is now, else the class indices."""
+  recorded = (restore.load_facts(step_dir).get('data') or {}).get('class_names')
+  if recorded and len(recorded) == num_classes:
+    return tuple(recorded), f'dataset {config.dataset} (recorded with the checkpoint)'
+  try:
+    names = dataset_class_names(config.dataset, data_dir or config.data_dir)
+    if len(names) != num_classes:
+      raise UserError(f'it has {len(names)} classes, the model {num_classes}')
+    return names, f'dataset {config.dataset}'
+  except UserError as e:
+    return (_index_names(num_classes),
+            f'class indices (no names from dataset {config.dataset}: {e})')
+
+
 def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                  data_dir: Optional[str] = None) -> Bundle:
   """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
@@ -94,14 +110,7 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
   task = tasks.get_task(config)
   spec = tasks.model_spec(config, params)
   source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
-  try:
-    names = dataset_class_names(config.dataset, data_dir or config.data_dir)
-    if len(names) != spec.num_classes:
-      raise UserError(f'it has {len(names)} classes, the model {spec.num_classes}')
-    source['class_names'] = f'dataset {config.dataset}'
-  except UserError as e:
-    names = _index_names(spec.num_classes)
-    source['class_names'] = f'class indices (no names from dataset {config.dataset}: {e})'
+  names, source['class_names'] = _class_names(config, step_dir, spec.num_classes, data_dir)
   pp = config_pp.eval_pp(config)  # the eval preprocessing policy
   return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
                 crop=pp['crop'], resize=pp['resize'],
@@ -243,8 +252,10 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
     raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
                     '--checkpoint=FILE.npz --model=NAME')
   if weights.is_name(checkpoint):  # official weights by name: their file, their variant
-    model = model or weights.lookup(checkpoint).model_name
-    checkpoint = weights.fetch(checkpoint)
+    name, checkpoint = checkpoint, weights.fetch(checkpoint)
+    if model is None:
+      model = weights.lookup(name).model_name
+      weights.check_model(name, checkpoint)
   names = read_class_names(class_names) if class_names else None
   is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)
   if bundle:

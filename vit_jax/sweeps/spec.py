@@ -44,6 +44,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from vit_jax.errors import UserError
 
 SEED = 'seed'
+# What an 'eval' record of metrics.jsonl holds (vit_jax/train/loop.py's `evaluate`).
+EVAL_METRICS = ('accuracy', 'loss', 'count')
 KEYS = {'config', 'overrides', 'grid', 'variants', 'metric', 'x', 'group', 'select', 'ranges',
         'trials', 'sampler', 'pruner'}
 SAMPLERS = ('tpe', 'random')
@@ -201,8 +203,12 @@ def load(path: str) -> Sweep:
   for key in [x] + ([group] if group else []):
     if key not in swept:
       raise UserError(f'"{key}" in {path} must be one of the grid keys: {", ".join(swept)}')
+  metric = raw.get('metric', 'accuracy')
+  if metric not in EVAL_METRICS:  # checked now, not after every run has trained
+    raise UserError(f'"metric" in {path} is {metric!r}, which no eval record has: use one of '
+                    f'{", ".join(EVAL_METRICS)}')
   return Sweep(path=path, config=raw['config'], overrides=dict(raw.get('overrides') or {}),
-               grid={k: list(v) for k, v in grid.items()}, metric=raw.get('metric', 'accuracy'),
+               grid={k: list(v) for k, v in grid.items()}, metric=metric,
                x=x, group=group, select=select, variants=variants, ranges=ranges, trials=trials,
                sampler=sampler, pruner=pruner)
 
@@ -231,4 +237,4 @@ def _pruner(raw, path: str) -> Optional[Dict[str, Any]]:
   return options
 
 
-__all__ = ['Run', 'Sweep', 'load', 'SEED', 'PRUNERS', 'SAMPLERS']
+__all__ = ['Run', 'Sweep', 'load', 'SEED', 'PRUNERS', 'SAMPLERS', 'EVAL_METRICS']

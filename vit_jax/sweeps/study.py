@@ -96,6 +96,8 @@ def open_storage(url: str, heartbeat_s: int):
         raise
       last = e
       time.sleep(0.5 * (attempt + 1))
+    except sqlalchemy.exc.DatabaseError as e:  # not a database, or a damaged one
+      raise UserError(damaged(url, e)) from None
     except (ImportError, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as e:
       e = e.__cause__ or e.__context__ or e  # Optuna's ImportError wraps the missing module's
       raise UserError(f'cannot use the study database {_shown(url)} ({type(e).__name__}: '
@@ -105,9 +107,17 @@ def open_storage(url: str, heartbeat_s: int):
                   f'the URL and that the server runs and accepts connections from this host')
 
 
+def damaged(url: str, error: BaseException) -> str:
+  """The line for a study database that is not one, or is damaged (a truncated or overwritten
+  SQLite file): the runs' workdirs keep their results, so a new study resumes from them."""
+  return (f'the study database {_shown(url)} is damaged or not a database ({_first_line(error)}): '
+          f'move it away and rerun the same command to start a new study (each run keeps its '
+          f'workdir)')
+
+
 def _sqlite_wal(engine) -> None:
   """SQLite in write-ahead-log mode with synchronous=NORMAL: a commit no longer waits for the
-  disk (one fsync per commit made the bookkeeping ~0.9 s per trial on a busy disk); a killed
+  disk (one fsync per commit made each trial's bookkeeping wait on a busy disk); a killed
   process still loses nothing committed, only a power cut could lose the last commits."""
   import sqlalchemy  # pylint: disable=g-import-not-at-top
 

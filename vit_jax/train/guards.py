@@ -1,20 +1,23 @@
 """What keeps a run safe: preemption signals, non-finite numbers, and config drift on resume.
 
-  Preemption         SIGTERM or SIGINT sets a flag; the loop finishes the current step, saves a
-                     checkpoint and exits 0. With several processes, JAX's preemption sync point
-                     makes every process stop at the same step (a SIGINT is turned into the
-                     SIGTERM that JAX's preemption notifier listens for). A second SIGINT on a
-                     single process stops at once (KeyboardInterrupt), except while a checkpoint
-                     is written (`saving()`) or once the stop step is reached: that checkpoint
-                     is finished first.
+  Preemption         SIGTERM, SIGHUP (a closed terminal or SSH session) or SIGINT sets a flag;
+                     the loop finishes the current step, saves a checkpoint (with the train
+                     metrics of the steps since the last record) and exits 0. With several
+                     processes, JAX's preemption sync point makes every process stop at the
+                     same step (SIGINT and SIGHUP are turned into the SIGTERM that JAX's
+                     preemption notifier listens for). A second SIGINT on a single process stops
+                     at once (KeyboardInterrupt), except while a checkpoint is written
+                     (`saving()`) or once the stop step is reached: that checkpoint is finished
+                     first.
   check_finite       one step's `nonfinite` flag -> an error naming the step and the metric.
   config_changes     keys whose values differ between the stored config and this run's config,
                      except the operational ones that do not change the training computation.
   stop_with_parent   in a run started by a sweep ($VIT_JAX_STOP_WITH_PARENT), the sweep's death
                      (even by kill -9) is a SIGTERM to the run: it saves and stops, no orphan.
-  refuse_mismatch    resuming a checkpoint of another config (unless allowed), or one whose
-                     arrays have other shapes than this run's (never allowed: another model,
-                     class count or input shape), is one line; the checkpoints stay as they are.
+  refuse_mismatch    resuming a checkpoint of another config or on changed data (unless
+                     allowed), or one whose arrays have other shapes than this run's (never
+                     allowed: another model, class count or input shape), is one line naming
+                     the cause; the checkpoints stay as they are.
 """
 
 import contextlib
@@ -24,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from vit_jax import interrupt
 from vit_jax.errors import UserError
@@ -36,6 +39,7 @@ OPERATIONAL_KEYS = frozenset({
     'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
     'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
     'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split', 'xla_cpu_schedule',
+    'model.attention',  # the attention kernel: same parameters, same math
 })
 
 
@@ -61,7 +65,7 @@ class Diverged(UserError):
 
 
 class Preemption:
-  """Turns SIGTERM/SIGINT into a request to save and stop at a step boundary."""
+  """Turns SIGTERM/SIGHUP/SIGINT into a request to save and stop at a step boundary."""
 
   def __init__(self):
     self._requested = False
@@ -75,8 +79,10 @@ class Preemption:
     interrupt.check()  # a Ctrl-C during start-up that Python swallowed: stop before training
     if threading.current_thread() is not threading.main_thread():
       return self  # Python delivers signals to the main thread only: nothing to listen for
-    signals = [signal.SIGINT] if self._multiprocess else [signal.SIGTERM, signal.SIGINT]
-    for sig in signals:  # with several processes, JAX's notifier owns SIGTERM
+    signals = [signal.SIGINT, signal.SIGHUP]  # SIGHUP: the terminal or SSH session closed
+    if not self._multiprocess:  # with several processes, JAX's notifier owns SIGTERM
+      signals.append(signal.SIGTERM)
+    for sig in signals:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
@@ -225,21 +231,42 @@ def _shape(shape) -> str:
 
 def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dict,
                     stored_facts: Optional[dict], facts: dict, shape_changes: list,
-                    allow_config_change: bool) -> None:
-  """Raises UserError if checkpoint `step` must not be resumed by this run (module docstring).
+                    allow_config_change: bool, data_changes: Sequence[str] = ()) -> List[str]:
+  """Raises UserError if checkpoint `step` must not be resumed by this run (module docstring);
+  returns the notes to print when it may (changed data, allowed by `allow_config_change`).
 
-  `shape_changes`: (array, stored shape, this run's shape) triples (`train_ckpt.shape_changes`).
+  `shape_changes`: (array, stored shape, this run's shape) triples (`train_ckpt.shape_changes`);
+  `data_changes`: what changed in the dataset since the checkpoint, in words
+  (`vit_jax.data.identity.changes`).
   """
   changes = config_changes(stored_config, config)
   fresh = (f'use a new --workdir (config.init={workdir} starts a new run from its weights '
            'where they fit)')
-  if changes and not allow_config_change and not shape_changes:
+  dataset = config.get('dataset')
+  data_text = '; '.join(data_changes)
+  if changes and not data_changes and not allow_config_change and not shape_changes:
     refuse_config_drift(workdir, step, stored_config, config)
   if not shape_changes:
-    return
+    if not data_changes:
+      return []
+    if not allow_config_change:
+      other_config = f'with another config ({_listed(changes)}) and ' if changes else ''
+      raise UserError(f'{workdir} holds a run (step {step}) {other_config}trained on other data '
+                      f'({dataset}: {data_text}): restore the dataset as it was to resume, use a '
+                      f'new --workdir, or pass --allow_config_change to continue on the data as '
+                      f'it is now')
+    return [f'note: --allow_config_change: continuing the run of {workdir} (step {step}) on '
+            f'changed data ({dataset}: {data_text})']
   arrays = f'its arrays have other shapes ({_shapes(shape_changes)})'
   data = [(k, (stored_facts or {}).get(k), v) for k, v in facts.items()
-          if stored_facts and k in stored_facts and _plain(stored_facts[k]) != _plain(v)]
+          if k in _SHAPE_FACTS and stored_facts and k in stored_facts
+          and _plain(stored_facts[k]) != _plain(v)]
+  if data and (data_changes or not changes):  # the data changed the shapes (a class added
+    # changes the head), whatever else changed in the config
+    cause = f'; {data_text}' if data_text else ''
+    raise UserError(f'{workdir} holds a run (step {step}) of this config on other data '
+                    f'({dataset}: {_listed(data)}), so {arrays}{cause}: restore the dataset as '
+                    f'it was to resume, or {fresh}')
   if changes and not allow_config_change:
     raise UserError(f'{workdir} holds a run (step {step}) with another config: '
                     f'{_listed(changes)}; {arrays}, so it cannot go on with this config: rerun '
@@ -248,9 +275,12 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
     raise UserError(f'--allow_config_change cannot continue {workdir} (step {step}) with '
                     f'{_listed(changes)}: {arrays}; rerun with the stored values of the keys '
                     f'that change them, or {fresh}')
-  other = f' ({config.get("dataset")}: {_listed(data)})' if data else ''
-  raise UserError(f'{workdir} holds a run (step {step}) of this config on other data{other}, so '
+  raise UserError(f'{workdir} holds a run (step {step}) of this config on other data, so '
                   f'{arrays}: restore the dataset as it was to resume, or {fresh}')
+
+
+# The facts that set array shapes (the head's width, the input's).
+_SHAPE_FACTS = ('num_classes', 'image_shape')
 
 
 def _plain(value):

@@ -1,11 +1,12 @@
 """The one training loop, for pre-training and fine-tuning alike.
 
 `program.build_program` (config checked; mesh, model, optimizer, shardings, jitted steps) ->
-workdir checked and locked -> born-sharded state (or the newest readable checkpoint, refusing a
-changed config or other array shapes before reading it; the metrics log cut back to it) ->
-per-process batches -> train step (donated state) -> metrics (JSONL, TensorBoard, progress line)
--> periodic evaluation and checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`,
-the per-device memory report; when preempted, {'preempted': True, 'step': N}).
+workdir checked, created and locked (a run refused before this point leaves no workdir) ->
+born-sharded state (or the newest readable checkpoint, refusing a changed config or other array
+shapes before reading it; the metrics log cut back to it) -> per-process batches -> train step
+(donated state) -> metrics (JSONL, TensorBoard, progress line) -> periodic evaluation and
+checkpoints -> learning-curve PNG. Returns the final evaluation metrics (with `compile_only`, the
+per-device memory report; when preempted, {'preempted': True, 'step': N}).
 
 Step N+1 is dispatched before step N's metrics are read. Every step's `nonfinite` flag is checked
 (one step late, and before any checkpoint of that step), so no state after a NaN/Inf step is saved.
@@ -28,6 +29,7 @@ from vit_jax import data as data_lib
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
+from vit_jax.data import identity
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
@@ -79,19 +81,22 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
       raise UserError(f'{memory.fit_line(report)} ({prog.describe()}): try '
                       f'{memory.MEMORY_FIXES}')
     return report
+  workdir_lib.check(workdir)  # the workdir's layout, before anything is created
   workdir_lib.prepare(workdir)
-  held = lock_lib.hold(workdir)
+  held = lock_lib.hold(workdir)  # a second run on the same workdir stops here
   ckpt = None
   try:
     with guards.Preemption() as preemption:
       ckpt = train_ckpt.Checkpointer(workdir, keep=config.keep_checkpoints)
       logger = None
       try:
-        start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change)
+        facts = run_facts(prog)
+        start_step, state, train_fn = _start(prog, ckpt, workdir, allow_config_change, facts)
         logger = logs.MetricLogger(workdir, throughput=logs.throughput_for(
             prog.model, prog.image_shape, prog.config.batch_size, prog.mesh.devices.flat,
             prog.config.model.dtype))
-        return _run(_Run(prog, ckpt, logger, preemption, workdir), train_fn, state, start_step)
+        return _run(_Run(prog, ckpt, logger, preemption, workdir, facts), train_fn, state,
+                    start_step)
       finally:
         try:
           if logger is not None:
@@ -118,21 +123,23 @@ def _stopped(error: BaseException, ckpt) -> str:
   return f'{error}: free space or fix permissions there; {resume}'
 
 
-def _start(prog, ckpt, workdir, allow_config_change):
+def _start(prog, ckpt, workdir, allow_config_change, facts):
   """(start step, state, train step): the newest readable checkpoint (refusing one of another
   config or other shapes before its arrays are read), or a fresh state. The train step compiles
   on another thread (it is a future then) while the checkpoint's arrays are read, once its config
   and shapes are accepted, or while the initial state's programs compile and run."""
   abstract = train_ckpt.abstract_with_shardings(prog.abstract_state, prog.state_shardings)
-  facts = run_facts(prog)
   compiling = []  # the train step's future, started once a checkpoint is accepted
 
   def check(stored):
-    guards.refuse_mismatch(
+    notes = guards.refuse_mismatch(
         workdir, stored.step, stored_config=stored.config, config=prog.config.to_dict(),
         stored_facts=stored.facts, facts=facts,
         shape_changes=train_ckpt.shape_changes(stored, prog.abstract_state),
-        allow_config_change=allow_config_change)
+        allow_config_change=allow_config_change,
+        data_changes=identity.changes((stored.facts or {}).get('data'), facts.get('data')))
+    for note in notes:
+      _say(note)
     if not compiling and stored.step < prog.total_steps:  # (a finished run trains no step)
       compiling.append(prog.compile_train_step_in_background())
 
@@ -162,8 +169,15 @@ def _start(prog, ckpt, workdir, allow_config_change):
 
 
 def run_facts(prog) -> dict:
-  """What a checkpoint records of the data it was trained on (checked again on resume)."""
-  return {'num_classes': int(prog.num_classes), 'image_shape': [int(d) for d in prog.image_shape]}
+  """What a checkpoint records of the data it was trained on (checked again on resume): the class
+  count and input shape, and the dataset's class names, split sizes and fingerprint
+  (`vit_jax.data.identity`; absent for a dataset that cannot be read)."""
+  facts = {'num_classes': int(prog.num_classes),
+           'image_shape': [int(d) for d in prog.image_shape]}
+  data = identity.identify(prog.config.dataset, prog.config.data_dir)
+  if data is not None:
+    facts['data'] = data
+  return facts
 
 
 @dataclasses.dataclass
@@ -174,6 +188,7 @@ class _Run:
   logger: logs.MetricLogger
   preemption: guards.Preemption
   workdir: str
+  facts: dict  # what each checkpoint records of the data (`run_facts`)
 
 
 def _run(run: _Run, train_fn, state, start_step: int) -> dict:
@@ -186,7 +201,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
       batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
       process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache,
       pipeline=config.input_pipeline)
-  config_json, facts = config.to_dict(), run_facts(prog)
+  config_json, facts = config.to_dict(), run.facts
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
       eval_pp=eval_pp(config))
@@ -220,10 +235,10 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         jax.block_until_ready(metrics)
         progress.restart_clock(step)
       is_last = step == total_steps
-      if step % config.log_every == 0 or is_last:
+      stop = run.preemption.should_stop(step) and not is_last
+      if step % config.log_every == 0 or is_last or stop:  # the stop save logs its steps too
         pending.hold(step, history)
         history = []
-      stop = run.preemption.should_stop(step) and not is_last
       if step % config.eval_every == 0 or is_last:
         guard.check_held()
         pending.flush()

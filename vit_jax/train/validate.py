@@ -19,9 +19,12 @@ _POSITIVE = (lambda v: v > 0, 'a number > 0')
 _NON_NEGATIVE = (lambda v: v >= 0, 'a number >= 0')
 _AT_LEAST_ONE = (lambda v: v >= 1, 'an integer >= 1')
 _FRACTION = (lambda v: 0 <= v < 1, 'in [0, 1)')
+_CLASSES = (lambda v: v >= 1, "the head's width (>= 1), or unset (None: the dataset's class count); "
+            'leave it unset to use the dataset')
 
 # key -> (predicate, what the value must be); a key missing from a config is not checked.
 RANGES: Tuple[Tuple[str, Tuple[Callable[[Any], bool], str]], ...] = (
+    ('num_classes', _CLASSES),
     ('batch_size', _AT_LEAST_ONE),
     ('eval_batch_size', _AT_LEAST_ONE),
     ('accum_steps', _AT_LEAST_ONE),

@@ -1,0 +1,299 @@
+"""Faults from the machine and the terminal, made real: a restore under a real memory limit
+(RLIMIT_AS), a checkpoint written to a full tmpfs, SIGHUP, closed output pipes; and the dataset
+a run records with its checkpoints (class names, fingerprint) against changed data."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import mnist5k
+from image_folder_util import write_colour_folder
+from vit_jax.checkpoint import integrity
+from vit_jax.errors import UserError
+from vit_jax.serving import bundle as bundle_lib
+from vit_jax.serving import inference
+from vit_jax.train import logs
+from vit_jax.train import loop
+from helpers import ROOT
+
+pytestmark = pytest.mark.xdist_group('reliability')
+
+STEPS = 12
+ARGS = [f'--config=configs/mnist5k.py:model_name=ViT-Ze/4,steps={STEPS},batch_size=16',
+        '--config.warmup_steps=1', '--config.log_every=4', f'--config.eval_every={STEPS}',
+        '--config.progress=False']
+
+
+def _config(data_dir, **overrides):
+  c = mnist5k.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16')
+  c.warmup_steps, c.log_every, c.eval_every, c.progress = 1, 4, STEPS, False
+  c.data_dir = data_dir
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+def _tree(directory) -> dict:
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      with open(os.path.join(root, name), 'rb') as f:
+        out[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+  return out
+
+
+def _command(workdir, data_dir, *extra, tool=None):
+  head = [tool] if tool else ['-m', 'vit_jax.main']
+  return [sys.executable, *head, *ARGS, f'--workdir={workdir}', f'--config.data_dir={data_dir}',
+          *extra]
+
+
+def _env(**extra):
+  return dict(os.environ, VIT_JAX_HUGEPAGES='0', **extra)  # one interpreter: signals reach it
+
+
+def _train_steps(workdir) -> list:
+  return [r['step'] for r in logs.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+          if r['split'] == 'train']
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory, data_dir):
+  workdir = tmp_path_factory.mktemp('finished') / 'work'
+  loop.train_and_evaluate(_config(data_dir, total_steps=4, checkpoint_every=2), str(workdir))
+  return workdir
+
+
+# ---------------------------------------------------------------------------------------------
+# A checkpoint is set aside only when its own files fail the integrity check.
+
+
+def test_each_checkpoint_has_a_manifest_that_its_files_match(finished_run):
+  for step in ('2', '4'):
+    step_dir = finished_run / 'checkpoints' / step
+    manifest = json.loads((step_dir / integrity.MANIFEST).read_text())['files']
+    assert any(name.startswith('state/') for name in manifest)
+    assert integrity.damage(step_dir) is None
+
+
+def test_a_flipped_byte_is_damage_and_a_bad_metadata_file_without_manifest_too(
+    tmp_path, finished_run):
+  step_dir = tmp_path / '4'
+  shutil.copytree(finished_run / 'checkpoints' / '4', step_dir)
+  files = json.loads((step_dir / integrity.MANIFEST).read_text())['files']
+  name = max(files, key=lambda n: files[n][0])  # the largest file: array data
+  data = bytearray((step_dir / name).read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  (step_dir / name).write_bytes(bytes(data))
+  assert integrity.damage(step_dir) == f'{name} does not match its checksum'
+  (step_dir / integrity.MANIFEST).unlink()  # an older checkpoint: only its metadata is checked
+  assert integrity.damage(step_dir) is None
+  (step_dir / '_CHECKPOINT_METADATA').write_text('{"truncated')
+  assert integrity.damage(step_dir) == '_CHECKPOINT_METADATA is not valid JSON'
+
+
+def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path, data_dir):
+  """The restore runs with its address space capped 200 MB above what the process maps: room for
+  its threads, not for the 25.6 MB head (200,000 classes) on each of the 8 devices. XLA's
+  allocation fails (RESOURCE_EXHAUSTED), as in a resume on a machine with too little memory."""
+  workdir = tmp_path / 'work'
+  wide = dict(total_steps=2, num_classes=200_000, eval_batch_size=64, eval_every=2)
+  loop.train_and_evaluate(_config(data_dir, **wide), str(workdir))
+  before = _tree(workdir / 'checkpoints')
+  proc = subprocess.run(
+      _command(workdir, data_dir, '--config.total_steps=3', '--config.eval_every=3',
+               '--config.num_classes=200000', '--config.eval_batch_size=64',
+               '--allow_config_change', tool='tests/tools/memory_limit_main.py'),
+      cwd=ROOT, env=_env(MEMORY_LIMIT_MARGIN=str(200 << 20)), capture_output=True, text=True,
+      timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert lines[-1].startswith(f'error: cannot read checkpoint 2 in {workdir}/checkpoints ('), lines
+  assert 'RESOURCE_EXHAUSTED' in lines[-1]
+  assert lines[-1].endswith('its files pass the integrity check, so it stays where it is: free '
+                            'memory (or raise the memory limit: ulimit -v) for the restore, then '
+                            'rerun the same command'), lines[-1]
+  assert _tree(workdir / 'checkpoints') == before
+  assert not (workdir / 'corrupt_checkpoints').exists()
+
+
+def test_a_run_that_starts_below_a_set_aside_checkpoint_says_so(tmp_path, data_dir, finished_run,
+                                                                 capfd):
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  (workdir / 'corrupt_checkpoints').mkdir()
+  os.rename(workdir / 'checkpoints' / '4', workdir / 'corrupt_checkpoints' / '4-1700000000')
+  capfd.readouterr()
+  loop.train_and_evaluate(_config(data_dir, total_steps=4, checkpoint_every=2), str(workdir))
+  err = capfd.readouterr().err
+  assert (f'note: starting from step 2 while the newer checkpoint(s) 4 sit in '
+          f'{workdir}/corrupt_checkpoints (set aside as damaged); the steps after 2 are trained '
+          f'again') in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# A real full disk: a tmpfs of a few MB.
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', str(mount)], check=True)
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=True)
+
+
+def _fill(mount, leave: int) -> None:
+  stat = os.statvfs(mount)
+  free = stat.f_bavail * stat.f_frsize
+  with open(mount / 'filler', 'wb') as f:
+    f.write(b'\0' * max(0, free - leave))
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary_folder(
+    small_disk, data_dir, finished_run):
+  workdir = small_disk / 'work'
+  shutil.copytree(finished_run, workdir)
+  before = _tree(workdir / 'checkpoints')
+  size = sum(len(v) for k, v in before.items() if k.startswith('4/'))
+  _fill(small_disk, size // 3)  # room for the metrics, not for a checkpoint
+  with pytest.raises(UserError, match=rf'^cannot write a checkpoint to {workdir}/checkpoints \(No '
+                                      r'space left on device\): free space or fix permissions '
+                                      r'there, then rerun the same command to resume from the '
+                                      r'checkpoint of step 4$'):
+    loop.train_and_evaluate(_config(data_dir, total_steps=6, checkpoint_every=2), str(workdir),
+                            allow_config_change=True)
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['2', '4']  # no temporary folder
+  assert _tree(workdir / 'checkpoints') == before
+  assert _train_steps(workdir)[-1] == 6  # the log of what was trained is whole
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGHUP, closed pipes, and the stop save's train metrics.
+
+
+def _wait_for_step(proc, workdir, step, timeout=300):
+  deadline = time.monotonic() + timeout
+  while not os.path.exists(workdir / 'metrics.jsonl') or max(
+      _train_steps(workdir), default=0) < step:
+    assert proc.poll() is None, proc.communicate()[1]
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+
+
+def test_sighup_saves_like_sigterm_and_every_step_is_in_one_record(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  proc = subprocess.Popen(_command(workdir, data_dir, '--config.total_steps=400',
+                                   '--config.eval_every=400', '--config.checkpoint_every=1000'),
+                          cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  _wait_for_step(proc, workdir, 4)
+  proc.send_signal(signal.SIGHUP)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('preempted: saved the checkpoint of step '), err
+  saved = int(last.split('step ')[1].split(' ')[0])
+  assert os.listdir(workdir / 'checkpoints') == [str(saved)]
+  steps = _train_steps(workdir)
+  assert steps[-1] == saved, (steps, saved)  # the stop save logged the steps since the last record
+  assert steps == sorted(set(steps))
+
+
+def test_a_closed_output_pipe_never_stops_the_run(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  command = ' '.join(_command(workdir, data_dir, '--config.checkpoint_every=4'))
+  proc = subprocess.run(['bash', '-c', f'{command} 2>&1 | head -1; exit ${{PIPESTATUS[0]}}'],
+                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert len(proc.stdout.splitlines()) == 1
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['12', '4', '8']
+  assert _train_steps(workdir) == [4, 8, 12]
+
+
+def test_a_closed_stdout_alone_never_stops_the_run(tmp_path, data_dir):
+  workdir = tmp_path / 'work'
+  read, write = os.pipe()
+  os.close(read)  # nobody reads stdout: the final print meets a closed pipe
+  proc = subprocess.run(_command(workdir, data_dir, '--config.total_steps=2'), cwd=ROOT,
+                        env=_env(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+  os.close(write)
+  assert proc.returncode == 0 and 'Traceback' not in proc.stderr, proc.stderr
+  assert os.listdir(workdir / 'checkpoints') == ['2']
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset travels with the checkpoint.
+
+
+def _folder_config(root, tmp_path, **overrides):
+  c = mnist5k.get_config('model_name=ViT-Ze/4,steps=2,batch_size=8')
+  c.dataset, c.data_dir, c.image_size = f'folder:{root}', str(tmp_path / 'tfds'), 16
+  c.pp.train_crop = c.pp.eval_crop = 'resize'
+  c.eval_batch_size, c.warmup_steps, c.progress = 8, 1, False
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+@pytest.fixture
+def folder_run(tmp_path):
+  root = tmp_path / 'colours'
+  write_colour_folder(str(root), per_class=4)
+  workdir = tmp_path / 'work'
+  loop.train_and_evaluate(_folder_config(root, tmp_path), str(workdir))
+  return root, workdir
+
+
+def test_a_resume_after_a_class_folder_was_renamed_is_refused_naming_it(tmp_path, folder_run):
+  root, workdir = folder_run
+  before = _tree(workdir)
+  os.rename(root / 'red', root / 'zucchini')
+  with pytest.raises(UserError, match=r"holds a run \(step 2\) trained on other data \(folder:.*"
+                                      r"colours: class 'red' renamed to 'zucchini'\): restore the "
+                                      r'dataset as it was to resume, use a new --workdir, or pass '
+                                      r'--allow_config_change'):
+    loop.train_and_evaluate(_folder_config(root, tmp_path), str(workdir))
+  assert _tree(workdir) == before
+  # predict and export name the classes the run was trained with, not the folder's new names.
+  bundle = bundle_lib.from_workdir(str(workdir))
+  assert bundle.class_names == ('blue', 'green', 'red')
+  assert 'recorded with the checkpoint' in bundle.source['class_names']
+  image = root / 'zucchini' / '0.jpg'
+  assert inference.predict(bundle, [str(image)], top_k=3)[0]['top'][0]['class'] in (
+      'blue', 'green', 'red')
+
+
+def test_a_resume_after_images_were_added_is_refused_unless_allowed_then_noted(
+    tmp_path, folder_run, capfd):
+  root, workdir = folder_run
+  for name in ('0.jpg', '2.jpg'):
+    shutil.copy(root / 'blue' / name, root / 'blue' / f'extra_{name}')
+  config = _folder_config(root, tmp_path, total_steps=3)
+  with pytest.raises(UserError, match=r'with another config \(total_steps 2 -> 3\) and trained on '
+                                      r'other data \(folder:.*colours: train split 9 -> 11 '
+                                      r'images\): restore the dataset'):
+    loop.train_and_evaluate(config, str(workdir))
+  capfd.readouterr()
+  loop.train_and_evaluate(config, str(workdir), allow_config_change=True)
+  err = capfd.readouterr().err
+  assert 'note: --allow_config_change: continuing the run of' in err and 'on changed data (' in err
+  assert '3' in os.listdir(workdir / 'checkpoints')
+
+
+def test_allow_config_change_names_an_added_class_folder_as_the_shape_change(tmp_path,
+                                                                              folder_run):
+  root, workdir = folder_run
+  shutil.copytree(root / 'blue', root / 'cyan')
+  with pytest.raises(UserError, match=r"on other data \(folder:.*colours: num_classes 3 -> 4\), "
+                                      r'so its arrays have other shapes \(params/head/bias .*; '
+                                      r"class 'cyan' added"):
+    loop.train_and_evaluate(_folder_config(root, tmp_path, total_steps=3), str(workdir),
+                            allow_config_change=True)

@@ -1,0 +1,75 @@
+"""What a run records of its dataset with each checkpoint: the class names, the split sizes and a
+fingerprint of the prepared files, read through the data package's public entry point
+(`vit_jax.data.get_info`), so that a resume on changed data is noticed and a checkpoint's
+predictions carry the names it was trained with (not the names the folder has now).
+
+  identify(dataset, data_dir) -> {'class_names', 'split_sizes', 'fingerprint'} or None
+  changes(recorded, current)  -> what differs, in words ("class 'apple' renamed to 'zucchini'")
+
+The fingerprint hashes the class names, the split sizes and the name and size of every prepared
+file (not their bytes: reading a large dataset at every start would cost minutes); where the
+data lives (`data_dir`) is no part of it.
+"""
+
+import hashlib
+import json
+import os
+from typing import List, Optional
+
+from vit_jax import data as data_lib
+from vit_jax.errors import UserError
+
+
+def _class_names(info) -> Optional[List[str]]:
+  names = getattr(info.tfds_info.features[info.label_key], 'names', None)
+  return [str(n) for n in names] if names else None
+
+
+def _prepared_files(directory: str) -> List[list]:
+  """[name, size] of the prepared record files (metadata JSON left out: tfds rewrites it)."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  root = epath.Path(directory)
+  if not root.is_dir():
+    return []
+  return sorted([p.name, p.stat().length] for p in root.iterdir()
+                if p.is_file() and not p.name.endswith('.json'))
+
+
+def identify(dataset: str, data_dir: Optional[str]) -> Optional[dict]:
+  """The identity of a prepared dataset, or None when it cannot be read (a run that needs no
+  data: compile-only, a dataset named only by its class count)."""
+  try:
+    info = data_lib.get_info(dataset, data_dir)
+  except UserError:
+    return None
+  names = _class_names(info)
+  sizes = {str(k): int(v) for k, v in sorted(info.split_sizes.items())}
+  content = {'class_names': names, 'split_sizes': sizes,
+             'files': _prepared_files(os.fspath(info.data_dir))}
+  digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+  return {'class_names': names, 'split_sizes': sizes, 'fingerprint': digest}
+
+
+def changes(recorded: Optional[dict], current: Optional[dict]) -> List[str]:
+  """What differs between two identities, in words; [] when either is unknown or they match."""
+  if not recorded or not current or recorded.get('fingerprint') == current.get('fingerprint'):
+    return []
+  out = []
+  old, new = recorded.get('class_names') or [], current.get('class_names') or []
+  if old != new:
+    gone, added = [n for n in old if n not in new], [n for n in new if n not in old]
+    if len(gone) == len(added) and gone:
+      out += [f'class {a!r} renamed to {b!r}' for a, b in zip(gone, added)]
+    else:
+      out += [f'class {n!r} removed' for n in gone] + [f'class {n!r} added' for n in added]
+      if not gone and not added:
+        out.append('the classes are in another order')
+  old_sizes, new_sizes = recorded.get('split_sizes') or {}, current.get('split_sizes') or {}
+  for split in sorted(set(old_sizes) | set(new_sizes)):
+    if old_sizes.get(split) != new_sizes.get(split):
+      out.append(f'{split} split {old_sizes.get(split, 0)} -> {new_sizes.get(split, 0)} images')
+  return out or [f'its contents changed (fingerprint {recorded.get("fingerprint")} -> '
+                 f'{current.get("fingerprint")})']
+
+
+__all__ = ['identify', 'changes']
