@@ -40,11 +40,10 @@ install:
 endif
 
 # The locks are installed by uv (its version pinned in requirements.lock, bootstrapped by pip):
-# the same packages as `pip install --no-deps -r requirements.lock` in 0.8 s (uv's cache warm)
-# instead of 33 s (AMD EPYC 26/2, docs/speed.md). uv reads PyPI (or UV_INDEX_URL), not pip's
-# configuration. Not byte-compiled (that took 10.7 s of the install's 15): every command below
-# writes the .pyc of what it imports on first import instead, the suite ~10 CPU-s of them
-# (`unexport` below: even where the environment sets PYTHONDONTWRITEBYTECODE).
+# the same packages as `pip install --no-deps -r requirements.lock`, much faster. uv reads PyPI
+# (or UV_INDEX_URL), not pip's configuration. Not byte-compiled at install: every command below
+# writes the .pyc of what it imports on first import instead (`unexport` below: even where the
+# environment sets PYTHONDONTWRITEBYTECODE).
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps
 unexport PYTHONDONTWRITEBYTECODE
 

@@ -17,7 +17,7 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-# One persistent XLA compilation cache for the session's processes and the subprocesses they
+# One persistent XLA compilation cache for the test run's processes and the subprocesses they
 # start: the suite compiles the same small programs many times (each `vit_jax.main` launch of the
 # kill loop, each strategy run). A cache hit is the same executable, so results are unchanged.
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
@@ -53,7 +53,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
-  """A tfds data_dir shared by the session, with mnist5k prepared in it (so no test's output
+  """A tfds data_dir shared by the whole test run, with mnist5k prepared in it (so no test's output
   depends on whether it was the first to touch the dataset)."""
   from vit_jax.data import mnist5k  # pylint: disable=g-import-not-at-top
   path = str(tmp_path_factory.mktemp('tfds'))

@@ -195,7 +195,7 @@ def test_commands_are_extracted_as_the_shell_reads_them():
       'W=runs/x',
       '.venv/bin/python -m vit_jax.main --config=a.py \\',
       '    --workdir=$W/one   # trailing comment',
-      "python -m vit_jax launch -- 'echo #1 not a comment'",
+      "python -m vit_jax launch -- 'echo #x not a comment'",
       'PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py --rows=a',
       'compile-only: ViT-H/14 (output, not a command)',
       'gcloud compute tpus tpu-vm create x',
@@ -206,7 +206,7 @@ def test_commands_are_extracted_as_the_shell_reads_them():
   ])
   assert commands_in(text) == [
       'W=runs/x .venv/bin/python -m vit_jax.main --config=a.py --workdir=$W/one',
-      "W=runs/x python -m vit_jax launch -- 'echo #1 not a comment'",
+      "W=runs/x python -m vit_jax launch -- 'echo #x not a comment'",
       'W=runs/x PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py --rows=a',
       'make train',
   ]

@@ -29,7 +29,7 @@ from vit_jax.train import loop
 from vit_jax.train import program
 from helpers import ROOT, free_port, xla_flags
 
-# One worker runs this module, so its shared fixtures are computed once per session.
+# One worker runs this module, so its shared fixtures are computed once per test run.
 pytestmark = pytest.mark.xdist_group('reliability')
 
 STEPS = 24

@@ -65,7 +65,7 @@ def describe(path: str = CPUINFO) -> dict:
 
 
 def one_line(info: dict) -> str:
-  """'AMD EPYC (family 25 model 17, 2 CPUs; avx2 avx512f avx512_bf16)' for tables and logs."""
+  """'NAME (family F model M, N CPUs; avx2 avx512f ...)' for tables and logs."""
   numbers: List[str] = []
   if info.get('family') is not None:
     numbers.append(f'family {info["family"]} model {info["model"]}')
@@ -78,7 +78,7 @@ def one_line(info: dict) -> str:
 
 
 def short(info: dict) -> str:
-  """'AMD EPYC 25/17' (model name, family/model): the processor column of a table."""
+  """'NAME F/M' (model name, family/model): the processor column of a table."""
   if info.get('family') is None:
     return info['model_name']
   return f'{info["model_name"]} {info["family"]}/{info["model"]}'
