@@ -204,7 +204,8 @@ class Checkpointer:
       damaged = integrity.damage(step_dir)
     except Exception as e:  # pylint: disable=broad-except  # I/O, memory: says nothing of the files
       damaged = None
-      failure = f'{failure}; checking its files: {getattr(e, "strerror", None) or e or type(e).__name__}'
+      failure = (f'{failure}; checking its files: '
+                 f'{getattr(e, "strerror", None) or _one_line(e) or type(e).__name__}')
     if damaged is None:
       raise UserError(f'cannot read checkpoint {step} in {self.directory} ({failure}); its files '
                       f'pass the integrity check, so it stays where it is: '

@@ -33,12 +33,14 @@ def run(argv) -> int:
   del argv
   # JAX and the trainer load here, not at import: --help and flag errors answer at once.
   from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import guards, loop, program, validate  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from vit_jax.train import guards, lock, loop, program, validate
   config = _CONFIG.value
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   validate.check_config(config)  # the run's one validation: before joining a distributed run
+  lock.check_free(_WORKDIR.value)  # a workdir another run holds: stop before building anything
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
   prog = program.build_program(config, validated=True)  # the mesh and the model, built once

@@ -17,11 +17,15 @@ import os
 from typing import List, Optional
 
 from vit_jax import data as data_lib
+from vit_jax.data import catalog
 from vit_jax.errors import UserError
 
 
 def _class_names(info) -> Optional[List[str]]:
-  names = getattr(info.tfds_info.features[info.label_key], 'names', None)
+  try:
+    names = info.class_names
+  except AttributeError:  # a tfds label feature without names
+    return None
   return [str(n) for n in names] if names else None
 
 
@@ -37,7 +41,10 @@ def _prepared_files(directory: str) -> List[list]:
 
 def identify(dataset: str, data_dir: Optional[str]) -> Optional[dict]:
   """The identity of a prepared dataset, or None when it cannot be read (a run that needs no
-  data: compile-only, a dataset named only by its class count)."""
+  data: compile-only, a dataset named only by its class count) or cannot change (an embedded
+  dataset, which installed packages carry: identifying it would import TensorFlow for nothing)."""
+  if dataset in catalog.EMBEDDED:
+    return None
   try:
     info = data_lib.get_info(dataset, data_dir)
   except UserError:

@@ -46,7 +46,9 @@ XLA_GPU_FLAGS: Dict[str, Tuple[Tuple[str, ...], str]] = {
     'autotune_0': (('--xla_gpu_autotune_level=0',),
                    'no GEMM/conv autotuning: a faster compile, possibly slower kernels'),
 }
-DEFAULT_VARIANT = 'none'  # nothing measured to help yet
+# XLA's defaults: `no_triton_gemm` measured slower on the ViT-B/16 bf16 train step
+# (benchmarks/RESULTS.md); the others wait for a measurement that shows a gain.
+DEFAULT_VARIANT = 'none'
 
 
 # GPU descriptions for deviceless compiles (GpuTargetConfigProto text): the device properties

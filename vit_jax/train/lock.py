@@ -231,6 +231,22 @@ def holder(workdir: str, store=None) -> Optional[Holder]:
   return None if found is None or found.stale_reason() else found
 
 
+def _in_use(workdir: str, other: Holder) -> WorkdirInUse:
+  return WorkdirInUse(f'--workdir={workdir} is in use by another run ({other.describe()}): wait '
+                      f'for it to finish or stop it; if it is gone, delete {lock_path(workdir)}')
+
+
+def check_free(workdir: str) -> None:
+  """Raises WorkdirInUse when a live run holds the workdir: a second run stops before it builds
+  anything (taking the lock, later, is what excludes two runs)."""
+  try:
+    other = holder(workdir)
+  except OSError:  # an unreadable lock: taking it says what is wrong
+    return
+  if other is not None:
+    raise _in_use(workdir, other)
+
+
 # ---------------------------------------------------------------------------------------------
 # Taking and keeping the lock.
 
@@ -274,8 +290,7 @@ class WorkdirLock:
                          'written or damaged: if no other run uses this workdir, delete it')
     reason = other.stale_reason()
     if reason is None:
-      raise WorkdirInUse(f'--workdir={self.workdir} is in use by another run ({other.describe()})'
-                         f': wait for it to finish or stop it; if it is gone, delete {self.path}')
+      raise _in_use(self.workdir, other)
     if self._store.remove_if(self.path, data):
       self._say(f'note: took over the lock of a run that is gone ({other.describe()}: {reason})')
     return False
@@ -330,5 +345,5 @@ class _NoLock:
     pass
 
 
-__all__ = ['WorkdirLock', 'WorkdirInUse', 'Holder', 'hold', 'holder', 'lock_path', 'LocalStore',
-           'GfileStore', 'store_for', 'LOCK_FILE', 'HEARTBEAT_S', 'STALE_AFTER_S', 'SETTLE_S']
+__all__ = ['WorkdirLock', 'WorkdirInUse', 'Holder', 'check_free', 'hold', 'holder', 'lock_path',
+           'LocalStore', 'GfileStore', 'store_for', 'LOCK_FILE', 'HEARTBEAT_S', 'STALE_AFTER_S', 'SETTLE_S']
