@@ -25,6 +25,16 @@ def xla_flags(devices: int) -> str:
   return ' '.join([*kept, f'--xla_force_host_platform_device_count={devices}'])
 
 
+def file_tree(directory) -> dict:
+  """{relative path: bytes} of every file under `directory`: to check that nothing changed."""
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      with open(os.path.join(root, name), 'rb') as f:
+        out[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+  return out
+
+
 def records(workdir, split=None) -> list:
   """The records of a run's metrics.jsonl, in order (only those of `split` if given)."""
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:

@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from configs import mnist5k
+from helpers import file_tree
 from vit_jax import data as data_lib
 from vit_jax.data import config_pp, folder, image_files, specs
 from vit_jax.errors import UserError
@@ -31,15 +32,6 @@ def _config(data_dir, **overrides):
   for key, value in overrides.items():
     c[key] = value
   return c
-
-
-def _snapshot(directory) -> dict:
-  out = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
-      with open(os.path.join(root, name), 'rb') as f:
-        out[os.path.relpath(os.path.join(root, name), directory)] = f.read()
-  return out
 
 
 def _workdir_with_notes(tmp_path):
@@ -177,11 +169,11 @@ def test_workdir_entry_of_the_wrong_kind_is_refused_before_training(tmp_path, da
     (workdir / name).write_text('not a directory')
   else:
     (workdir / name).mkdir()
-  before = _snapshot(workdir)
+  before = file_tree(workdir)
   with pytest.raises(UserError, match=f'^{workdir}/{name} is not {kind}, and the run writes its '
                                       f'{name} there: move it away or use another --workdir$'):
     loop.train_and_evaluate(_config(data_dir), str(workdir))
-  assert _snapshot(workdir) == before  # nothing written (the lock released)
+  assert file_tree(workdir) == before  # nothing written (the lock released)
   assert sorted(os.listdir(workdir)) == sorted(['notes.txt', name])
 
 

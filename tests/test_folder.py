@@ -142,3 +142,15 @@ def test_train_stream_resumes_exactly_and_processes_share_the_split(images, tmp_
     assert n == 3 and len(masks) == 24  # both processes yield the same number of batches
     counts.append(int(masks.sum()))
   assert counts == [17, 16]  # the 33 train images, each read by one process
+
+
+def test_a_folder_name_too_long_to_prepare_is_one_line_naming_the_cause(tmp_path):
+  """The prepared copy's directory is named after the folder: a 245-character name makes it too
+  long for the file system, which is said as such (not as a full disk)."""
+  root = tmp_path / ('a' * 245)
+  write_colour_folder(root, per_class=2)
+  with pytest.raises(UserError) as err:
+    folder.prepare(str(root), str(tmp_path / 'data'))
+  line = str(err.value)
+  assert '\n' not in line and 'File name too long' in line, line
+  assert 'shorter file or folder names' in line and 'free space' not in line, line

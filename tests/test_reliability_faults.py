@@ -20,7 +20,7 @@ from vit_jax.serving import bundle as bundle_lib
 from vit_jax.serving import inference
 from vit_jax.train import logs
 from vit_jax.train import loop
-from helpers import ROOT
+from helpers import ROOT, file_tree
 
 pytestmark = pytest.mark.xdist_group('reliability')
 
@@ -37,15 +37,6 @@ def _config(data_dir, **overrides):
   for key, value in overrides.items():
     c[key] = value
   return c
-
-
-def _tree(directory) -> dict:
-  out = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
-      with open(os.path.join(root, name), 'rb') as f:
-        out[os.path.relpath(os.path.join(root, name), directory)] = f.read()
-  return out
 
 
 def _command(workdir, data_dir, *extra, tool=None):
@@ -105,7 +96,7 @@ def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path,
   workdir = tmp_path / 'work'
   wide = dict(total_steps=2, num_classes=200_000, eval_batch_size=64, eval_every=2)
   loop.train_and_evaluate(_config(data_dir, **wide), str(workdir))
-  before = _tree(workdir / 'checkpoints')
+  before = file_tree(workdir / 'checkpoints')
   proc = subprocess.run(
       _command(workdir, data_dir, '--config.total_steps=3', '--config.eval_every=3',
                '--config.num_classes=200000', '--config.eval_batch_size=64',
@@ -119,7 +110,7 @@ def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path,
   assert lines[-1].endswith('its files pass the integrity check, so it stays where it is: free '
                             'memory (or raise the memory limit: ulimit -v) for the restore, then '
                             'rerun the same command'), lines[-1]
-  assert _tree(workdir / 'checkpoints') == before
+  assert file_tree(workdir / 'checkpoints') == before
   assert not (workdir / 'corrupt_checkpoints').exists()
 
 
@@ -161,7 +152,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary_folder(
     small_disk, data_dir, finished_run):
   workdir = small_disk / 'work'
   shutil.copytree(finished_run, workdir)
-  before = _tree(workdir / 'checkpoints')
+  before = file_tree(workdir / 'checkpoints')
   size = sum(len(v) for k, v in before.items() if k.startswith('4/'))
   _fill(small_disk, size // 3)  # room for the metrics, not for a checkpoint
   with pytest.raises(UserError, match=rf'^cannot write a checkpoint to {workdir}/checkpoints \(No '
@@ -171,7 +162,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary_folder(
     loop.train_and_evaluate(_config(data_dir, total_steps=6, checkpoint_every=2), str(workdir),
                             allow_config_change=True)
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['2', '4']  # no temporary folder
-  assert _tree(workdir / 'checkpoints') == before
+  assert file_tree(workdir / 'checkpoints') == before
   assert _train_steps(workdir)[-1] == 6  # the log of what was trained is whole
 
 
@@ -254,14 +245,14 @@ def folder_run(tmp_path):
 
 def test_a_resume_after_a_class_folder_was_renamed_is_refused_naming_it(tmp_path, folder_run):
   root, workdir = folder_run
-  before = _tree(workdir)
+  before = file_tree(workdir)
   os.rename(root / 'red', root / 'zucchini')
   with pytest.raises(UserError, match=r"holds a run \(step 2\) trained on other data \(folder:.*"
                                       r"colours: class 'red' renamed to 'zucchini'\): restore the "
                                       r'dataset as it was to resume, use a new --workdir, or pass '
                                       r'--allow_config_change'):
     loop.train_and_evaluate(_folder_config(root, tmp_path), str(workdir))
-  assert _tree(workdir) == before
+  assert file_tree(workdir) == before
   # predict and export name the classes the run was trained with, not the folder's new names.
   bundle = bundle_lib.from_workdir(str(workdir))
   assert bundle.class_names == ('blue', 'green', 'red')

@@ -31,6 +31,7 @@ readable image is a `UserError`.
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -42,6 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from etils import epath
 import tensorflow_datasets as tfds
 
+from vit_jax import errors
 from vit_jax import fileio
 from vit_jax import quiet
 from vit_jax.data import catalog
@@ -295,6 +297,10 @@ def prepare(root: str, data_dir: Optional[str]) -> ImageFolder:
   except (OSError, tf.errors.OpError) as e:
     # Another process may have prepared the same directory first (our final rename then fails).
     if not ImageFolder(listing=listing, data_dir=directory).is_prepared():
+      if errors.environment_errno(e) not in (None, errno.ENOSPC, errno.EDQUOT):
+        # Not the disk's room (a name too long, permissions): the fix for that cause.
+        raise UserError(f'cannot prepare {PREFIX}{root} in {directory}: '
+                        f'{errors.environment_failure(e)}') from None
       raise UserError(f'cannot prepare {PREFIX}{root} in {directory} ({fileio.error_reason(e)}): '
                       f'free space there or set config.data_dir to a disk with room, then '
                       f'rerun') from None
