@@ -111,8 +111,6 @@ def format_result(r: dict) -> str:
            f'  {r["img_per_s"]:.1f} img/s (median of {len(r.get("step_s_all", [])) or r["steps"]}'
            f' steps), first result after {r["compile_s"]:.1f} s']
   if r['mode'] != 'input':
-    if 'xla_cpu_schedule' in r:
-      lines[0] = lines[0][:-1] + f', XLA:CPU schedule {r["xla_cpu_schedule"]}:'
     device = (f'; device allocator peak {r["device_peak_bytes"] / GIB:.2f} GiB'
               if r.get('device_peak_bytes') else '')
     lines += [f'  {r["flops_per_img"] / 1e9:.2f} GFLOP/img (the model\'s, from its shapes), '

@@ -38,7 +38,8 @@ OPERATIONAL_KEYS = frozenset({
     'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'compile_for', 'parallelism',
     'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
     'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
-    'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split', 'xla_cpu_schedule',
+    'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
+    'xla_cpu_schedule',  # a key of older configs: checkpoints that still carry it resume
     'model.attention',  # the attention kernel: same parameters, same math
 })
 
