@@ -11,7 +11,7 @@ raised inside an extension module's initialisation can crash the interpreter (a 
 loading jaxlib), so `check()` raises it once imports are done. Handlers installed later (the
 trainer's preemption handler, the sweep's) take over.
 
-A closed terminal or output pipe (`... | head -1`, an SSH session that ended) must not stop a
+A closed terminal or output pipe (`... | head -1`, an SSH connection that ended) must not stop a
 command either: `survive_closed_output()` makes stdout and stderr drop their output from then on
 (their file descriptors pointed at /dev/null) instead of raising BrokenPipeError or EIO.
 """

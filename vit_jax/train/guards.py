@@ -1,6 +1,6 @@
 """What keeps a run safe: preemption signals, non-finite numbers, and config drift on resume.
 
-  Preemption         SIGTERM, SIGHUP (a closed terminal or SSH session) or SIGINT sets a flag;
+  Preemption         SIGTERM, SIGHUP (a closed terminal or SSH connection) or SIGINT sets a flag;
                      the loop finishes the current step, saves a checkpoint (with the train
                      metrics of the steps since the last record) and exits 0. With several
                      processes, JAX's preemption sync point makes every process stop at the
@@ -80,7 +80,7 @@ class Preemption:
     interrupt.check()  # a Ctrl-C during start-up that Python swallowed: stop before training
     if threading.current_thread() is not threading.main_thread():
       return self  # Python delivers signals to the main thread only: nothing to listen for
-    signals = [signal.SIGINT, signal.SIGHUP]  # SIGHUP: the terminal or SSH session closed
+    signals = [signal.SIGINT, signal.SIGHUP]  # SIGHUP: the terminal or SSH connection closed
     if not self._multiprocess:  # with several processes, JAX's notifier owns SIGTERM
       signals.append(signal.SIGTERM)
     for sig in signals:
