@@ -5,6 +5,7 @@ train longer (in-process or in a subprocess)."""
 import contextlib
 import json
 import os
+import shutil
 import socket
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +34,18 @@ def file_tree(directory) -> dict:
       with open(os.path.join(root, name), 'rb') as f:
         out[os.path.relpath(os.path.join(root, name), directory)] = f.read()
   return out
+
+
+def cut_run(full: str, cut: str, *, keep_step: int, drop_step: int) -> None:
+  """`cut`: a copy of the finished run `full` as it stood after step `keep_step`'s checkpoint
+  (checkpoint `drop_step` and the log records after `keep_step` removed), as a killed run leaves
+  its workdir."""
+  shutil.copytree(full, cut)
+  shutil.rmtree(os.path.join(cut, 'checkpoints', str(drop_step)))
+  with open(os.path.join(cut, 'metrics.jsonl')) as f:
+    kept = [line for line in f if json.loads(line)['step'] <= keep_step]
+  with open(os.path.join(cut, 'metrics.jsonl'), 'w') as f:
+    f.writelines(kept)
 
 
 def records(workdir, split=None) -> list:

@@ -23,7 +23,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from configs import pretrain
-from helpers import ROOT, train_losses
+from helpers import ROOT, cut_run, train_losses
 from vit_jax import data as data_lib
 from vit_jax.data import archive_index, info, releases, specs
 from vit_jax.errors import UserError
@@ -171,13 +171,19 @@ archive_index.build(sys.argv[1], 'tars', sys.argv[2], workers=1,
 """
 
 
-@pytest.mark.slow
-def test_indexing_resumes_after_a_kill_and_does_only_the_missing_parts(tmp_path):
+def _tar_folder(tmp_path, classes: int, per_class: int):
+  """A folder of `classes` per-synset tars (no extras) under tmp_path/tars, and its images."""
   root = tmp_path / 'tars'
   root.mkdir()
-  tars, images = class_tars([f'n{i:08d}' for i in range(12)], 2, extras=False)
+  tars, images = class_tars([f'n{i:08d}' for i in range(classes)], per_class, extras=False)
   for synset, data in tars.items():
     (root / f'{synset}.tar').write_bytes(data)
+  return root, images
+
+
+@pytest.mark.slow
+def test_indexing_resumes_after_a_kill_and_does_only_the_missing_parts(tmp_path):
+  root, images = _tar_folder(tmp_path, 12, 2)
   base = str(tmp_path / 'index')
   directory = archive_index.index_dir(str(root), 'tars', base)
   proc = subprocess.Popen([sys.executable, '-c', _KILLED_BUILD, str(root), base], cwd=ROOT,
@@ -205,11 +211,7 @@ def test_indexing_resumes_after_a_kill_and_does_only_the_missing_parts(tmp_path)
 
 
 def test_hosts_sharing_a_directory_split_the_units(tmp_path):
-  root = tmp_path / 'tars'
-  root.mkdir()
-  tars, _ = class_tars([f'n{i:08d}' for i in range(5)], 1, extras=False)
-  for synset, data in tars.items():
-    (root / f'{synset}.tar').write_bytes(data)
+  root, _ = _tar_folder(tmp_path, 5, 1)
   base = str(tmp_path / 'index')
   second = []
   with pytest.raises(UserError, match='still misses parts of other hosts'):
@@ -311,12 +313,7 @@ def test_the_recipe_trains_20_steps_and_resumes_exactly_after_a_kill(i21k, tmp_p
   assert result['count'] == 7  # full[:8] less the corrupt image
   # The run killed after its step-10 checkpoint: the rest of its workdir gone, then rerun.
   cut = str(tmp_path / 'cut')
-  shutil.copytree(full, cut)
-  shutil.rmtree(os.path.join(cut, 'checkpoints', '20'))
-  with open(os.path.join(cut, 'metrics.jsonl')) as f:
-    kept = [line for line in f if json.loads(line)['step'] <= 10]
-  with open(os.path.join(cut, 'metrics.jsonl'), 'w') as f:
-    f.writelines(kept)
+  cut_run(full, cut, keep_step=10, drop_step=20)
   assert loop.train_and_evaluate(c, cut) == result
   assert train_losses(cut) == train_losses(full) and len(train_losses(full)) == 4
   with ocp.StandardCheckpointer() as ckptr:

@@ -15,7 +15,7 @@ from configs import mnist5k as mnist5k_config
 from vit_jax.data import mnist5k
 from vit_jax.train import loop
 from vit_jax import tasks
-from helpers import ROOT, train_losses
+from helpers import ROOT, cut_run, train_losses
 
 
 
@@ -68,12 +68,7 @@ def test_train_resume_is_exact_and_does_not_rerun_steps(tmp_path, data_dir):
 
   # Pretend the run died after step 6: keep only that checkpoint and its log, then rerun.
   cut = str(tmp_path / 'cut')
-  shutil.copytree(full, cut)
-  shutil.rmtree(os.path.join(cut, 'checkpoints', '12'))
-  with open(os.path.join(cut, 'metrics.jsonl')) as f:
-    kept = [line for line in f if json.loads(line)['step'] <= 6]
-  with open(os.path.join(cut, 'metrics.jsonl'), 'w') as f:
-    f.writelines(kept)
+  cut_run(full, cut, keep_step=6, drop_step=12)
   resumed = loop.train_and_evaluate(_config(data_dir), cut)
   assert _steps_logged(cut, 'train') == [3, 6, 9, 12]  # steps 7..12 ran once, 1..6 not again
   jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
