@@ -6,7 +6,7 @@ setup(
     name='vit_jax',
     version='0.1.0',
     description='Vision Transformer and hybrid models in JAX/Flax, exact to the original',
-    packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs']),
+    packages=find_packages(include=['vit_jax', 'vit_jax.*']),
     python_requires='>=3.11',
     # `vit-jax <command> [flags]`, the same as `python -m vit_jax <command> [flags]`.
     entry_points={'console_scripts': ['vit-jax = vit_jax.__main__:main']},

@@ -43,8 +43,8 @@ def _cpu_name() -> str:
 
 
 def _prepare(model: str, batch: int, size: int, mode: str, kernel: str) -> ours.Prepared:
-  import configs.mnist5k  # pylint: disable=g-import-not-at-top
-  config = configs.mnist5k.get_config()
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config()
   ours.set_benchmark_values(config, model, batch, size, 'float32')
   with config.unlocked():
     config.model.attention = kernel

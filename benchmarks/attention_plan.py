@@ -37,8 +37,8 @@ def tpu_devices(topology: str, libtpu: str, accelerator: str = 'v3-8'):
 
 
 def plan_config(model: str, size: int, batch: int, attention: str, remat: str):
-  import configs.mnist5k  # pylint: disable=g-import-not-at-top
-  config = configs.mnist5k.get_config()
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config()
   config.model_name, config.image_size, config.batch_size = model, size, batch
   config.num_classes, config.pp.channels, config.dataset = 1000, 3, 'imagenet2012'
   config.compile_only, config.total_steps, config.warmup_steps = True, 20000, 500

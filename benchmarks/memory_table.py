@@ -22,7 +22,7 @@ STRATEGIES = [
 
 
 def config_for(model_name: str, batch_size: int, mesh: dict, remat: str):
-  from configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   c = common.base_config()
   c.model_name, c.num_classes, c.image_size = model_name, 1000, 224
   c.dataset, c.data_dir = 'imagenet2012', '/nonexistent'  # compile-only: never read

@@ -32,7 +32,7 @@ def main():
   os.environ.pop('JAX_COMPILATION_CACHE_DIR', None)
 
   import jax  # pylint: disable=g-import-not-at-top
-  from configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top

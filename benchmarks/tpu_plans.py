@@ -4,7 +4,7 @@ under which the train and eval steps fit the slice's HBM, with per-core peak and
   PYTHONPATH=. .venv/bin/python benchmarks/tpu_plans.py > plans.md          # every plan
   PYTHONPATH=. .venv/bin/python benchmarks/tpu_plans.py --only=pretrain:H/14 --search
 
-Without --search each plan compiles once with the setting shipped in configs/recipes.py
+Without --search each plan compiles once with the setting shipped in vit_jax/configs/recipes.py
 (TPU_PLANS); with --search the settings of `LADDER` are tried in order (cheapest first) and the
 first that fits is reported. Each line of the table is one `vit_jax.main` run of
 `configs/<recipe>.py:model=M,...,plan=true` (compile-only for the planned slice; nothing is
@@ -33,7 +33,7 @@ LADDER = [
 
 def plan_config(key, settings=None):
   """The recipe config of plan `key` = (recipe, model) with `settings` (default: the shipped)."""
-  from configs import plans  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import plans  # pylint: disable=g-import-not-at-top
   return plans.get_config(key, settings)
 
 
@@ -62,7 +62,7 @@ def main():
   parser.add_argument('--json', default='', help='also append one JSON line per plan here')
   args = parser.parse_args()
   tf_import.import_quietly()
-  from configs import recipes  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import recipes  # pylint: disable=g-import-not-at-top
   keys = ([tuple(k.split(':')) for k in args.only.split(',')] if args.only
           else list(recipes.TPU_PLANS))
   gib = 2 ** 30

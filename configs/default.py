@@ -14,7 +14,7 @@ Arguments (`configs/default.py:model_name=ViT-Ze/4,steps=50`): model_name, steps
 The added settings are ViT options: for a BiT use configs/mnist5k.py.
 """
 
-from configs import common, mnist5k
+from vit_jax.configs import common, mnist5k
 
 
 def get_config(arg: str | None = None):

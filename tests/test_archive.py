@@ -22,7 +22,7 @@ import scipy.io
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from configs import pretrain
+from vit_jax.configs import pretrain
 from helpers import ROOT, cut_run, train_losses
 from vit_jax import data as data_lib
 from vit_jax.data import archive_index, info, releases, specs

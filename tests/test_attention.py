@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from vit_jax import analysis
 from vit_jax.benchmarking import ours
 from vit_jax.errors import UserError

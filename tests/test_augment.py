@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
-from configs import pretrain
+from vit_jax.configs import pretrain
 from vit_jax.data import preprocess, randaug, specs
 from vit_jax.errors import UserError
 from vit_jax.data import config_pp

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from helpers import file_tree
 from vit_jax import data as data_lib
 from vit_jax.data import config_pp, folder, image_files, specs

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from vit_jax.benchmarking import compare
 from helpers import ROOT
 

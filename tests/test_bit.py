@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.errors import UserError
 from vit_jax.models import VARIANTS, BiT, create_model, decode_variant
 from vit_jax.models import bit as bit_lib
@@ -272,7 +272,7 @@ def test_init():
 
 def test_config_defaults_are_the_neutral_values():
   """The trainer passes config.model to every model: its defaults must be the values the policy
-  accepts for a family without the option (configs/common.py == the module field defaults)."""
+  accepts for a family without the option (vit_jax/configs/common.py == the module field defaults)."""
   model_options = common.base_config().model.to_dict()
   assert set(model_options) <= set(options_lib.OPTIONS)
   taken_by_all = set.intersection(*(set(options_lib._fields(c))  # pylint: disable=protected-access

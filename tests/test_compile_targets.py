@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from configs import common
-from configs import mnist5k
+from vit_jax.configs import common
+from vit_jax.configs import mnist5k
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
 from vit_jax.parallel import targets

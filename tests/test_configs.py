@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from configs import common, default, mnist5k
+from configs import default
+from vit_jax.configs import common, mnist5k
 from vit_jax.errors import UserError
 from helpers import ROOT
 
@@ -58,3 +59,17 @@ def test_bool_arguments():
   assert common.parse_arg('flag=True', flag=False)['flag'] is True
   with pytest.raises(UserError, match='not a bool'):
     common.parse_arg('flag=maybe', flag=True)
+
+
+def test_setup_installs_only_the_vit_jax_package(monkeypatch):
+  """The schema and recipes live in vit_jax.configs; a top-level `configs` package would collide
+  with any other installed package of that name."""
+  import runpy  # pylint: disable=g-import-not-at-top
+  import setuptools  # pylint: disable=g-import-not-at-top
+  seen = {}
+  monkeypatch.setattr(setuptools, 'setup', lambda **kwargs: seen.update(kwargs))
+  monkeypatch.chdir(ROOT)
+  runpy.run_path(os.path.join(ROOT, 'setup.py'))
+  packages = seen['packages']
+  assert 'vit_jax.configs' in packages and 'vit_jax' in packages
+  assert all(p == 'vit_jax' or p.startswith('vit_jax.') for p in packages), packages

@@ -132,7 +132,7 @@ def test_learning_curve_ticks_and_legend():
 def test_runs_repair_the_log_on_a_fresh_start_and_on_resume(tmp_path, data_dir):
   """A kill -9 before the first checkpoint left records and a torn line: the fresh start empties
   the log; after a kill between checkpoints, the resume cuts it back to the checkpoint."""
-  from configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   c = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
   c.data_dir, c.warmup_steps, c.progress, c.log_every, c.checkpoint_every = data_dir, 1, False, 1, 2

@@ -11,7 +11,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import mnist5k as mnist5k_config
+from vit_jax.configs import mnist5k as mnist5k_config
 from vit_jax.data import mnist5k
 from vit_jax.train import loop
 from vit_jax import tasks

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import models
 from vit_jax.errors import UserError
 from vit_jax import tasks

@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from vit_jax.train import loop
 from helpers import ROOT, free_port, records, xla_flags
 

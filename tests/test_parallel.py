@@ -10,8 +10,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from configs import common
-from configs import mnist5k
+from vit_jax.configs import common
+from vit_jax.configs import mnist5k
 from vit_jax import models
 from vit_jax.benchmarking import ours
 from vit_jax.errors import UserError

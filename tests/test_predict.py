@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from image_folder_util import image_paths, write_colour_folder, write_images
 from vit_jax.serving import inference
 from vit_jax.serving import bundle as bundle_lib

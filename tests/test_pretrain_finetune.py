@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from configs import finetune, pretrain
+from vit_jax.configs import finetune, pretrain
 from vit_jax import tasks
 from vit_jax.checkpoint import restore
 from vit_jax.serving import bundle as bundle_lib

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from configs import common, finetune, pretrain, recipes
+from vit_jax.configs import common, finetune, pretrain, recipes
 from vit_jax.errors import UserError
 from vit_jax.train import optim, program
 
@@ -236,7 +236,7 @@ def test_mnist5k_recipes():
 def test_every_tpu_plan_is_its_recipe_compiled_for_its_slice():
   """configs/plans.py: the recipe as configs/pretrain.py or finetune.py states it, plus the slice
   and the dataset's class count (nothing is read); the hybrids are planned too."""
-  from configs import plans  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import plans  # pylint: disable=g-import-not-at-top
   assert {('pretrain', 'R50+B/16'), ('pretrain', 'R50+L/16')} <= set(recipes.TPU_PLANS)
   for (recipe, model), plan in recipes.TPU_PLANS.items():
     c = plans.get_config(f'recipe={recipe},model={recipes.variant(model)}')

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.analysis import inputs
 from vit_jax.checkpoint import train_ckpt

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.checkpoint import integrity
 from vit_jax.errors import UserError

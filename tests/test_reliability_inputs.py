@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 import numpy as np
 import pytest
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.formats import npz
 from vit_jax.formats import weights

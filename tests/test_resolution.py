@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from vit_jax import analysis
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.data import image_files

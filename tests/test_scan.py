@@ -13,8 +13,8 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs import common
-from configs import mnist5k
+from vit_jax.configs import common
+from vit_jax.configs import mnist5k
 from vit_jax import analysis
 from vit_jax.serving import inference
 from vit_jax.serving import bundle as bundle_lib

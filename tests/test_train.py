@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import models
 from vit_jax.errors import UserError
 from vit_jax.tasks import classification, losses
@@ -70,7 +70,7 @@ def test_runs_differing_in_lr_schedule_and_weight_decay_lower_to_one_program():
   """What the persistent compilation cache keys on: the train step's program text. Changing the
   learning rate, its end value, the warmup, the step count or a non-zero weight decay changes
   only the step's arguments; turning weight decay off changes the program."""
-  from configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
 
   def train_text(**overrides):
@@ -252,7 +252,7 @@ def test_a_run_on_an_embedded_dataset_never_imports_tensorflow(tmp_path):
   log.write_text('{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "spl')  # a torn line
   code = f'''
 import sys
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from vit_jax.train import logs, loop, program, workdir
 config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=8')
 config.warmup_steps = 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from configs import finetune
+from vit_jax.configs import finetune
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax import tasks
@@ -167,7 +167,7 @@ def test_a_bad_init_fails_before_anything_compiles(tmp_path, data_dir, monkeypat
   """The trainer reads and checks config.init before it compiles the initial state or the train
   step (before: both were compiled first, and the process waited for the train step's compile
   before it could exit with the error)."""
-  from configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
   path = str(tmp_path / 'missing')
   if init == 'another_model':  # a 2-block ViT-Ze/4 for the 6-block ViT-Mu/4 below

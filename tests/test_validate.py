@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import cli
 from vit_jax.errors import UserError
 from vit_jax.train import validate
@@ -60,7 +60,7 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           'from vit_jax.train import guards, logs\n'
           'print(logs.read_metrics("/nonexistent/metrics.jsonl"), "jax" in sys.modules,\n'
           '      "tensorflow" in sys.modules)\n'
-          'from configs import common\n'
+          'from vit_jax.configs import common\n'
           'from vit_jax.train import validate\n'
           'config = common.base_config()\n'
           'config.pp.train_crop = "nope"\n'

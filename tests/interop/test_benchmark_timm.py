@@ -1,6 +1,6 @@
 """`--compare=timm` in a smoke configuration: timm times the same model alternately with ours."""
 
-from configs import mnist5k
+from vit_jax.configs import mnist5k
 from vit_jax.benchmarking import compare
 
 

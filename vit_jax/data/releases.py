@@ -8,7 +8,7 @@ ImageNet-21k, under `<data_dir>/imagenet21k/`: the "whole" archive
 (label i = the i-th). One split, 'full', in the order of the SHA-256 of the image names
 ('n01440764/n01440764_10026.JPEG'): a fixed shuffle, so that its slices are class-balanced and
 the same everywhere. big_vision's ImageNet-21k configs train on 'full[51200:]' and evaluate on
-part of the held-out first 51,200 images ('full[:25600]'); configs/recipes.py does the same, and
+part of the held-out first 51,200 images ('full[:25600]'); vit_jax/configs/recipes.py does the same, and
 any other slice ('full[:10000]') holds out another number.
 
 ImageNet-1k, under `<data_dir>/imagenet2012/`, `<data_dir>/downloads/manual/` (where tfds wants

@@ -6,7 +6,7 @@ module (`VisionTransformer`, `BiT`); `OPTIONS` lists them all.
 
 - An option the family's module has is passed to it (type-normalised, bad values rejected).
 - An option it does not have is accepted, and has no effect, when it holds its default (the
-  default of the field that declares it, which is also the default in configs/common.py) or the
+  default of the field that declares it, which is also the default in vit_jax/configs/common.py) or the
   value that describes the family anyway (`IMPLIED`: a ResNet pools globally, classifier='gap').
   Any other value is a one-line UserError naming the option: a setting that would silently do
   nothing is refused, while every config still runs every model.
