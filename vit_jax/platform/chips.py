@@ -11,6 +11,9 @@ sparsity), from the vendors' datasheets:
   NVIDIA L4 Tensor Core GPU datasheet; Google Cloud TPU system architecture pages (v2, v3, v4,
   v5e, v5p, v6e: "peak compute per chip", "HBM capacity / bandwidth per chip").
 NVIDIA quotes tensor throughput with sparsity; the dense figure is half of it.
+`fp8_flops`: the dense fp8 (e4m3/e5m2) tensor rate, None where the chip has no fp8 matmul units;
+NVIDIA GPUs multiply in fp8 from compute capability 8.9 (Ada Lovelace, Hopper) on
+(`FP8_MIN_COMPUTE_CAPABILITY`), which decides `fp8_support` for a GPU missing from the table.
 `fp32`: the rate an fp32 matmul runs at with JAX's default precision. On NVIDIA GPUs since Ampere
 that is TF32 on the tensor cores (XLA:GPU's default for fp32 dots), so the TF32 dense figure; on
 TPUs the default precision multiplies fp32 operands in one bf16 pass, so the bf16 figure.
@@ -33,18 +36,23 @@ class Chip:
   fp32_flops: float    # dense peak of an fp32 matmul at JAX's default precision (see above)
   hbm_bytes: float     # memory per JAX device
   hbm_bytes_per_s: float
+  fp8_flops: Optional[float] = None  # dense fp8 peak, FLOP/s per JAX device (None: no fp8)
 
 
 # (device_kind pattern (regex, full match), chip); the first match wins, so specific names first.
 CHIPS: Tuple[Tuple[str, Chip], ...] = (
-    (r'NVIDIA H200 NVL', Chip('H200 NVL', 835.5 * TERA, 417.5 * TERA, 141 * GB, 4.8e12)),
-    (r'NVIDIA H200.*', Chip('H200', 989.5 * TERA, 494.5 * TERA, 141 * GB, 4.8e12)),
-    (r'NVIDIA H100 PCIe', Chip('H100 PCIe', 756 * TERA, 378 * TERA, 80 * GB, 2.0e12)),
-    (r'NVIDIA H100 NVL', Chip('H100 NVL', 835.5 * TERA, 417.5 * TERA, 94 * GB, 3.9e12)),
-    (r'NVIDIA H100.*', Chip('H100 SXM', 989.5 * TERA, 494.5 * TERA, 80 * GB, 3.35e12)),
+    (r'NVIDIA H200 NVL', Chip('H200 NVL', 835.5 * TERA, 417.5 * TERA, 141 * GB, 4.8e12,
+                              1670.5 * TERA)),
+    (r'NVIDIA H200.*', Chip('H200', 989.5 * TERA, 494.5 * TERA, 141 * GB, 4.8e12, 1979 * TERA)),
+    (r'NVIDIA H100 PCIe', Chip('H100 PCIe', 756 * TERA, 378 * TERA, 80 * GB, 2.0e12,
+                               1513 * TERA)),
+    (r'NVIDIA H100 NVL', Chip('H100 NVL', 835.5 * TERA, 417.5 * TERA, 94 * GB, 3.9e12,
+                              1670.5 * TERA)),
+    (r'NVIDIA H100.*', Chip('H100 SXM', 989.5 * TERA, 494.5 * TERA, 80 * GB, 3.35e12,
+                            1979 * TERA)),
     (r'NVIDIA A100.*80GB.*', Chip('A100 80GB', 312 * TERA, 156 * TERA, 80 * GB, 2.039e12)),
     (r'NVIDIA A100.*', Chip('A100 40GB', 312 * TERA, 156 * TERA, 40 * GB, 1.555e12)),
-    (r'NVIDIA L4', Chip('L4', 121 * TERA, 60 * TERA, 24 * GB, 300 * GB)),
+    (r'NVIDIA L4', Chip('L4', 121 * TERA, 60 * TERA, 24 * GB, 300 * GB, 242.5 * TERA)),
     (r'TPU v2', Chip('TPU v2 (per core)', 22.5 * TERA, 22.5 * TERA, 8 * GIB, 300 * GB)),
     (r'TPU v3', Chip('TPU v3 (per core)', 61.5 * TERA, 61.5 * TERA, 16 * GIB, 450 * GB)),
     (r'TPU v4', Chip('TPU v4', 275 * TERA, 275 * TERA, 32 * GIB, 1228 * GB)),
@@ -52,6 +60,9 @@ CHIPS: Tuple[Tuple[str, Chip], ...] = (
     (r'TPU v5p?', Chip('TPU v5p', 459 * TERA, 459 * TERA, 95 * GIB, 2765 * GB)),
     (r'TPU v6 ?lite|TPU v6e', Chip('TPU v6e', 918 * TERA, 918 * TERA, 32 * GIB, 1640 * GB)),
 )
+
+# NVIDIA GPUs with fp8 tensor cores: compute capability 8.9 (Ada Lovelace) and later (Hopper 9.0).
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
 MATMUL_SIZE = 2048  # the measured matmul: the fastest of the sizes 1024-4096 on the CPUs here
 
@@ -62,6 +73,31 @@ def find_chip(device_kind: str) -> Optional[Chip]:
     if re.fullmatch(pattern, device_kind.strip()):
       return chip
   return None
+
+
+def _compute_capability(device) -> Optional[Tuple[int, int]]:
+  """(major, minor) of a CUDA device ('9.0'), None where JAX reports none."""
+  value = getattr(device, 'compute_capability', None)
+  if not value:
+    return None
+  major, _, minor = str(value).partition('.')
+  return int(major), int(minor or 0)
+
+
+def fp8_support(device) -> Optional[str]:
+  """None if `device` multiplies in fp8, else why not (one phrase). A GPU reporting its compute
+  capability is judged by it, any other device by the chip table (`fp8_flops`)."""
+  kind = getattr(device, 'device_kind', '') or device.platform
+  capability = _compute_capability(device) if device.platform in ('gpu', 'cuda') else None
+  if capability is not None:
+    if capability >= FP8_MIN_COMPUTE_CAPABILITY:
+      return None
+    return (f'{kind} has compute capability {capability[0]}.{capability[1]}, below the '
+            f'{FP8_MIN_COMPUTE_CAPABILITY[0]}.{FP8_MIN_COMPUTE_CAPABILITY[1]} of fp8 tensor cores')
+  chip = find_chip(kind)
+  if chip is not None and chip.fp8_flops:
+    return None
+  return f'{kind} has no fp8 matmul units that JAX uses'
 
 
 def datasheet_peak(device_kind: str, dtype: str) -> Optional[float]:
@@ -123,5 +159,6 @@ def describe_devices(devices: Iterable, gpu_probe: Optional[Callable[[], bool]] 
   return line
 
 
-__all__ = ['Chip', 'CHIPS', 'find_chip', 'datasheet_peak', 'measure_matmul_flops', 'peak_flops',
+__all__ = ['Chip', 'CHIPS', 'FP8_MIN_COMPUTE_CAPABILITY', 'find_chip', 'fp8_support',
+           'datasheet_peak', 'measure_matmul_flops', 'peak_flops',
            'describe_devices', 'MATMUL_SIZE']
