@@ -8,6 +8,7 @@ import pytest
 
 from vit_jax.configs import mnist5k
 from vit_jax.benchmarking import compare
+from vit_jax.benchmarking import profile
 from helpers import ROOT
 
 FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_peak_flops',
@@ -49,6 +50,17 @@ def test_train_and_infer_report_every_field(mode):
   assert prof['kernel_ms_per_step'] == pytest.approx(sum(r['ms_per_step'] for r in prof['rows']))
   matmul_flops = 1e9 * sum(r['gflop_per_step'] for r in prof['rows'])
   assert 0.8 * per_image * 8 < matmul_flops <= per_image * 8  # 0.91 train, 0.93 infer
+  # By kernel class: every kernel in one class, the step's parts each in theirs.
+  assert prof['source'] == 'XLA:CPU kernels'
+  assert sum(prof['classes'].values()) == pytest.approx(prof['kernel_ms_per_step'])
+  assert set(prof['classes']) == set(profile.KERNEL_CLASSES)
+  present = {c for c, t in prof['classes'].items() if t > 0}
+  expected = {'GEMM', 'attention', 'LayerNorm', 'GELU and other elementwise'}
+  assert expected | ({'optimizer', 'softmax'} if mode == 'train' else set()) <= present, present
+  assert not present & ({'optimizer'} if mode == 'infer' else set())
+  assert prof['top'][0][2] == max(t for _, _, t in prof['top'])
+  table = compare.format_result(result)
+  assert 'by kernel class (ms per step):\n| kernel class | ours ms |\n' in table
 
 
 def test_input_pipeline_and_cli_json(tmp_path, data_dir):

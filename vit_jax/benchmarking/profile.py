@@ -77,11 +77,12 @@ NAME_CLASSES: Tuple[Tuple[str, str], ...] = (
     ('padding', r'constant_pad|(^|[^a-z])pad([^a-z]|$)'),
     ('GEMM', r'gemm|xmma|nvjet|cutlass|cublas|wgmma|matmul|convolution|(^|[^a-z])(mm|addmm|bmm|'
              r'baddbmm|linear|dot)([^a-z]|$)'),
-    ('copies/transposes', r'copy|memcpy|memset|transpose|concat|(^|[^a-z])cat([^a-z]|$)|slice|'
-                          r'permute|clone|contiguous|gather|scatter|bitcast'),
+    # (torch.compile's `_to_copy` is a dtype conversion: elementwise, as XLA's convert.)
+    ('copies/transposes', r'(?<!to_)copy|memcpy|memset|transpose|concat|(^|[^a-z])cat([^a-z]|$)|'
+                          r'slice|permute|clone|contiguous|gather|scatter|bitcast'),
     ('GELU and other elementwise', r'gelu|tanh|erf|elementwise|fusion|triton_(poi|red|per)_|'
                                    r'add|mul|div|sub|exp|reduce|where|select|dropout|bernoulli|'
-                                   r'fill|zero|neg|sqrt|pow|mean|sum|relu|convert'),
+                                   r'fill|zero|neg|sqrt|pow|mean|sum|relu|convert|to_copy'),
 )
 
 # HLO opcodes that only move data: a kernel made of nothing else is a copy (or padding).
@@ -167,19 +168,25 @@ def instruction_flops(name: str, instrs: Dict[str, Instruction]) -> float:
   return 0.
 
 
-def kernel_flops(name: str, instrs: Dict[str, Instruction],
-                 comps: Dict[str, List[str]]) -> float:
-  """FLOPs of a top-level kernel: its own dot/conv, or those of the computations it calls."""
-  total, todo, seen = instruction_flops(name, instrs), list(instrs[name].calls), set()
+def _called(name: str, instrs: Dict[str, Instruction],
+            comps: Dict[str, List[str]]) -> List[str]:
+  """`name` and every instruction of the computations it calls, transitively."""
+  out, todo, seen = [name], list(instrs[name].calls), set()
   while todo:
     comp = todo.pop()
     if comp in seen:
       continue
     seen.add(comp)
     for inner in comps.get(comp, []):
-      total += instruction_flops(inner, instrs)
+      out.append(inner)
       todo.extend(instrs[inner].calls)
-  return total
+  return out
+
+
+def kernel_flops(name: str, instrs: Dict[str, Instruction],
+                 comps: Dict[str, List[str]]) -> float:
+  """FLOPs of a top-level kernel: its own dot/conv, or those of the computations it calls."""
+  return sum(instruction_flops(n, instrs) for n in _called(name, instrs, comps))
 
 
 def classify(op_name: str) -> tuple:
@@ -197,8 +204,7 @@ def classify(op_name: str) -> tuple:
   return phase, 'other'
 
 
-def kernel_class(name: str) -> str:
-  """The `KERNEL_CLASSES` entry of a kernel or op known only by its name (`NAME_CLASSES`)."""
+def _name_class(name: str) -> str:
   lowered = name.lower()
   for cls, pattern in NAME_CLASSES:
     if re.search(pattern, lowered):
@@ -206,19 +212,26 @@ def kernel_class(name: str) -> str:
   return 'other'
 
 
-def _called(name: str, instrs: Dict[str, Instruction],
-            comps: Dict[str, List[str]]) -> List[Instruction]:
-  """The instruction `name` and every instruction of the computations it calls, transitively."""
-  out, todo, seen = [instrs[name]], list(instrs[name].calls), set()
-  while todo:
-    comp = todo.pop()
-    if comp in seen:
-      continue
-    seen.add(comp)
-    for inner in comps.get(comp, []):
-      out.append(instrs[inner])
-      todo.extend(instrs[inner].calls)
-  return out
+# Classes an enclosing op gives the kernels it launches (the first found, outermost first).
+_CONTEXT_CLASSES = ('optimizer', 'attention', 'LayerNorm', 'softmax')
+
+
+def kernel_class(name: str, context: Sequence[str] = ()) -> str:
+  """The `KERNEL_CLASSES` entry of a kernel or op known by its name (`NAME_CLASSES`) and the
+  names of the ops that launched it, outermost first (PyTorch's profiler records them: an Adam
+  step's elementwise kernels are the optimizer's, a LayerNorm backward's reductions LayerNorm's).
+  Inside an optimizer step everything is the optimizer's; inside attention everything but data
+  movement is attention (as our attention core); elsewhere an enclosing op names only kernels
+  whose own name says nothing more than elementwise."""
+  own = _name_class(name)
+  outer = next((c for c in map(_name_class, context) if c in _CONTEXT_CLASSES), None)
+  if outer == 'optimizer':
+    return outer
+  if outer == 'attention' and own not in ('copies/transposes', 'padding'):
+    return outer
+  if outer and own in ('GELU and other elementwise', 'other'):
+    return outer
+  return own
 
 
 def hlo_kernel_class(name: str, instrs: Dict[str, Instruction],
@@ -226,7 +239,7 @@ def hlo_kernel_class(name: str, instrs: Dict[str, Instruction],
   """The `KERNEL_CLASSES` entry of our top-level kernel `name` from the compiled HLO: its custom
   calls (cuBLAS, cuDNN attention), the ops inside it (a dot or convolution: GEMM; data movement
   alone: copies, or padding with a pad) and its `op_name` (model component and phase)."""
-  inside = _called(name, instrs, comps)
+  inside = [instrs[n] for n in _called(name, instrs, comps)]
   opcodes = {i.opcode for i in inside} - {'fusion', 'call'}
   targets = [i.target for i in inside if i.target]
   phase, component = classify(instrs[name].op_name)
