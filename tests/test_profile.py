@@ -98,7 +98,7 @@ def test_events_sum_per_component_and_step():
     ('triton_red_fused_native_layer_norm_native_layer_norm_backward_7', 'LayerNorm'),
     ('aten::native_layer_norm', 'LayerNorm'),
     ('void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl('
-     'at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}, at::detail::Array<char*, 2> >',
+     'at::TensorIteratorBase&, at::native::GeluType)::{lambda()#' '2}, at::detail::Array<char*, 2> >',
      'GELU and other elementwise'),
     ('triton_poi_fused_gelu_gelu_backward_12', 'GELU and other elementwise'),
     ('triton_poi_fused__to_copy_add_5', 'GELU and other elementwise'),  # a dtype cast
@@ -117,7 +117,7 @@ def test_events_sum_per_component_and_step():
      '(at::native::(anonymous namespace)::NormType)1, float, float>, float*, int>', 'optimizer'),
     ('aten::_foreach_mul_', 'optimizer'),
     ('void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::'
-     'direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>>', 'copies/transposes'),
+     'direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#' '3}>>', 'copies/transposes'),
     ('Memcpy DtoD (Device -> Device)', 'copies/transposes'),
     ('triton_poi_fused_clone_4', 'copies/transposes'),
     ('loop_transpose_fusion_2', 'copies/transposes'), ('wrapped_transpose_1', 'copies/transposes'),
@@ -217,6 +217,9 @@ def test_our_gpu_kernels_are_classed_by_their_hlo():
                  'input_reduce_fusion': 'LayerNorm', 'loop_multiply_fusion': 'optimizer'}
 
 
+STREAM = 'Stream #' '14(Compute)'  # a stream line's name in XLA's trace
+
+
 def _gpu_trace(lines):
   """A Perfetto trace as jax.profiler writes it on a GPU: a process per device and the host, a
   thread per line, 'X' events on them."""
@@ -238,8 +241,8 @@ def test_gpu_traces_join_the_hlo_from_the_xla_ops_line_or_the_streams():
             ('loop_tanh_fusion', 1000., {}), ('wrapped_transpose', 500., {})]
   ops = [('custom-call.7', 4000., {}), ('%custom-call.3 = (bf16[...]) custom-call(...)', 3000., {}),
          ('loop_tanh_fusion', 1000., {}), ('wrapped_transpose', 500., {})]
-  for lines, source in (({'Stream #14(Compute)': stream}, "the GPU's stream kernels"),
-                        ({'Stream #14(Compute)': stream, 'XLA Ops': ops, 'XLA Modules': [
+  for lines, source in (({STREAM: stream}, "the GPU's stream kernels"),
+                        ({STREAM: stream, 'XLA Ops': ops, 'XLA Modules': [
                             ('jit_wrapped', 8500., {})]}, "the GPU's XLA Ops line")):
     summary = profile.summarize(_gpu_trace(lines), _GPU_HLO, steps=2)
     assert summary['source'] == source
@@ -250,7 +253,7 @@ def test_gpu_traces_join_the_hlo_from_the_xla_ops_line_or_the_streams():
   # The stream's cuDNN kernel has no HLO op: filed by its name, outside the model's rows.
   assert ('unmatched (by kernel name)', '-') in {(r['phase'], r['component'])
                                                  for r in profile.summarize(
-                                                     _gpu_trace({'Stream #7': stream}), _GPU_HLO,
+                                                     _gpu_trace({'Stream #' '7': stream}), _GPU_HLO,
                                                      steps=1)['rows']}
 
 

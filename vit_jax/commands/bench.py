@@ -121,7 +121,8 @@ def run_compile_for() -> int:
           f'{_DTYPE.value}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
           f'GEMMs, no autotuning) in {result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
           f'= arguments {m["argument"] / 1e9:.2f} + outputs {m["output"] / 1e9:.2f} - aliased '
-          f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB')
+          f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB\n  library calls: ' +
+          (', '.join(f'{k} {v}' for k, v in sorted(result['library_calls'].items())) or 'none'))
   return 0
 
 

@@ -53,8 +53,11 @@ DEFAULT_VARIANT = 'none'
 
 # GPU descriptions for deviceless compiles (GpuTargetConfigProto text): the device properties
 # CUDA reports for an H100 SXM (132 SMs, 80 GB; NVIDIA H100 datasheet, CUDA device query) and an
-# H200 (the same chip with 141 GB of HBM3e at 4.8 TB/s; NVIDIA H200 datasheet).
-_HOPPER = """gpu_device_info {{
+# H200 (the same chip with 141 GB of HBM3e at 4.8 TB/s; NVIDIA H200 datasheet), and the CUDA
+# runtime of the CUDA 13 build (XLA picks cuBLASLt's fp8 GEMMs by it: without it a deviceless
+# compile widens `model.fp8`'s fp8 dots to bf16 ones).
+_HOPPER = """runtime_version {{ major: 13 }}
+gpu_device_info {{
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
   shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
   block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
