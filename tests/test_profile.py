@@ -250,6 +250,9 @@ def test_gpu_traces_join_the_hlo_from_the_xla_ops_line_or_the_streams():
     assert {k: v for k, v in summary['classes'].items() if v} == pytest.approx({
         'GEMM': 2., 'attention': 1.5, 'GELU and other elementwise': .5,
         'copies/transposes': .25})
+  # An XLA Ops line that times CUDA graphs (command buffers) says nothing per kernel: the streams.
+  graphs = {STREAM: stream, 'XLA Ops': [('command_buffer.3', 8500., {})]}
+  assert profile.summarize(_gpu_trace(graphs), _GPU_HLO, steps=2)['classes']['GEMM'] == 2.
   # The stream's cuDNN kernel has no HLO op: filed by its name, outside the model's rows.
   assert ('unmatched (by kernel name)', '-') in {(r['phase'], r['component'])
                                                  for r in profile.summarize(

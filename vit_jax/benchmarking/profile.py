@@ -297,9 +297,10 @@ def kernel_events(events: List[dict], instrs: Dict[str, Instruction]
   """([(kernel name, its HLO instruction or None, duration in us)], where they come from).
 
   A GPU's trace has a process per device ('/device:GPU:0') whose 'XLA Ops' line times each HLO
-  instruction (all its kernels): used when present. Else its stream lines' kernels, joined to
-  the HLO by the `hlo_op` the profiler records with them or by name (XLA names a fusion's kernel
-  after it), others (cuBLAS, cuDNN) classified by name. On XLA:CPU every kernel event is named
+  instruction (all its kernels): used when present, unless it times CUDA graphs (XLA's command
+  buffers, which hold many instructions each). Else its stream lines' kernels, joined to the HLO
+  by the `hlo_op` the profiler records with them or by name (XLA names a fusion's kernel after
+  it), others (cuBLAS, cuDNN) classified by name. On XLA:CPU every kernel event is named
   after its instruction; host events of other names are left out.
   """
   threads, instruction = _threads(events), _instruction_names(instrs)
@@ -308,6 +309,9 @@ def kernel_events(events: List[dict], instrs: Dict[str, Instruction]
          if process.startswith('/device:GPU')}
   if gpu:
     ops = {key for key, thread in gpu.items() if thread == 'XLA Ops'}
+    if any('command_buffer' in e.get('name', '') for e in timed
+           if (e.get('pid'), e.get('tid')) in ops):
+      ops = set()
     if ops:
       out = [(e.get('name', ''), instruction(e.get('name', '')), e.get('dur', 0.))
              for e in timed if (e.get('pid'), e.get('tid')) in ops]
