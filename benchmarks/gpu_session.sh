@@ -2,8 +2,10 @@
 # The GPU run: one call of a few minutes on a machine with an NVIDIA GPU (H100, H200), its own
 # JAX (CUDA build), torch and timm, no network, and the wheels of benchmarks/gpu_wheels.sh in .whl/:
 #   OUT=/some/dir bash benchmarks/gpu_session.sh
-# Steps, in this order; each starts only while the elapsed time is under $BUDGET seconds, and
-# each run in it is bounded by $RUN_TIMEOUT (--suite_timeout); no step stops the ones after it:
+# Steps, in this order; each run is bounded by $RUN_TIMEOUT seconds (--suite_timeout; the curve
+# by $CURVE_TIMEOUT), and a step starts only if it ends by $DEADLINE seconds even when every run
+# in it takes its whole bound (so the results come back from a call of 600 s at most); no step
+# stops the ones after it:
 #  1. the stack: nvidia-smi, and the versions of jax, jaxlib, the CUDA plugin, flax, torch, timm;
 #  2. ViT-B/16 batch 256 training: ours (cuDNN attention, bf16), ours with fp8 dense layers
 #     (`model.fp8`), timm compiled; each timed and profiled: the suite's table and the table of
@@ -24,8 +26,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
 PY=${PYTHON:-python3}
-BUDGET=${BUDGET:-330}
-RUN_TIMEOUT=${RUN_TIMEOUT:-150}
+DEADLINE=${DEADLINE:-570}
+RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+CURVE_TIMEOUT=${CURVE_TIMEOUT:-150}
 SUITE=${SUITE:-gpu}
 if [ "$SUITE" = gpu ]; then
   TRAIN=${TRAIN-B/16-train-ours-cudnn,B/16-train-ours-cudnn+fp8,B/16-train-timm-compiled}
@@ -75,13 +78,19 @@ if [ ${#missing[@]} -gt 0 ]; then
     || "$PY" -m pip install --quiet --no-deps --no-index --break-system-packages "${missing[@]}"
 fi
 
-# step NAME: true while the budget lasts (and says so), false once it is spent.
+# step SECONDS NAME: true (and says so) if a step that takes at most SECONDS ends by $DEADLINE.
 step() {
-  if [ "$SECONDS" -ge "$BUDGET" ]; then
-    echo "== skipped $1 ($SECONDS s >= BUDGET=$BUDGET)"
+  if [ $((SECONDS + $1)) -gt "$DEADLINE" ]; then
+    echo "== skipped $2 (at $SECONDS s it could end after DEADLINE=$DEADLINE s)"
     return 1
   fi
-  echo "== $1 ($SECONDS s)"
+  echo "== $2 ($SECONDS s)"
+}
+
+# runs IDS: how many runs a comma-separated list of run ids holds.
+runs() {
+  local ids=${1//[^,]/}
+  echo $(( ${#ids} + 1 ))
 }
 
 # suite FILE IDS [FLAGS...]: the suite's runs IDS into $OUT/FILE, the tables into the log.
@@ -92,7 +101,7 @@ suite() {
     --suite_timeout="$RUN_TIMEOUT" --json "$@" > "$OUT/$file"
 }
 
-step "the stack" && {
+step 60 "the stack" && {
   command -v nvidia-smi >/dev/null && nvidia-smi
   "$PY" - <<'PY'
 from vit_jax.benchmarking import compare
@@ -106,15 +115,20 @@ for name in ('torch', 'timm'):
     print(name, 'not importable:', e)
 PY
 }
-[ -n "$TRAIN" ] && step "train, timed and profiled: $TRAIN" &&
+[ -n "$TRAIN" ] && step $(($(runs "$TRAIN") * RUN_TIMEOUT)) "train, timed and profiled: $TRAIN" &&
   suite train.json "$TRAIN" --suite_profile
-[ "$CURVE_STEPS" -gt 0 ] && step "fp8's loss curve against bf16's, $CURVE_STEPS steps" &&
-  "$PY" benchmarks/fp8_curve.py "${CURVE[@]}" --workdir="$(mktemp -d)" --json="$OUT/fp8_curve.jsonl"
-[ -n "$INFER" ] && step "inference: $INFER" && suite infer.json "$INFER"
-[ -n "$LARGE" ] && step "train, larger: $LARGE" && suite large_train.json "$LARGE"
-if [ -n "$VARIANTS" ] && step "XLA:GPU flag variants: $VARIANTS"; then
+[ "$CURVE_STEPS" -gt 0 ] && step "$CURVE_TIMEOUT" "fp8's loss curve against bf16's" &&
+  timeout "$CURVE_TIMEOUT" "$PY" benchmarks/fp8_curve.py "${CURVE[@]}" --workdir="$(mktemp -d)" \
+    --json="$OUT/fp8_curve.jsonl"
+[ -n "$INFER" ] && step $(($(runs "$INFER") * RUN_TIMEOUT)) "inference: $INFER" &&
+  suite infer.json "$INFER"
+[ -n "$LARGE" ] && step $(($(runs "$LARGE") * RUN_TIMEOUT)) "train, larger: $LARGE" &&
+  suite large_train.json "$LARGE"
+if [ -n "$VARIANTS" ]; then
   ids=$(for v in $VARIANTS; do printf '%s+xla:%s,' "$VARIANT_RUN" "$v"; done)
-  suite xla_variants.json "${ids%,}" --suite_xla="$(echo $VARIANTS | tr ' ' ,)"
+  ids=${ids%,}
+  step $(($(runs "$ids") * RUN_TIMEOUT)) "XLA:GPU flag variants: $VARIANTS" &&
+    suite xla_variants.json "$ids" --suite_xla="$(echo $VARIANTS | tr ' ' ,)"
 fi
 echo "== done ($SECONDS s)"
 }

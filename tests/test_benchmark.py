@@ -103,8 +103,9 @@ def test_the_gpu_session_script_runs_its_steps_here(tmp_path):
   and profiled, fp8 emulated) and a 10-step fp8 curve: the files a GPU machine sends back. On a
   machine without an NVIDIA GPU its GPU steps are one line."""
   out = tmp_path / 'out'
-  env = dict(os.environ, SUITE='smoke', OUT=str(out), PYTHON=sys.executable, BUDGET='3000',
-             TRAIN='Ze/4-train-ours-einsum+fp8', INFER='', CURVE_STEPS='10')
+  env = dict(os.environ, SUITE='smoke', OUT=str(out), PYTHON=sys.executable, DEADLINE='100000',
+             RUN_TIMEOUT='900', CURVE_TIMEOUT='900', TRAIN='Ze/4-train-ours-einsum+fp8', INFER='',
+             CURVE_STEPS='10')
   proc = subprocess.run(['bash', 'benchmarks/gpu_session.sh'], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
