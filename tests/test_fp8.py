@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from vit_jax import models
+from vit_jax.benchmarking import compare
 from vit_jax.configs import mnist5k as mnist5k_config
 from vit_jax.errors import UserError
 from vit_jax.formats import npz
@@ -55,6 +56,7 @@ def _init(model, images):
   return model.init({'params': jax.random.PRNGKey(0)}, images[:1], train=False)
 
 
+@pytest.mark.slow
 def test_fp8_state_covers_the_encoders_dense_layers_and_leaves_params_as_they_are():
   images = jnp.zeros((1, 28, 28, 1))
   variables = _init(models.create_model('ViT-Ze/4', num_classes=10, fp8=True), images)
@@ -86,6 +88,7 @@ def _q(x, dtype, scale):
   return np.clip(np.asarray(x, np.float32) / scale, -limit, limit).astype(dtype).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_the_fp8_product_and_its_delayed_scales_against_numpy():
   rng = np.random.default_rng(0)
   x = rng.normal(0, 3, (5, 24)).astype(np.float32)
@@ -187,6 +190,15 @@ def test_the_trainer_refuses_fp8_on_this_cpu_before_building_anything(tmp_path):
   # A BiT has no fp8 layers: the option policy refuses it (models/options.py).
   with pytest.raises(UserError, match="model option fp8=True does not apply to BiT-R50x1"):
     models.create_model('BiT-R50x1', num_classes=10, fp8=True)
+
+
+def test_a_forward_pass_benchmark_refuses_fp8_it_would_not_use():
+  config = mnist5k_config.get_config()
+  config.model.fp8 = True
+  with pytest.raises(UserError, match=r'--mode=infer\) runs them in --dtype: drop it or use '
+                                      r'--mode=train'):
+    compare.run_benchmark(config, model='ViT-Ze/4', batch_size=8, image_size=28, mode='infer',
+                          dtype='float32', steps=1)
 
 
 def _program(devices=1, fp8_on=True, **overrides):

@@ -13,6 +13,7 @@ import numpy as np
 
 from vit_jax.benchmarking import ours
 from vit_jax.benchmarking import processor
+from vit_jax.errors import UserError
 from vit_jax.platform import chips
 
 GIB = 2 ** 30
@@ -59,6 +60,9 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   per-component kernel profile of our step (and, with `compare_with`, torch.profiler's profile of
   timm's in the same kernel classes, `timm_side.kernel_profile`) under 'profile' /
   'timm_profile'."""
+  if mode != 'train' and config.model.get('fp8'):
+    raise UserError('--config.model.fp8 makes the training step\'s dense layers fp8; a forward '
+                    f'pass (--mode={mode}) runs them in --dtype: drop it or use --mode=train')
   ours.set_benchmark_values(config, model, batch_size, image_size, dtype)
   result = {'model': model, 'mode': mode, 'batch_size': batch_size, 'image_size': image_size,
             'dtype': dtype, 'steps': steps, 'processor': processor.describe(),
