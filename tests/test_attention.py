@@ -27,7 +27,7 @@ from vit_jax.models import attention as attention_lib
 from vit_jax.models import create_model
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding
-from vit_jax.parallel import targets
+from vit_jax.platform import targets
 from vit_jax import tasks
 from vit_jax.tasks import losses
 from vit_jax.train import program
@@ -243,7 +243,7 @@ def test_auto_resolves_per_backend_as_the_table_says():
 def tpu_v3_2x2():
   """The 8 cores of a TPU v3-8 slice, from the TPU compiler (no TPU needed; `make test`
   installs it)."""
-  return targets.slice_devices(targets.tpu_slice('v3-8'))
+  return targets.devices(targets.parse('v3-8'))
 
 
 def test_auto_resolves_for_the_mesh_platform(tpu_v3_2x2):
@@ -316,7 +316,7 @@ def test_a_runs_model_spec_leaves_the_kernel_to_where_it_runs():
   params = _params('ViT-Ze/4', x)
   config = mnist5k.get_config()
   config.model_name, config.model.attention = 'ViT-Ze/4', 'flash'
-  model = tasks.model_spec(config, params).build()
+  model = tasks.get_task(config).model_spec(params).build()
   assert model.attention == 'auto'
   want = create_model('ViT-Ze/4', num_classes=10, attention='einsum').apply({'params': params}, x,
                                                                            train=False)
@@ -349,8 +349,8 @@ def test_unknown_attention_lists_the_valid_values():
     create_model('ViT-Ze/4', num_classes=10, attention='splash')
   message = str(err.value)
   assert '\n' not in message
-  assert "unknown model.attention 'splash'" in message
-  assert message.endswith('use one of auto, einsum, dot_product, cudnn, flash')
+  assert message == ("unknown attention 'splash': use model.attention= one of auto, einsum, "
+                     'dot_product, cudnn, flash')
 
 
 def test_bit_accepts_only_the_neutral_default():

@@ -1,5 +1,6 @@
 """The chip table and device line (vit_jax/platform/chips.py), the GPU probe, install hint and
-XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (train/logs.py)."""
+XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (train/logs.py).
+Compiling for the chips that are not here: tests/test_compile_targets.py."""
 
 import collections
 import os
@@ -131,29 +132,6 @@ def test_throughput_for_a_run_counts_the_models_train_flops():
   t = logs.throughput_for(model, (28, 28, 1), 16, jax.devices(), 'float32')
   assert t.flops_per_image == cost.train_flops(model, (28, 28, 1))
   assert t.peak_flops > 1e8  # this CPU's measured matmul rate
-
-
-def test_deviceless_gpu_compiles_need_the_compiler_and_a_known_gpu(tmp_path):
-  """`bench --compile_for=h100` (vit_jax/platform/gpu.py): without the compiler installed, one
-  line naming `make gpu-compiler`; with it, the environment JAX starts with."""
-  env = {'XLA_FLAGS': '--xla_gpu_autotune_level=4 --xla_force_host_platform_device_count=8'}
-  with pytest.raises(UserError, match='needs the XLA:GPU compiler.*make gpu-compiler') as err:
-    gpu.prepare_deviceless(env, compiler_dir=str(tmp_path))
-  assert '\n' not in str(err.value)
-  (tmp_path / 'jax_plugins').mkdir()
-  try:
-    gpu.prepare_deviceless(env, compiler_dir=str(tmp_path))
-    assert sys.path[0] == str(tmp_path)
-  finally:
-    sys.path.remove(str(tmp_path))
-  assert env['JAX_SKIP_CUDA_CONSTRAINTS_CHECK'] == '1'
-  assert env['XLA_FLAGS'].split() == ['--xla_force_host_platform_device_count=8',
-                                      *gpu.DEVICELESS_FLAGS]
-  with pytest.raises(UserError, match="unknown GPU 'a100' to compile for: use one of h100, h200"):
-    gpu.compile_only_devices('a100')
-  for name, target in gpu.GPU_TARGETS.items():  # each names a chip of the MFU table
-    kind = target.split('device_description_str: "')[1].split('"')[0]
-    assert chips.find_chip(kind).name.lower().startswith(name), name
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from vit_jax.models import layout
 
 def build_model(config, params):
   """The run's model: variant and options from its config, class count from the head."""
-  return tasks.model_spec(config, params).build()
+  return tasks.get_task(config).model_spec(params).build()
 
 
 def load_model(step_dir, *, averaged: bool = False):

@@ -159,7 +159,7 @@ def _forward(config):
   """(model, init(rng, images) -> params, the jitted forward pass (params, images) -> logits) of
   the config's model, train=False."""
   from vit_jax import tasks  # pylint: disable=g-import-not-at-top
-  model = tasks.build_model(config, config.num_classes)
+  model = tasks.get_task(config).build_model(config.num_classes)
   init = lambda r, images: model.init(r, images[:1], train=False)['params']
   return model, init, jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
 
