@@ -357,3 +357,20 @@ def test_bit_accepts_only_the_neutral_default():
   assert create_model('BiT-R14x0.5', num_classes=10, attention='auto') is not None
   with pytest.raises(UserError, match="attention='flash' does not apply to BiT-R14x0.5"):
     create_model('BiT-R14x0.5', num_classes=10, attention='flash')
+
+
+def test_auto_compiles_for_a_gpu_without_cudnn_with_einsum():
+  """A compile for a GPU that is not here (`compile_for=h100`: XLA:GPU's compiler, no cuDNN):
+  traced under a mesh of that GPU, bf16 `auto` takes einsum, and `cudnn` is refused in one
+  line, rather than failing in JAX's cuDNN lowering."""
+  h100 = targets.devices(targets.parse('h100'))
+  mesh = jax.make_mesh((1, 1, 1), mesh_lib.AXES, devices=h100,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  with sharding.activation_sharding(mesh):
+    assert attention_lib.platform() == 'gpu'
+    assert attention_lib.resolve('auto', 0., dtype=jnp.bfloat16, head_dim=64) == 'einsum'
+    with pytest.raises(UserError) as err:
+      attention_lib.resolve('cudnn', 0.)
+  assert str(err.value).startswith('model.attention=cudnn needs cuDNN, which JAX does not find')
+  # With cuDNN installed (the platform named, as on the GPU itself) auto takes cudnn.
+  assert attention_lib.resolve('auto', 0., 'gpu', jnp.bfloat16, 64) == 'cudnn'

@@ -134,14 +134,15 @@ def test_throughput_for_a_run_counts_the_models_train_flops():
   assert t.peak_flops > 1e8  # this CPU's measured matmul rate
 
 
-@pytest.mark.slow
-def test_compile_for_without_the_compiler_is_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'vit_jax', 'bench', '--compile_for=h100', '--model=ViT-Ti/16'],
-      env={**os.environ, 'VIT_JAX_GPU_COMPILER': str(tmp_path / 'none')}, cwd=ROOT,
-      capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines() == [
-      f'error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which is not '
-      f'installed in {tmp_path / "none"}: run `make gpu-compiler` once (it installs it into '
-      f'.venv/gpu-compiler)']
+def test_the_table_holds_what_compiling_for_a_chip_needs():
+  """One row per chip: the TPUs `compile_for` names carry their slice shapes, the GPUs it names
+  their multiprocessors; each row's own device_kind finds the row; memory per device."""
+  for chip in chips.CHIPS:
+    assert chips.find_chip(chip.kind) is chip, chip.name
+  assert [c.target for c in chips.targets('tpu')] == ['v2', 'v3', 'v4', 'v5e', 'v5p', 'v6e']
+  assert all(c.slices is not None and c.sm_count is None for c in chips.targets('tpu'))
+  assert sorted(c.target for c in chips.targets('gpu')) == ['h100', 'h200']
+  assert all(c.sm_count == 132 and c.slices is None for c in chips.targets('gpu'))
+  assert chips.hbm_bytes([Device('tpu', 'TPU v3')] * 8) == 16 * 2 ** 30
+  assert chips.hbm_bytes([Device('gpu', 'NVIDIA H100 80GB HBM3')]) == 84_978_434_048
+  assert chips.hbm_bytes(jax.devices()) is None  # a CPU: no table entry

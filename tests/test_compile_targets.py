@@ -236,3 +236,21 @@ def test_the_trainer_compiles_for_a_gpu_that_is_not_here(gpu_report):
           'GPU: no autotuning, cuBLAS GEMMs)') in out
   assert 'GiB of the 79.14 GiB HBM per device' in out and 'XLA:CPU' not in out
   assert "FLOPs not counted (XLA:GPU's cost analysis does not see the cuBLAS" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('command', [
+    ['vit_jax', 'bench', '--compile_for=h100', '--model=ViT-Ti/16'],
+    ['vit_jax.main', '--config=configs/default.py', '--workdir=/nonexistent/never-written',
+     '--config.compile_for=h100'],
+], ids=['bench', 'train'])
+def test_compile_for_a_gpu_without_the_compiler_is_one_line(tmp_path, command):
+  proc = subprocess.run(
+      [sys.executable, '-m', *command],
+      env={**os.environ, 'VIT_JAX_GPU_COMPILER': str(tmp_path / 'none'), 'VIT_JAX_HUGEPAGES': '0'},
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      f'error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which is not '
+      f'installed in {tmp_path / "none"}: run `make gpu-compiler` once (it installs it into '
+      f'.venv/gpu-compiler)']

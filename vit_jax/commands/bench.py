@@ -99,6 +99,7 @@ def run_suite() -> int:
 def run_compile_for() -> int:
   if _MODE.value == 'input':
     raise cli.UserError('--compile_for compiles a step: use it with --mode=train or infer')
+  targets.load_gpu_compiler()  # before JAX starts: cuDNN too where it is in the compiler's folder
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, _DTYPE.value)

@@ -20,12 +20,11 @@ importable, every JAX process looks for TPU chips at start-up and logs errors wh
 
 GPU: XLA's GPU compiler runs without a GPU (deviceless compilation). The CUDA PJRT plugin
 (`make gpu-compiler`, .venv/gpu-compiler, outside the import path for the same reason) describes
-the GPU from a `GpuTargetConfigProto` (`gpu_target_config`) and JAX compiles for it. It is loaded
-on first use, after JAX's own backends have started, so it only ever compiles. Without a GPU
-there is no autotuning: those compiles run with `DEVICELESS_OPTIONS` (cuBLAS for every GEMM, no
-autotuning), so what the compiler picks on the GPU itself can differ, its memory too. The plugin
-alone has no cuDNN: there `model.attention=auto` compiles the einsum kernel
-(vit_jax/models/attention.py).
+the GPU from a `GpuTargetConfigProto` (`gpu_target_config`) and JAX compiles for it; it is loaded
+on first use (`load_gpu_compiler`). Without a GPU there is no autotuning: those compiles run with
+`DEVICELESS_OPTIONS` (cuBLAS for every GEMM, no autotuning), so what the compiler picks on the
+GPU itself can differ, its memory too. The plugin alone has no cuDNN: there
+`model.attention=auto` compiles the einsum kernel (vit_jax/models/attention.py).
 """
 
 import dataclasses
@@ -258,8 +257,11 @@ def gpu_target_config(chip: chips.Chip) -> str:
 
 
 def load_gpu_compiler(compiler_dir: Optional[str] = None) -> None:
-  """Registers the XLA:GPU compiler of `make gpu-compiler` with JAX (once per process), after
-  JAX's own backends have started: a one-line UserError when it is not installed."""
+  """Makes the XLA:GPU compiler of `make gpu-compiler` available to JAX; a one-line UserError when
+  it is not installed. Called before JAX is imported (`bench --compile_for`), it only joins the
+  import path: JAX finds the plugin when it starts, and cuDNN too where its library was put in
+  the same folder. Called later (the trainer's `compile_for`), it registers the plugin after
+  JAX's own backends, as a compiler only: no cuDNN there."""
   compiler_dir = compiler_dir or GPU_COMPILER_DIR
   plugins = os.path.join(compiler_dir, 'jax_plugins')
   names = sorted(n for n in os.listdir(plugins) if n.startswith('xla_cuda')) if os.path.isdir(
@@ -267,11 +269,13 @@ def load_gpu_compiler(compiler_dir: Optional[str] = None) -> None:
   if not names:
     raise UserError(f'compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which '
                     f'is not installed in {compiler_dir}: {GPU_COMPILER_HINT}')
-  import jax  # pylint: disable=g-import-not-at-top  # the table and names are read without JAX
-  jax.devices()  # JAX's own backends first: the plugin registered after them never runs
   if compiler_dir not in sys.path:
     sys.path.insert(0, compiler_dir)
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')  # no CUDA libraries to check
+  if 'jax' not in sys.modules:
+    return  # JAX discovers the plugin on the import path when it starts
+  import jax  # pylint: disable=g-import-not-at-top  # the table and names are read without JAX
+  jax.devices()  # JAX's own backends first: the plugin registered after them never runs
   importlib.import_module(f'jax_plugins.{names[0]}').initialize()
 
 
