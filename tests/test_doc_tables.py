@@ -2,12 +2,15 @@
 
 docs/models.md (variants, options and their defaults, values and families, remat policies,
 attention kernels, what `auto` picks per platform), configs/README.md (every config key and its
-default) and docs/training.md (the keys `make train`'s recipe sets). Each Markdown table is parsed
-into rows and compared with what the code holds; the first test shows a wrong row failing.
+default) and docs/training.md (the keys `make train`'s recipe sets); the jax versions docs/gpu.md
+and the GPU rows of benchmarks/RESULTS.md name, against the locks and the raw results. Each
+Markdown table is parsed into rows and compared with what the code holds; the first test shows a
+wrong row failing.
 """
 
 import ast
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -220,3 +223,28 @@ def test_training_md_recipe_table_is_make_trains_config():
   changed = [k for k in _flat_keys(config)
              if common.get_value(config, k) != common.get_value(base, k)]
   assert not set(changed) - set(doc), sorted(set(changed) - set(doc))
+
+
+# The jax versions the GPU pages name.
+
+
+def _pinned(lock: str, package: str) -> str:
+  return re.search(rf'^{re.escape(package)}==(\S+)', _read(lock), re.M).group(1)
+
+
+def test_gpu_pages_name_the_jax_each_figure_was_measured_with():
+  """docs/gpu.md names the jax that `make install ACCEL=cuda13` installs (the locks' pin); each
+  row of the GPU table on RESULTS.md names the jax its raw record (results/gpu.jsonl) was
+  measured with."""
+  jax_pin = _pinned('requirements.lock', 'jax')
+  assert jax_pin == _pinned('requirements-cuda13.lock', 'jax-cuda13-plugin')
+  assert f'installs the pinned jax {jax_pin} (`requirements.lock`)' in _read('docs/gpu.md')
+  records = [json.loads(line) for line in _read('benchmarks/results/gpu.jsonl').splitlines()]
+  rows = table(_read('benchmarks/RESULTS.md'), ('run', 'img/s', 'MFU', 'peak GB',
+                                                'first result s', 'jax', 'vs timm compiled'))
+  assert rows
+  for row in rows:
+    img_per_s = int(row[1].replace(',', ''))
+    record, = [r for r in records if round(r.get('img_per_s') or 0) == img_per_s]
+    measured = re.search(r'\bjax (\S+)', record['software']).group(1)
+    assert row[5] == measured, (row[0], row[5], measured)
