@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from vit_jax.benchmarking import ours
+from vit_jax.benchmarking import profile as profile_lib
 from vit_jax.platform import cpus
 from vit_jax.platform import chips
 
@@ -69,13 +70,12 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   if compare_with is None:
     result.update(prepared.measure(steps))
   else:
-    from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top
+    from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top  # torch
     train_step, infer_step = timm_side.steps(config.model_name, config.batch_size,
                                              config.image_size, config.model.dtype)
     theirs_step = train_step if mode == 'train' else infer_step
     result.update(_alternate(config, prepared, theirs_step, steps, rounds))
   if profile:
-    from vit_jax.benchmarking import profile as profile_lib  # pylint: disable=g-import-not-at-top
     result['profile'] = profile_lib.profile_step(prepared.step, prepared.hlo_text)
     if theirs_step is not None:
       result['timm_profile'] = timm_side.torch_profile(theirs_step)
@@ -125,7 +125,6 @@ def format_result(r: dict) -> str:
     lines.append(f'  timm: {r["timm_img_per_s"]:.1f} img/s; ours / timm = '
                  f'{r["ratio_vs_timm"]:.2f}')
   if 'profile' in r:
-    from vit_jax.benchmarking import profile as profile_lib  # pylint: disable=g-import-not-at-top
     lines += ['ours, per component (jax.profiler):',
               profile_lib.format_profile(r['profile'], 1e3 * r['step_s'])]
   if 'timm_profile' in r:

@@ -17,6 +17,7 @@ from typing import Dict
 
 import numpy as np
 
+from vit_jax import data as data_lib
 from vit_jax.platform import cpus
 
 # Typical ImageNet image shapes (width, height); the release's mean is about 400 x 350.
@@ -74,7 +75,6 @@ def _tar(files) -> bytes:
 def stream_rate(dataset: str, split: str, data_dir: str, batch_size: int, count: int,
                 batches: int) -> float:
   """img/s of the train stream of `dataset` after a warm-up of one epoch (`count` images)."""
-  from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   it = data_lib.train_iterator(dataset=dataset, split=split, data_dir=data_dir,
                                batch_size=batch_size, pp=PP, seed=0, shuffle_buffer=count,
                                cache=True, pipeline='tf.data')
