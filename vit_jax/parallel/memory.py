@@ -9,10 +9,10 @@ optimizer state separately), as a cross-check.
 
 Whose figures: compiled for a TPU slice or a GPU (`config.compile_for`,
 vit_jax/platform/targets.py), they are the TPU compiler's or XLA:GPU's (without autotuning).
-Compiled for CPU devices they are XLA:CPU's, which do not carry over to a TPU: XLA:CPU's scheduler does not lower memory by rematerialisation and it computes bfloat16
-in float32 (ViT-H/14 at 518 px, 2 images per core: 36.2 GiB by XLA:CPU as first measured, 13.8 GiB
-by the TPU v3 compiler; docs/scaling.md, "Planning for TPUs"). The report says which compiler made
-it.
+Compiled for CPU devices they are XLA:CPU's, which do not carry over to a TPU: XLA:CPU's
+scheduler does not lower memory by rematerialisation and it computes bfloat16 in float32
+(ViT-H/14 at 518 px, 2 images per core: 36.2 GiB by XLA:CPU as first measured, 13.8 GiB by the
+TPU v3 compiler; docs/scaling.md, "Planning for TPUs"). The report says which compiler made it.
 """
 
 import contextlib
