@@ -139,10 +139,11 @@ def test_the_table_holds_what_compiling_for_a_chip_needs():
   their multiprocessors; each row's own device_kind finds the row; memory per device."""
   for chip in chips.CHIPS:
     assert chips.find_chip(chip.kind) is chip, chip.name
-  assert [c.target for c in chips.targets('tpu')] == ['v2', 'v3', 'v4', 'v5e', 'v5p', 'v6e']
-  assert all(c.slices is not None and c.sm_count is None for c in chips.targets('tpu'))
-  assert sorted(c.target for c in chips.targets('gpu')) == ['h100', 'h200']
-  assert all(c.sm_count == 132 and c.slices is None for c in chips.targets('gpu'))
+  tpus, gpus = chips.compile_targets('tpu'), chips.compile_targets('gpu')
+  assert [c.target for c in tpus] == ['v2', 'v3', 'v4', 'v5e', 'v5p', 'v6e']
+  assert all(c.slices is not None and c.sm_count is None for c in tpus)
+  assert sorted(c.target for c in gpus) == ['h100', 'h200']
+  assert all(c.sm_count == 132 and c.slices is None for c in gpus)
   assert chips.hbm_bytes([Device('tpu', 'TPU v3')] * 8) == 16 * 2 ** 30
   assert chips.hbm_bytes([Device('gpu', 'NVIDIA H100 80GB HBM3')]) == 84_978_434_048
   assert chips.hbm_bytes(jax.devices()) is None  # a CPU: no table entry

@@ -148,9 +148,9 @@ def test_models_md_options_table_is_the_option_policy():
   families = {'ViT': 'VisionTransformer', 'BiT': 'BiT'}
   doc = {code(r[0]): (code(r[1]), tuple(families[f.strip()] for f in r[3].split(',')))
          for r in rows}
-  actual = {name: (_default_text(value),
-                   tuple(c.__name__ for c in options.FAMILIES if name in options._fields(c)))  # pylint: disable=protected-access
-            for name, value in options.DEFAULTS.items()}
+  takes = lambda name: tuple(c.__name__ for c in options.FAMILIES
+                             if name in {f.name for f in dataclasses.fields(c)})
+  actual = {name: (_default_text(value), takes(name)) for name, value in options.DEFAULTS.items()}
   assert mismatches(doc, actual) == []
   values = {code(r[0]): r[2] for r in rows}
   for name, choices in option_values.CHOICES.items():

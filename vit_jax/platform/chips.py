@@ -105,7 +105,7 @@ def find_chip(device_kind: str) -> Optional[Chip]:
   return None
 
 
-def targets(platform: str) -> Tuple[Chip, ...]:
+def compile_targets(platform: str) -> Tuple[Chip, ...]:
   """The chips of `platform` ('tpu' or 'gpu') that `config.compile_for` compiles for."""
   return tuple(c for c in CHIPS if c.target and c.platform == platform)
 
@@ -130,7 +130,6 @@ def measure_matmul_flops(dtype: str = 'float32', size: int = MATMUL_SIZE,
   """FLOP/s of a size^3 matmul on the default device: the fastest of `repeats` calls after two
   warm-ups (a peak, the machine's matmul rate)."""
   import jax  # pylint: disable=g-import-not-at-top  # the table is read without starting JAX
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
   b = jax.random.normal(jax.random.PRNGKey(1), (size, size), dtype)
   f = jax.jit(lambda x, y: x @ y)
@@ -175,5 +174,5 @@ def describe_devices(devices: Iterable, gpu_probe: Optional[Callable[[], bool]] 
   return line
 
 
-__all__ = ['Chip', 'CHIPS', 'TpuSlices', 'find_chip', 'targets', 'datasheet_peak', 'hbm_bytes',
-           'measure_matmul_flops', 'peak_flops', 'describe_devices', 'MATMUL_SIZE']
+__all__ = ['Chip', 'CHIPS', 'TpuSlices', 'find_chip', 'compile_targets', 'datasheet_peak',
+           'hbm_bytes', 'measure_matmul_flops', 'peak_flops', 'describe_devices', 'MATMUL_SIZE']

@@ -90,14 +90,14 @@ class Target:
 
 
 def _tpu_generations() -> Dict[str, chips.Chip]:
-  return {c.target: c for c in chips.targets('tpu')}
+  return {c.target: c for c in chips.compile_targets('tpu')}
 
 
 def _gpus() -> Dict[str, chips.Chip]:
-  return {c.target: c for c in chips.targets('gpu')}
+  return {c.target: c for c in chips.compile_targets('gpu')}
 
 
-GPUS = tuple(sorted(c.target for c in chips.targets('gpu')))  # 'h100', 'h200'
+GPUS = tuple(sorted(c.target for c in chips.compile_targets('gpu')))  # 'h100', 'h200'
 
 
 def _unknown(name: str) -> UserError:
@@ -293,6 +293,6 @@ def _gpu_devices(target: Target) -> list:
     return list(describe())
 
 
-__all__ = ['GPUS', 'Target', 'parse', 'devices', 'compiler_options', 'find_libtpu', 'gpu_target_config',
-           'load_gpu_compiler', 'DEVICELESS_OPTIONS', 'LIBTPU_VERSION', 'INSTALL_HINT',
+__all__ = ['GPUS', 'Target', 'parse', 'devices', 'compiler_options', 'find_libtpu',
+           'gpu_target_config', 'load_gpu_compiler', 'DEVICELESS_OPTIONS', 'LIBTPU_VERSION', 'INSTALL_HINT',
            'GPU_COMPILER_HINT', 'TPU_EXAMPLES']

@@ -299,8 +299,8 @@ def build_program(config, devices: Optional[list] = None, *,
   eval_fn = steps_lib.compile_eval_step(task.eval_step(model, num_classes), mesh,
                                         state_shardings.params)
   return Program(config=config, mesh=mesh, model=model, task=task, tx=tx,
-                 num_classes=num_classes, num_train=num_train, total_steps=total_steps, image_shape=image_shape,
-                 hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
+                 num_classes=num_classes, num_train=num_train, total_steps=total_steps,
+                 image_shape=image_shape, hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
                  eval_fn=eval_fn, target=placement.target)
 
