@@ -130,8 +130,14 @@ COMMANDS = {
         Fails(r'^error: model.attention=cudnn is an NVIDIA GPU kernel'),
     'python -m vit_jax bench --suite=gpu': Fails(r'^error: --suite=gpu times on an NVIDIA GPU'),
     'python -m vit_jax bench --suite=smoke': Run(),
+    # The compile for an H100 runs with a tiny model; bench's, without the compiler (its line).
+    f'{_PY}.main --config=configs/default.py --workdir=/tmp/plan --config.compile_for=h100':
+        Run(replace=(('ViT-Ti/16', 'ViT-Ze/4'), ('--config.image_size=224',
+                                                  '--config.image_size=28'),
+                     ('--config.batch_size=256', '--config.batch_size=8'))),
     'python -m vit_jax bench --compile_for=h100':
-        Fails(r'^error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler'),
+        Fails(r'^error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler',
+              replace=(('python -m', 'VIT_JAX_GPU_COMPILER=/nonexistent python -m'),)),
     'python -m vit_jax.main --config=configs/default.py --workdir=runs/fp8':
         Fails(r'^error: --config\.model\.fp8=True needs an NVIDIA GPU with fp8 tensor cores'),
     'python -m vit_jax bench --model=ViT-B/16 --batch_size=256 --dtype=bfloat16 --config.model.fp8':

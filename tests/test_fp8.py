@@ -24,11 +24,13 @@ import pytest
 
 from vit_jax import models
 from vit_jax.benchmarking import compare
+from vit_jax.benchmarking import ours
 from vit_jax.configs import mnist5k as mnist5k_config
 from vit_jax.errors import UserError
 from vit_jax.formats import npz
 from vit_jax.models import fp8
 from vit_jax.platform import chips
+from vit_jax.platform import targets
 from vit_jax.serving import bundle as bundle_lib
 from vit_jax.train import loop
 from vit_jax.train import program
@@ -178,7 +180,7 @@ def test_the_chip_table_knows_which_chips_multiply_in_fp8():
   assert chips.find_chip('NVIDIA H200').fp8_flops == 1979e12
   assert chips.find_chip('NVIDIA L4').fp8_flops == 242.5e12
   assert chips.find_chip('NVIDIA A100-SXM4-80GB').fp8_flops is None
-  assert all(chip.fp8_flops is None for pattern, chip in chips.CHIPS if pattern.startswith('TPU'))
+  assert all(chip.fp8_flops is None for chip in chips.CHIPS if chip.platform == 'tpu')
 
 
 def test_the_trainer_refuses_fp8_on_this_cpu_before_building_anything(tmp_path):
@@ -188,8 +190,26 @@ def test_the_trainer_refuses_fp8_on_this_cpu_before_building_anything(tmp_path):
     loop.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run')
   # A BiT has no fp8 layers: the option policy refuses it (models/options.py).
-  with pytest.raises(UserError, match="model option fp8=True does not apply to BiT-R50x1"):
+  with pytest.raises(UserError, match="model.fp8=True does not apply to BiT-R50x1"):
     models.create_model('BiT-R50x1', num_classes=10, fp8=True)
+
+
+@pytest.mark.slow
+def test_xla_gpu_makes_the_fp8_dots_cublaslt_fp8_gemms():
+  """Compiled here for an H100 (XLA:GPU's compiler, `make gpu-compiler`): each fp8 layer's three
+  products (forward, input and kernel gradients) are cuBLASLt fp8 GEMMs, 2 blocks x 6 layers x 3;
+  the same step without fp8 has none, and the fp8 step keeps fewer bf16 GEMMs (attention's and
+  the head's: 15 against 43)."""
+  calls = {}
+  for fp8_on in (True, False):
+    config = mnist5k_config.get_config()
+    ours.set_benchmark_values(config, 'ViT-Ze/4', 16, 28, 'bfloat16')
+    config.model.update(fp8=fp8_on, attention='einsum')
+    calls[fp8_on] = ours.compile_for(config, targets.parse('h100'), 'train')['library_calls']
+  fp8_gemms = '__cublas$lt$matmul$f8'
+  assert calls[True].get(fp8_gemms) == 2 * 6 * 3 and fp8_gemms not in calls[False]
+  bf16_gemms = '__cublas$lt$matmul'
+  assert 0 < calls[True][bf16_gemms] < calls[False][bf16_gemms], calls
 
 
 def test_a_forward_pass_benchmark_refuses_fp8_it_would_not_use():

@@ -1,7 +1,7 @@
 """Benchmark: `python -m vit_jax bench --model=ViT-B/16 --batch_size=8 --image_size=224 --mode=train`.
 
 The output names the processor first (model name, family/model, vector extensions; `processor` in
---json; vit_jax/benchmarking/processor.py). Modes: train (the trainer's jitted train step: forward,
+--json; vit_jax/platform/cpus.py). Modes: train (the trainer's jitted train step: forward,
 backward, Adam), infer (the forward pass), input (the train input pipeline with the config's train
 preprocessing, on synthetic JPEGs of --input_size px or on mnist5k). Reported after warm-up:
 img/s (median of --steps device-synchronised steps), compile_s (start to first result),
@@ -18,17 +18,17 @@ table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_si
 --suite_dump keeps the compiled train steps' buffer assignments, --suite_profile adds where each
 step's time goes by kernel class, ours against timm (one table per model and mode).
 --compile_for=h100 (or h200) compiles our step for that GPU here, without one, and prints XLA's
-memory analysis (`make gpu-compiler`; vit_jax/platform/gpu.py).
+memory analysis (`make gpu-compiler`; vit_jax/platform/targets.py).
 """
 
 import json
-import os
 import sys
 
 from absl import flags
 
 from vit_jax import cli
 from vit_jax.commands import flag_groups
+from vit_jax.platform import targets
 
 _CONFIG = flag_groups.config()
 _MODEL = flag_groups.model()
@@ -50,7 +50,7 @@ _PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends
                              'our kernels per model component (and timm\'s ops with --compare).')
 _JSON = flag_groups.json_output()
 _COMPILE_FOR = flags.DEFINE_enum(
-    'compile_for', None, ['h100', 'h200'], 'Compile our step (--mode=train or infer) for this '
+    'compile_for', None, list(targets.GPUS), 'Compile our step (--mode=train or infer) for this '
     'NVIDIA GPU on this machine, without one, and print its memory analysis (`make gpu-compiler` '
     'installs the compiler).')
 _SUITE = flags.DEFINE_enum('suite', None, ['gpu', 'smoke'], 'Run a fixed set of benchmarks, each '
@@ -103,14 +103,13 @@ def run_suite() -> int:
 
 
 def run_compile_for() -> int:
-  from vit_jax.platform import gpu  # pylint: disable=g-import-not-at-top
   if _MODE.value == 'input':
     raise cli.UserError('--compile_for compiles a step: use it with --mode=train or infer')
-  gpu.prepare_deviceless(os.environ)  # before JAX starts
+  targets.load_gpu_compiler()  # before JAX starts: cuDNN too where it is in the compiler's folder
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, _DTYPE.value)
-  result = ours.compile_for(config, gpu.compile_only_devices(_COMPILE_FOR.value), _MODE.value)
+  result = ours.compile_for(config, targets.parse(_COMPILE_FOR.value), _MODE.value)
   result.update(model=_MODEL.value, mode=_MODE.value, batch_size=_BATCH.value,
                 image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value)
   m = result['memory_analysis']

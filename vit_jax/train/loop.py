@@ -41,7 +41,6 @@ from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
 from vit_jax.train import workdir as workdir_lib
 from vit_jax.data.config_pp import eval_pp, train_pp
-from vit_jax import tasks
 
 
 def evaluate(eval_fn, params, eval_data, mesh) -> dict:
@@ -205,7 +204,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
       eval_pp=eval_pp(config))
-  metric_name = tasks.get_task(config).metric_name
+  metric_name = prog.task.metric_name
   result = None
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
