@@ -144,7 +144,7 @@ def main():
   if word is not None and not cli.asks_for_help(sys.argv):
     cli.fail(f'{word!r} is not a flag of launch: put the command to run after --, e.g. python -m '
              f'vit_jax launch --tpu=NAME --zone=ZONE -- {word} ...')
-  cli.run_main(run)
+  cli.run_main(run, compilation_cache=False)  # launch compiles nothing: no JAX to import
 
 
 if __name__ == '__main__':

@@ -13,8 +13,9 @@ script asks for `--signal=B:TERM@LEAD`: SLURM sends SIGTERM to the batch shell L
 the time limit, and the shell passes it to every task (`scancel --signal=TERM`, which reaches the
 tasks of the job step, not the shell); the trainer saves a checkpoint and exits, and the shell
 then requeues the job (`scontrol requeue`): the same script starts again and the trainer resumes
-from that checkpoint. srun itself is not signalled: on SIGTERM it kills its tasks. `--stop`
-signals the tasks the same way but not the shell, so the job ends there. Under srun every task
+from that checkpoint. srun itself is not signalled: on SIGTERM it kills its tasks. A `scancel`
+also sends SIGTERM to the shell, but the job is no longer RUNNING then: it is not requeued.
+`--stop` signals the tasks the same way but not the shell, so the job ends there. Under srun every task
 finds the run's process count, its index and the coordinator by itself
 (`vit_jax.parallel.init_distributed`).
 """
@@ -138,6 +139,26 @@ def batch_script(job: Job, place: Place, command: Sequence[str]) -> str:
            '# Written by `python -m vit_jax launch --slurm` (vit_jax/launch/slurm.py).',
            *(f'#SBATCH {d}' for d in directives(job, place)),
            '',
+           '# SLURM warns this shell before the time limit (or a preemption) with SIGTERM: every',
+           '# task gets it too (scancel signals the job step, not this shell; a SIGTERM to srun',
+           '# would kill its tasks). The trainer saves a checkpoint and exits; the job is then',
+           '# requeued. A job being cancelled (scancel) is no longer RUNNING when its SIGTERM',
+           '# comes: it is not requeued.',
+           'warned=0',
+           'warn() {',
+           '  [ "$warned" != 0 ] && return',
+           '  if [ "$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%T 2>/dev/null)" != '
+           'RUNNING ]; then',
+           '    warned=cancelled',
+           '    echo "== SIGTERM: job $SLURM_JOB_ID is cancelled; it is not requeued"',
+           '    return',
+           '  fi',
+           '  warned=1',
+           '  echo "== SIGTERM from SLURM: the tasks save a checkpoint and stop; then the job is '
+           'requeued"',
+           '  scancel --signal=TERM "$SLURM_JOB_ID"',
+           '}',
+           'trap warn TERM',
            'echo "== job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}: $SLURM_NTASKS tasks on '
            '$SLURM_JOB_NODELIST, $(date \'+%Y-%m-%d %H:%M:%S\')"']
   if place.venv:
@@ -145,18 +166,6 @@ def batch_script(job: Job, place: Place, command: Sequence[str]) -> str:
   if job.cpus_per_task:  # srun does not take it from sbatch (SLURM 22.05 and later)
     lines.append(f'export SRUN_CPUS_PER_TASK={job.cpus_per_task}')
   lines += [
-      '# SLURM warns this shell before the time limit (or a preemption) with SIGTERM: every task',
-      '# gets it too (scancel signals the job step, not this shell; a SIGTERM to srun would kill',
-      '# its tasks). The trainer saves a checkpoint and exits; the job is then requeued.',
-      'warned=0',
-      'warn() {',
-      '  [ "$warned" = 1 ] && return',
-      '  warned=1',
-      '  echo "== SIGTERM from SLURM: the tasks save a checkpoint and stop; then the job is '
-      'requeued"',
-      '  scancel --signal=TERM "$SLURM_JOB_ID"',
-      '}',
-      'trap warn TERM',
       f'srun --kill-on-bad-exit=1 {shlex.join(command)} &',
       'step=$!',
       'while :; do',  # `wait` returns early when the trap runs; wait again until srun ends
