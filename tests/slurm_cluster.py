@@ -18,28 +18,36 @@ import time
 from typing import Dict, List, Optional
 
 PACKAGES = ('slurmctld', 'slurmd', 'slurm-client', 'munge')
-COMMANDS = ('slurmctld', 'slurmd', 'munged', 'sbatch', 'srun', 'squeue', 'scancel', 'scontrol')
+COMMANDS = ('slurmctld', 'slurmd', 'munged', 'sbatch', 'srun', 'squeue', 'scancel', 'scontrol',
+            'sinfo')
 # The node's name: JAX's coordinator is the step's first node by name, so the name must resolve.
 NODE = 'localhost'
 
 
+def _tool(name: str) -> Optional[str]:
+  """The path of one of SLURM's or munge's programs (the daemons are in /usr/sbin)."""
+  found = shutil.which(name) or os.path.join('/usr/sbin', name)
+  return found if os.access(found, os.X_OK) else None
+
+
 def _missing() -> List[str]:
-  return [c for c in COMMANDS if shutil.which(c) is None and
-          not os.path.exists(os.path.join('/usr/sbin', c))]
+  return [c for c in COMMANDS if _tool(c) is None]
 
 
 def unavailable() -> Optional[str]:
   """Why no SLURM can run here (one line), or None once the packages are installed."""
+  if os.geteuid() != 0:
+    return (f'its daemons run as root (SlurmUser=root), and this is uid {os.geteuid()}'
+            + (f'; {", ".join(_missing())} are not installed either' if _missing() else ''))
   if not _missing():
     return None
-  if os.geteuid() != 0:
-    return f'SLURM is not installed ({", ".join(_missing())} missing) and installing it needs root'
   if shutil.which('apt-get') is None:
     return f'SLURM is not installed ({", ".join(_missing())} missing) and there is no apt-get'
   env = dict(os.environ, DEBIAN_FRONTEND='noninteractive')
-  for command in (['apt-get', 'update', '-qq'],
-                  ['apt-get', 'install', '-y', '-qq', *PACKAGES]):
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+  wait = '-oDPkg::Lock::Timeout=600'  # another apt-get may hold the lock (a parallel install)
+  for command in (['apt-get', wait, 'update', '-qq'],
+                  ['apt-get', wait, 'install', '-y', '-qq', *PACKAGES]):
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
     if proc.returncode:
       said = ' '.join((proc.stderr or proc.stdout).split())[-300:]
       return f'{" ".join(command)} failed with exit status {proc.returncode}: {said}'
@@ -108,12 +116,12 @@ class Cluster:
     key = os.path.join(d, 'munge.key')  # this cluster's own key
     with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400), 'wb') as f:
       f.write(os.urandom(1024))
-    self._daemon(['munged', '--foreground', '--force', f'--socket={d}/munge.socket',
+    self._daemon([_tool('munged'), '--foreground', '--force', f'--socket={d}/munge.socket',
                   f'--pid-file={d}/munged.pid', f'--log-file={d}/munged.log',
                   f'--seed-file={d}/munged.seed', f'--key-file={key}'], 'munged.out')
     self._wait_for(lambda: os.path.exists(f'{d}/munge.socket'), 'munged', timeout_s)
-    self._daemon(['slurmctld', '-D', '-f', self.conf], 'slurmctld.out')
-    self._daemon(['slurmd', '-D', '-f', self.conf, '-N', NODE], 'slurmd.out')
+    self._daemon([_tool('slurmctld'), '-D', '-f', self.conf], 'slurmctld.out')
+    self._daemon([_tool('slurmd'), '-D', '-f', self.conf, '-N', NODE], 'slurmd.out')
     self._wait_for(self._node_idle, 'the node to be idle (sinfo)', timeout_s)
     return self
 

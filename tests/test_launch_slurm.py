@@ -61,6 +61,8 @@ def test_cpu_job_runs_one_task_per_node_and_a_zero_lead_asks_for_no_warning(tmp_
     (dict(partition='gpu a100'), "--partition='gpu a100': give one word without blanks"),
     (dict(name=''), "--job_name='': give one word"),
     (dict(options=('constraint=a100',)), "--sbatch_option='constraint=a100' is not an sbatch"),
+    (dict(gpus_per_node=8, tasks_per_node=1), '--tasks_per_node=1 with --gpus_per_node=8: under '
+                                              'srun each JAX process takes the one GPU'),
 ])
 def test_bad_job_arguments(kwargs, needle):
   with pytest.raises(UserError, match=needle):

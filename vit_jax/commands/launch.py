@@ -59,7 +59,7 @@ _SLURM = flags.DEFINE_bool('slurm', False, 'Run the command as a SLURM batch job
 _NODES = flags.DEFINE_integer('nodes', 1, 'SLURM: nodes of the job.')
 _GPUS = flags.DEFINE_integer('gpus_per_node', 0, 'SLURM: GPUs per node (one task each).')
 _TASKS = flags.DEFINE_integer('tasks_per_node', None, 'SLURM: tasks (processes) per node; '
-                              'default one per GPU, or one per node without GPUs.')
+                              'one per GPU (the only count taken with GPUs), or 1 without GPUs.')
 _CPUS = flags.DEFINE_integer('cpus_per_task', None, 'SLURM: CPUs per task (input pipeline).')
 _PARTITION = flags.DEFINE_string('partition', None, 'SLURM: partition (default: the cluster\'s).')
 _ACCOUNT = flags.DEFINE_string('account', None, 'SLURM: account to charge.')

@@ -72,6 +72,10 @@ class Job:
       if value is not None and (not value or any(c.isspace() for c in value)):
         flag = 'job_name' if flag == 'name' else flag
         raise UserError(f'--{flag}={value!r}: give one word without blanks')
+    if self.gpus_per_node and self.tasks_per_node not in (None, self.gpus_per_node):
+      raise UserError(f'--tasks_per_node={self.tasks_per_node} with --gpus_per_node='
+                      f'{self.gpus_per_node}: under srun each JAX process takes the one GPU its '
+                      'SLURM_LOCALID numbers, so run one task per GPU (leave --tasks_per_node out)')
     for option in self.options:
       if not option.startswith('--') or '\n' in option:
         raise UserError(f'--sbatch_option={option!r} is not an sbatch option: give one like '
