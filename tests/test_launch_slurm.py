@@ -167,3 +167,33 @@ def test_cli_mixed_flags(args, needle):
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'launch', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
   assert _one_error_line(proc).startswith(needle), proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_stop_cancels_a_job_that_has_not_started_or_was_requeued_meanwhile(tmp_path):
+  """--stop against stand-ins: squeue answers from a list of states (one per call, the last one
+  repeating), scancel records its arguments."""
+  calls = tmp_path / 'scancel.txt'
+  path = _tools(tmp_path, squeue=f'n=$(cat {tmp_path}/n 2>/dev/null || echo 0); '
+                f'echo $((n + 1)) > {tmp_path}/n; '
+                f'sed -n "$((n + 1))p;\\$p" {tmp_path}/states | head -1',
+                scancel=f'echo "$*" >> {calls}')
+  (tmp_path / 'launch').mkdir()
+  (tmp_path / 'launch' / 'job').write_text('41\n')
+
+  def stop(*states):
+    (tmp_path / 'states').write_text(''.join(f'{s}|None|0:10|2:00|1|n1\n' for s in states))
+    (tmp_path / 'n').unlink(missing_ok=True)
+    calls.write_text('')
+    proc = _launch(tmp_path, '--stop', path=f'{path}:/usr/bin:/bin')  # the stand-ins first
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines(), calls.read_text().splitlines()
+
+  assert stop('PENDING') == (['cancelled job 41 (PENDING: it had not started)'], ['41'])
+  assert stop('RUNNING', 'RUNNING', 'PENDING') == (
+      ['sent SIGTERM to the tasks of job 41: the trainer saves a checkpoint and exits',
+       'stopped job 41 (requeued meanwhile, now cancelled)'], ['--signal=TERM 41', '41'])
+  assert stop('RUNNING', 'COMPLETED') == (
+      ['sent SIGTERM to the tasks of job 41: the trainer saves a checkpoint and exits',
+       'stopped job 41 (COMPLETED)'], ['--signal=TERM 41'])
+  assert stop('TIMEOUT') == (['job 41 is not running (TIMEOUT, 0:10 of 2:00, 1 node (n1))'], [])

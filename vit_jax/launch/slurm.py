@@ -384,6 +384,10 @@ def _stop(place: Place, timeout_s: int, dry_run: bool, say, poll_s: float) -> No
     if state.finished or state.name == 'UNKNOWN':
       say(f'stopped job {job_id} ({state.name})')
       return
+    if state.waiting:  # requeued meanwhile (its time limit came too): it must not start again
+      _call(cancel_command(job_id))
+      say(f'stopped job {job_id} (requeued meanwhile, now cancelled)')
+      return
   _call(cancel_command(job_id))
   say(f'cancelled job {job_id}: still running {int(timeout_s)} s after SIGTERM')
 
