@@ -33,7 +33,6 @@ from vit_jax.data import identity
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
-from vit_jax.platform import chips
 from vit_jax.train import guards
 from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
@@ -217,7 +216,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
         sharding=config.data_sharding, pipeline=config.input_pipeline)
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
-         f'{chips.describe_devices(mesh.devices.flat)}: {prog.describe()}')
+         f'{parallel.describe_run(mesh.devices.flat)}: {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
     pending = _PendingLog(logger, progress, guard)
     t_start = time.perf_counter()
