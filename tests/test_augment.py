@@ -50,7 +50,7 @@ def test_mixup_objective_equals_manual_mixing():
       apply_fn=apply_fn, loss_fn=losses.softmax_xent, num_classes=3, label_smoothing=0.0,
       alpha=0.4))
   rng = jax.random.PRNGKey(5)
-  loss, _ = objective(params, images, labels, rng)
+  loss, _ = objective({'params': params}, images, labels, rng)
   lam = mixup.sample_lambda(jax.random.split(rng)[0], 0.4)
   x, t = mixup.mix(lam, images, losses.one_hot(labels, 3))
   np.testing.assert_allclose(loss, losses.softmax_xent(x @ params['w'], t).mean(), rtol=1e-6)

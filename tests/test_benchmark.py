@@ -1,6 +1,7 @@
 """The benchmark in a tiny smoke configuration: every field present and sane (no timed assertion)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 
 from vit_jax.configs import mnist5k
 from vit_jax.benchmarking import compare
+from vit_jax.benchmarking import profile
 from helpers import ROOT
 
 FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_peak_flops',
@@ -49,6 +51,17 @@ def test_train_and_infer_report_every_field(mode):
   assert prof['kernel_ms_per_step'] == pytest.approx(sum(r['ms_per_step'] for r in prof['rows']))
   matmul_flops = 1e9 * sum(r['gflop_per_step'] for r in prof['rows'])
   assert 0.8 * per_image * 8 < matmul_flops <= per_image * 8  # 0.91 train, 0.93 infer
+  # By kernel class: every kernel in one class, the step's parts each in theirs.
+  assert prof['source'] == 'XLA:CPU kernels'
+  assert sum(prof['classes'].values()) == pytest.approx(prof['kernel_ms_per_step'])
+  assert set(prof['classes']) == set(profile.KERNEL_CLASSES)
+  present = {c for c, t in prof['classes'].items() if t > 0}
+  expected = {'GEMM', 'attention', 'LayerNorm', 'GELU and other elementwise'}
+  assert expected | ({'optimizer', 'softmax'} if mode == 'train' else set()) <= present, present
+  assert not present & ({'optimizer'} if mode == 'infer' else set())
+  assert prof['top'][0][2] == max(t for _, _, t in prof['top'])
+  table = compare.format_result(result)
+  assert 'by kernel class (ms per step):\n| kernel class | ours ms |\n' in table
 
 
 def test_input_pipeline_and_cli_json(tmp_path, data_dir):
@@ -83,3 +96,33 @@ def test_matmul_shapes_are_one_vit_layers():
     matmul_shapes.shapes('R50+ViT-B/16', 8, 224)
   with pytest.raises(app.UsageError, match='is not a plain ViT'):
     matmul_shapes.shapes('BiT-R50x1', 8, 224)
+
+
+def test_the_gpu_session_script_runs_its_steps_here(tmp_path):
+  """benchmarks/gpu_session.sh with SUITE=smoke on this CPU, narrowed to one fp8 train run (timed
+  and profiled, fp8 emulated) and a 10-step fp8 curve: the files a GPU machine sends back. On a
+  machine without an NVIDIA GPU its GPU steps are one line."""
+  out = tmp_path / 'out'
+  env = dict(os.environ, SUITE='smoke', OUT=str(out), PYTHON=sys.executable, DEADLINE='100000',
+             RUN_TIMEOUT='900', CURVE_TIMEOUT='900', TRAIN='Ze/4-train-ours-einsum+fp8', INFER='',
+             CURVE_STEPS='10')
+  proc = subprocess.run(['bash', 'benchmarks/gpu_session.sh'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert sorted(os.listdir(out)) == ['fp8_curve.jsonl', 'log.txt', 'train.json']
+  (row,) = json.loads((out / 'train.json').read_text())['rows']
+  assert row['id'] == 'Ze/4-train-ours-einsum+fp8' and row['ok'], row
+  assert row['profile']['classes']['GEMM'] > 0 and row['versions']['jax']
+  (curve,) = map(json.loads, (out / 'fp8_curve.jsonl').read_text().splitlines())
+  assert [r['run'] for r in curve['runs']] == ['bf16', 'fp8']
+  assert curve['runs'][0]['steps'] == curve['runs'][1]['steps'] == [5, 10]
+  assert 0 < curve['max_abs_diff'] < 0.1, curve
+  log = (out / 'log.txt').read_text()
+  assert 'ms per step by kernel class' in log and '| step | bf16 loss | fp8 loss |' in log
+  assert log.rstrip().splitlines()[-1].startswith('== done')
+  env.update(SUITE='gpu')
+  proc = subprocess.run(['bash', 'benchmarks/gpu_session.sh'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and proc.stderr.startswith(
+      'error: benchmarks/gpu_session.sh runs on a machine with an NVIDIA GPU and this one has none')
+  assert len(proc.stderr.splitlines()) == 1

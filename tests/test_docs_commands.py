@@ -144,6 +144,13 @@ COMMANDS = {
     'python -m vit_jax bench --compile_for=h100':
         Fails(r'^error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler',
               replace=(('python -m', 'VIT_JAX_GPU_COMPILER=/nonexistent python -m'),)),
+    'python -m vit_jax.main --config=configs/default.py --workdir=runs/fp8':
+        Fails(r'^error: --config\.model\.fp8=True needs an NVIDIA GPU with fp8 tensor cores'),
+    'python -m vit_jax bench --model=ViT-B/16 --batch_size=256 --dtype=bfloat16 --config.model.fp8':
+        Fails(r'^error: --config\.model\.fp8=True needs an NVIDIA GPU with fp8 tensor cores'),
+    'PYTHONPATH=. python benchmarks/fp8_curve.py': Exempt(
+        'trains twice on an NVIDIA GPU; tests/test_benchmark.py runs it on a CPU (fp8 emulated) '
+        'through benchmarks/gpu_session.sh'),
 }
 
 

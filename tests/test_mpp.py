@@ -100,7 +100,7 @@ def test_objective_scores_only_the_corrupted_patches():
   params = _init(model, x)
   objective = jax.jit(tasks.get_task(c).objective(model, 8))
   rng = jax.random.PRNGKey(3)
-  loss, correct = objective(params, x, jnp.zeros(3, jnp.int32), rng)
+  loss, correct = objective({'params': params}, x, jnp.zeros(3, jnp.int32), rng)
   # Reference: the same corruption, softmax cross-entropy averaged over the selected patches.
   corrupt_rng, _ = jax.random.split(rng)
   c4 = mpp.sample_corruption(corrupt_rng, 3, 4)

@@ -18,11 +18,12 @@ def _ids(runs):
 
 def test_the_gpu_plan_times_three_models_both_modes_and_every_side():
   runs = suite.plan('gpu', compare='timm')
-  assert len(runs) == 3 * (6 + 4)  # the remat variants in train only
-  assert _ids(runs)[:10] == [
+  assert len(runs) == 3 * (7 + 4)  # the remat and fp8 variants in train only
+  assert _ids(runs)[:11] == [
       'Ti/16-train-ours-einsum', 'Ti/16-train-ours-cudnn', 'Ti/16-train-ours-einsum:dots',
-      'Ti/16-train-ours-cudnn:dots', 'Ti/16-train-timm-eager', 'Ti/16-train-timm-compiled', 'Ti/16-infer-ours-einsum',
-      'Ti/16-infer-ours-cudnn', 'Ti/16-infer-timm-eager', 'Ti/16-infer-timm-compiled']
+      'Ti/16-train-ours-cudnn:dots', 'Ti/16-train-ours-cudnn+fp8', 'Ti/16-train-timm-eager',
+      'Ti/16-train-timm-compiled', 'Ti/16-infer-ours-einsum', 'Ti/16-infer-ours-cudnn',
+      'Ti/16-infer-timm-eager', 'Ti/16-infer-timm-compiled']
   assert {(r.model, r.batch) for r in runs} == {('ViT-Ti/16', 256), ('ViT-B/16', 256),
                                                 ('ViT-L/16', 128)}
   # Without --compare=timm: ours only.
@@ -68,6 +69,9 @@ def test_each_run_has_its_command_and_flags():
   dots, = suite.plan('gpu', only=['L/16-train-ours-einsum:dots'])
   argv, _ = suite.command(dots, 'gpu', python='py')
   assert argv[-2:] == ['--config.model.attention=einsum', '--config.model.remat=dots']
+  fp8, = suite.plan('gpu', only=['B/16-train-ours-cudnn+fp8'])
+  argv, _ = suite.command(fp8, 'gpu', python='py', profile=True)
+  assert argv[-3:] == ['--config.model.attention=cudnn', '--config.model.fp8=true', '--profile']
   argv, env = suite.command(flagged, 'gpu', python='py', steps=5)
   assert '--steps=5' in argv and env['XLA_FLAGS'].endswith('--xla_gpu_enable_triton_gemm=false')
   _, env = suite.command(ours, 'gpu', python='py', dump_to='/out/dump')
@@ -78,7 +82,12 @@ def test_each_run_has_its_command_and_flags():
   assert argv[:3] == ['py', '-m', 'vit_jax.benchmarking.timm_side']
   assert env == {'JAX_PLATFORMS': 'cpu'}  # JAX stays off the GPU timm runs on
   assert json.loads(argv[3]) == dict(model='ViT-B/16', batch_size=256, image_size=224,
-                                     mode='train', compiled=True, steps=20)
+                                     mode='train', compiled=True, steps=20, device='cuda',
+                                     dtype='bfloat16')
+  argv, _ = suite.command(timm, 'gpu', python='py', profile=True)
+  assert json.loads(argv[3])['profile'] is True
+  smoke, = suite.plan('smoke', compare='timm', only=['Ze/4-train-timm-eager'])
+  assert json.loads(suite.command(smoke, 'smoke')[0][3])['device'] == 'cpu'  # timm on the CPU
 
 
 def test_rows_and_the_table():
@@ -98,6 +107,31 @@ def test_rows_and_the_table():
   assert table[4] == '| B/16-train-ours-einsum | 2,843 | 30.2% | 29.1 | 30.2 | 39.5 | 0.83 |'
   assert table[5].startswith('| B/16-train-ours-cudnn | failed: exit 1: RESOURCE_EXHAUSTED')
   assert table[6] == '| B/16-train-timm-compiled | 3,440 | 36.6% | - | 17.7 | 21.0 | 1.00 |'
+
+
+def test_the_versions_head_the_table_and_profiles_line_up_by_kernel_class():
+  ours, timm = suite.plan('gpu', compare='timm', models=['B/16'], modes=['train'],
+                          sides=['ours-cudnn', 'timm-compiled'])
+  classes = lambda **ms: {'classes': ms, 'kernel_ms_per_step': sum(ms.values())}
+  rows = [
+      suite.row(ours, {'img_per_s': 3354.0, 'compile_s': 46.6, 'device_kind': 'NVIDIA H200',
+                       'step_s_all': [0.0765, 0.0763, 0.0770],
+                       'versions': {'jax': '0.11.2', 'jax-cuda13-plugin': '0.11.2'},
+                       'profile': classes(GEMM=40.0, attention=12.0, LayerNorm=5.5)}),
+      suite.row(timm, {'img_per_s': 3524.0, 'first_s': 37.6, 'device_name': 'NVIDIA H200',
+                       'step_s_all': [0.0727, 0.0726], 'versions': {'torch': '2.11.0'},
+                       'profile': classes(GEMM=41.5, attention=10.0, softmax=0.5)})]
+  assert suite.format_table(rows).splitlines()[0] == (
+      'on NVIDIA H200 (jax 0.11.2, jax-cuda13-plugin 0.11.2; torch 2.11.0):')
+  table = suite.format_profile_tables(rows).splitlines()
+  assert table[0] == 'ViT-B/16 train, batch 256: ms per step by kernel class'
+  assert table[1] == ('| kernel class | B/16-train-ours-cudnn ms | B/16-train-timm-compiled ms | '
+                      'B/16-train-ours-cudnn - B/16-train-timm-compiled |')
+  assert table[3:] == [
+      '| GEMM | 40.00 | 41.50 | -1.50 |', '| attention | 12.00 | 10.00 | +2.00 |',
+      '| LayerNorm | 5.50 | 0.00 | +5.50 |', '| softmax | 0.00 | 0.50 | -0.50 |',
+      '| total kernel time | 57.50 | 52.00 | +5.50 |',
+      'step wall time (median, ms): B/16-train-ours-cudnn 76.50, B/16-train-timm-compiled 72.65']
 
 
 def test_a_failing_run_gives_its_line_and_a_slow_one_its_budget():

@@ -13,6 +13,7 @@ import numpy as np
 
 from vit_jax.benchmarking import ours
 from vit_jax.benchmarking import profile as profile_lib
+from vit_jax.errors import UserError
 from vit_jax.platform import cpus
 from vit_jax.platform import chips
 
@@ -40,15 +41,33 @@ def synthetic_jpeg_folder(root: str, size: int, count: int = 256, classes: int =
   return folder
 
 
+def versions() -> dict:
+  """The versions of the stack a figure was measured with (jax, jaxlib, flax, the CUDA plugin)."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  out = {}
+  for package in ('jax', 'jaxlib', 'flax', 'jax-cuda13-plugin', 'jax-cuda12-plugin'):
+    try:
+      out[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      pass
+  return out
+
+
 def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode: str,
                   dtype: str, steps: int, rounds: int = 3, compare_with: Optional[str] = None,
                   input_data: str = 'synthetic', input_size: int = 400,
                   data_dir: str = '/tmp/vit_jax_benchmark_data', profile: bool = False) -> dict:
-  """One benchmark (result['processor']: the machine's, `cpus.describe`); `profile` adds a per-component kernel profile of our step (and, with
-  `compare_with`, torch.profiler's per-op profile of timm's) under 'profile' / 'timm_profile'."""
+  """One benchmark (result['processor']: the machine's, `cpus.describe`); `profile` adds a
+  per-component kernel profile of our step (and, with `compare_with`, torch.profiler's profile of
+  timm's in the same kernel classes, `timm_side.kernel_profile`) under 'profile' /
+  'timm_profile'."""
+  if mode != 'train' and config.model.get('fp8'):
+    raise UserError('--config.model.fp8 makes the training step\'s dense layers fp8; a forward '
+                    f'pass (--mode={mode}) runs them in --dtype: drop it or use --mode=train')
   ours.set_benchmark_values(config, model, batch_size, image_size, dtype)
   result = {'model': model, 'mode': mode, 'batch_size': batch_size, 'image_size': image_size,
-            'dtype': dtype, 'steps': steps, 'processor': cpus.describe()}
+            'dtype': dtype, 'steps': steps, 'processor': cpus.describe(),
+            'versions': versions()}
   if mode == 'input':
     dataset = input_data
     if input_data == 'synthetic':
@@ -78,7 +97,7 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   if profile:
     result['profile'] = profile_lib.profile_step(prepared.step, prepared.hlo_text)
     if theirs_step is not None:
-      result['timm_profile'] = timm_side.torch_profile(theirs_step)
+      result['timm_profile'] = timm_side.kernel_profile(theirs_step, lambda: None, 'cpu')
   result['matmul_peak_flops'] = peak
   result['utilization'] = result['achieved_flops'] / peak
   result['mfu'] = result['achieved_flops'] / result['chip_peak_flops']
@@ -127,11 +146,10 @@ def format_result(r: dict) -> str:
   if 'profile' in r:
     lines += ['ours, per component (jax.profiler):',
               profile_lib.format_profile(r['profile'], 1e3 * r['step_s'])]
-  if 'timm_profile' in r:
-    lines.append('timm, per op (torch.profiler, self CPU time):')
-    lines += [f'  {row["ms_per_step"]:8.1f} ms  {100 * row["share"]:5.1f}%  {row["op"]}'
-              for row in r['timm_profile']]
+    columns = [('ours', r['profile'])] + ([('timm', r['timm_profile'])]
+                                          if 'timm_profile' in r else [])
+    lines.append(profile_lib.format_class_table(columns, 'by kernel class (ms per step):'))
   return '\n'.join(lines)
 
 
-__all__ = ['run_benchmark', 'format_result', 'synthetic_jpeg_folder']
+__all__ = ['run_benchmark', 'format_result', 'synthetic_jpeg_folder', 'versions']

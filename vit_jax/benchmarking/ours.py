@@ -6,7 +6,9 @@ cost analysis does not see what a GPU runs in cuBLAS and cuDNN, and counts a sca
 loop body once.
 """
 
+import collections
 import dataclasses
+import re
 import resource
 import statistics
 import time
@@ -85,6 +87,13 @@ def _memory(compiled) -> Dict[str, int]:
   return out
 
 
+def library_calls(hlo_text: str) -> Dict[str, int]:
+  """How many times the compiled program calls each library kernel (custom-call target), e.g.
+  {'__cublas$lt$matmul': 243, '__cublas$lt$matmul$f8': 36}: what XLA made of the step's dots
+  (fp8 GEMMs where `model.fp8` is on and the GPU has them)."""
+  return dict(collections.Counter(re.findall(r'custom_call_target="([^"]*)"', hlo_text)))
+
+
 def set_benchmark_values(config, model_name: str, batch_size: int, image_size: int, dtype: str,
                          num_classes: int = 1000) -> None:
   """Turns a trainer config into a synthetic-data benchmark of `model_name` (no dataset read)."""
@@ -131,6 +140,7 @@ class Prepared:
         'memory_analysis': self.memory,
         'device_peak_bytes': device_peak_bytes(),
         'rss_peak_bytes': rss_bytes(),
+        'library_calls': library_calls(self.hlo_text),
     }
 
 
@@ -206,7 +216,8 @@ def compile_for(config, target: targets.Target, mode: str) -> dict:
   memory = _memory(compiled)
   return {'compile_s': time.perf_counter() - start, 'memory_analysis': memory,
           'peak_bytes': memory['peak'], 'device_kind': devices[0].device_kind,
-          'flops_per_img': _model_flops(model, config, train=mode == 'train')}
+          'flops_per_img': _model_flops(model, config, train=mode == 'train'),
+          'library_calls': library_calls(compiled.as_text())}
 
 
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
@@ -229,6 +240,7 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
           'peak_bytes': 0, 'device_peak_bytes': 0, 'rss_peak_bytes': rss_bytes()}
 
 
-__all__ = ['matmul_peak_flops', 'device_peak_bytes', 'minor_faults', 'set_benchmark_values',
+__all__ = ['matmul_peak_flops', 'device_peak_bytes', 'minor_faults', 'library_calls',
+           'set_benchmark_values',
            'prepare_train',
            'prepare_infer', 'compile_for', 'input_pipeline', 'time_calls', 'Timing', 'Prepared']

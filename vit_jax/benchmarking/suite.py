@@ -7,17 +7,23 @@ reason. The parent process never starts JAX (on a GPU that would take the childr
 
 Sides: ours with one attention kernel (`ours-einsum`, `ours-cudnn`: `bench --json
 --config.model.attention=K`) or, train only, a kernel and a remat policy (`ours-einsum:dots`:
-`--config.model.remat=dots`, the saved activations cut to the Dense outputs), timm eager and timm with torch.compile (`timm_side.gpu_benchmark`:
-bf16 autocast, fused AdamW, gradient clipping at 1.0). FLOPs are the model's (`models.cost`) on
-both sides, so MFU compares like with like. Memory: ours, the compiled step's peak (arguments +
-outputs + temporaries, XLA's memory analysis) and the device allocator's peak; timm,
-torch.cuda.max_memory_allocated.
+`--config.model.remat=dots`, the saved activations cut to the Dense outputs) or fp8 dense layers
+(`ours-cudnn+fp8`: `--config.model.fp8=true`), timm eager and timm with torch.compile
+(`timm_side.gpu_benchmark`: bf16 autocast, fused AdamW, gradient clipping at 1.0). FLOPs are the
+model's (`models.cost`) on both sides, so MFU compares like with like. Memory: ours, the compiled
+step's peak (arguments + outputs + temporaries, XLA's memory analysis) and the device allocator's
+peak; timm, torch.cuda.max_memory_allocated.
+
+`profile=True` (`--suite_profile`) also profiles each run's step after timing it (ours:
+`bench --profile`, timm: torch.profiler) and `format_profile_tables` prints, per model and mode,
+the time per step by kernel class, ours against timm (vit_jax/benchmarking/profile.py).
 """
 
 import dataclasses
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -33,24 +39,27 @@ OURS, TIMM = 'ours', 'timm'
 class Suite:
   models: Tuple[Tuple[str, int], ...]  # (model, batch)
   modes: Tuple[str, ...]
-  ours: Tuple[str, ...]                # our runs: an attention kernel, ':' a remat policy (train)
+  ours: Tuple[str, ...]                # our runs: an attention kernel, ':' a remat policy or
+                                       # '+fp8' (both train only)
   timm: Tuple[str, ...]                # 'eager', 'compiled' (with --compare=timm)
   dtype: str
   image_size: int
   steps: int
   needs_gpu: bool
+  device: str                          # where timm runs: 'cuda' or 'cpu'
 
 
 SUITES: Dict[str, Suite] = {
     # The GPU comparison: ViT-Ti/16, B/16 and L/16 at 224 px in bf16.
     'gpu': Suite(models=(('ViT-Ti/16', 256), ('ViT-B/16', 256), ('ViT-L/16', 128)),
-                 modes=('train', 'infer'), ours=('einsum', 'cudnn', 'einsum:dots', 'cudnn:dots'),
+                 modes=('train', 'infer'),
+                 ours=('einsum', 'cudnn', 'einsum:dots', 'cudnn:dots', 'cudnn+fp8'),
                  timm=('eager', 'compiled'), dtype='bfloat16', image_size=224, steps=20,
-                 needs_gpu=True),
+                 needs_gpu=True, device='cuda'),
     # The same machinery on any CPU in seconds (a cudnn row shows a failing run's line).
     'smoke': Suite(models=(('ViT-Ze/4', 8),), modes=('train', 'infer'),
-                   ours=('einsum', 'cudnn'), timm=('eager',), dtype='float32', image_size=28,
-                   steps=2, needs_gpu=False),
+                   ours=('einsum', 'cudnn', 'einsum+fp8'), timm=('eager',), dtype='float32',
+                   image_size=28, steps=2, needs_gpu=False, device='cpu'),
 }
 
 # What jit names the trainer's train step (the module XLA dumps with --suite_dump).
@@ -66,7 +75,7 @@ class Run:
   batch: int
   mode: str
   side: str        # 'ours' or 'timm'
-  variant: str     # ours: the attention kernel[:remat policy]; timm: 'eager' or 'compiled'
+  variant: str     # ours: the attention kernel[:remat policy][+fp8]; timm: 'eager' or 'compiled'
   xla: str = gpu.DEFAULT_VARIANT  # ours: the XLA:GPU flag variant (platform/gpu.py)
 
   @property
@@ -105,7 +114,7 @@ def plan(suite: str, *, compare: Optional[str] = None, models: Sequence[str] = (
     for mode in s.modes:
       candidates = []
       for k in s.ours:
-        if ':' in k and mode != 'train':  # a remat policy changes only the train step
+        if (':' in k or '+' in k) and mode != 'train':  # remat and fp8: the train step only
           continue
         candidates.append(Run(model, batch, mode, OURS, k))
         if k == 'einsum' and mode == 'train':
@@ -126,19 +135,23 @@ def plan(suite: str, *, compare: Optional[str] = None, models: Sequence[str] = (
 
 
 def command(run: Run, suite: str, *, steps: Optional[int] = None, dump_to: Optional[str] = None,
-            python: str = sys.executable) -> Tuple[List[str], Dict[str, str]]:
+            profile: bool = False, python: str = sys.executable
+            ) -> Tuple[List[str], Dict[str, str]]:
   """(argv, environment additions) of one run's subprocess. `dump_to`: our train runs dump the
   train step's HLO, buffer assignment and memory-usage report (XLA_FLAGS) into a folder of that
-  directory named after the run."""
+  directory named after the run. `profile`: the run also profiles its step."""
   s = SUITES[suite]
   steps = steps or s.steps
   if run.side == OURS:
-    kernel, _, remat = run.variant.partition(':')
+    options, _, fp8 = run.variant.partition('+')
+    kernel, _, remat = options.partition(':')
     argv = [python, '-m', 'vit_jax', 'bench', f'--model={run.model}',
             f'--batch_size={run.batch}', f'--image_size={s.image_size}', f'--mode={run.mode}',
             f'--dtype={s.dtype}', f'--steps={steps}', '--json',
             f'--config.model.attention={kernel}']
     argv += [f'--config.model.remat={remat}'] if remat else []
+    argv += ['--config.model.fp8=true'] if fp8 else []
+    argv += ['--profile'] if profile else []
     flags = gpu.variant_flags(run.xla)
     if dump_to and run.mode == 'train':
       folder = os.path.join(dump_to, run.id.replace('/', '_').replace(':', '_'))
@@ -148,7 +161,9 @@ def command(run: Run, suite: str, *, steps: Optional[int] = None, dump_to: Optio
     env = {'XLA_FLAGS': joined} if flags else {}
     return argv, env
   spec = dict(model=run.model, batch_size=run.batch, image_size=s.image_size, mode=run.mode,
-              compiled=run.variant == 'compiled', steps=steps)
+              compiled=run.variant == 'compiled', steps=steps, device=s.device, dtype=s.dtype)
+  if profile:
+    spec['profile'] = True
   # JAX (imported for the FLOP count) stays off the GPU: it would take 75% of its memory.
   return ([python, '-m', 'vit_jax.benchmarking.timm_side', json.dumps(spec)],
           {'JAX_PLATFORMS': 'cpu'})
@@ -162,6 +177,10 @@ def row(run: Run, result: Optional[dict], reason: Optional[str] = None) -> dict:
          'reason': reason}
   if result is None:
     return out
+  if result.get('profile'):
+    out['profile'] = result['profile']
+    out['step_ms'] = 1e3 * statistics.median(result['step_s_all'])
+  out['versions'] = result.get('versions')
   if run.side == OURS:
     out.update(img_per_s=result['img_per_s'], mfu=result.get('mfu'),
                compiled_peak_bytes=result.get('peak_bytes'),
@@ -182,12 +201,15 @@ def _cell(value, fmt: str) -> str:
 
 
 def format_table(rows: Sequence[dict]) -> str:
-  """A markdown table of `rows` (`COLUMNS`), headed by the device; ratios against the timm
-  compiled run of the same model and mode where there is one."""
+  """A markdown table of `rows` (`COLUMNS`), headed by the device and the versions of each side's
+  stack; ratios against the timm compiled run of the same model and mode where there is one."""
   devices = sorted({r['device'] for r in rows if r.get('device')})
   reference = {(r['model'], r['mode']): r['img_per_s'] for r in rows
                if r['ok'] and r['side'] == TIMM and r['variant'] == 'compiled'}
-  lines = [f'on {", ".join(devices) or "(no run finished)"}:', '',
+  stacks = sorted({', '.join(f'{k} {v}' for k, v in r['versions'].items())
+                   for r in rows if r.get('versions')})
+  versions = f' ({"; ".join(stacks)})' if stacks else ''
+  lines = [f'on {", ".join(devices) or "(no run finished)"}{versions}:', '',
            '| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
   for r in rows:
     if not r['ok']:
@@ -201,6 +223,23 @@ def format_table(rows: Sequence[dict]) -> str:
              f'{r["first_result_s"]:.1f}', _cell(ref and r['img_per_s'] / ref, '.2f')]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
+
+
+def format_profile_tables(rows: Sequence[dict]) -> str:
+  """Per model and mode, the kernel-class table (`profile.format_class_table`) of the rows that
+  profiled their step, ours first and timm compiled last (the difference column is the first
+  run's minus timm compiled's), with each run's measured step time below."""
+  from vit_jax.benchmarking import profile  # pylint: disable=g-import-not-at-top
+  order = lambda r: (r['side'] == TIMM, r['side'] == TIMM and r['variant'] == 'compiled')
+  out = []
+  for key in dict.fromkeys((r['model'], r['mode']) for r in rows if r.get('profile')):
+    group = sorted((r for r in rows if (r['model'], r['mode']) == key and r.get('profile')),
+                   key=order)
+    title = f'{key[0]} {key[1]}, batch {group[0]["batch_size"]}: ms per step by kernel class'
+    table = profile.format_class_table([(r['id'], r['profile']) for r in group], title)
+    out.append(table + '\nstep wall time (median, ms): ' + ', '.join(
+        f'{r["id"]} {r["step_ms"]:.2f}' for r in group))
+  return '\n\n'.join(out)
 
 
 def _one_line(stderr: str) -> str:
@@ -231,8 +270,10 @@ def execute(argv: List[str], env: Dict[str, str], timeout_s: float) -> Tuple[Opt
 
 
 def run_suite(runs: Sequence[Run], suite: str, *, timeout_s: float, steps: Optional[int] = None,
-              dump_to: Optional[str] = None, log=sys.stderr) -> List[dict]:
-  """Executes `runs` one after the other; prints each row's progress to `log`."""
+              dump_to: Optional[str] = None, profile: bool = False, log=sys.stderr
+              ) -> List[dict]:
+  """Executes `runs` one after the other (each profiling its step with `profile`); prints each
+  row's progress to `log`."""
   s = SUITES[suite]
   if s.needs_gpu and not gpu.nvidia_gpu_present():
     raise UserError(f'--suite={suite} times on an NVIDIA GPU and this machine has none (no '
@@ -242,7 +283,7 @@ def run_suite(runs: Sequence[Run], suite: str, *, timeout_s: float, steps: Optio
           'runs may run on the CPU', file=log, flush=True)
   rows = []
   for i, r in enumerate(runs):
-    argv, env = command(r, suite, steps=steps, dump_to=dump_to)
+    argv, env = command(r, suite, steps=steps, dump_to=dump_to, profile=profile)
     start = time.perf_counter()
     result, reason = execute(argv, env, timeout_s)
     rows.append(row(r, result, reason or None))
@@ -252,5 +293,5 @@ def run_suite(runs: Sequence[Run], suite: str, *, timeout_s: float, steps: Optio
   return rows
 
 
-__all__ = ['SUITES', 'COLUMNS', 'Run', 'plan', 'command', 'row', 'format_table', 'execute',
-           'run_suite']
+__all__ = ['SUITES', 'COLUMNS', 'Run', 'plan', 'command', 'row', 'format_table',
+           'format_profile_tables', 'execute', 'run_suite']

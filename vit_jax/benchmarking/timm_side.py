@@ -6,7 +6,9 @@ dtype, trained with the same optimizer family (Adam on softmax cross-entropy), o
 batch, all CPU threads. On a CUDA GPU (`gpu_benchmark`, the GPU suite's timm runs, one process
 each: `python -m vit_jax.benchmarking.timm_side '<json spec>'`): fp32 parameters under bf16
 autocast, fused AdamW, gradient norm clipped at 1.0, eager or torch.compile'd, as timm's own
-training script runs it.
+training script runs it (with `device='cpu'` the same step on the CPU, for the smoke suite).
+`kernel_profile` is torch.profiler's view of a step in our profile's kernel classes
+(vit_jax/benchmarking/profile.py): the GPU's kernels, or on a CPU the ATen ops' own time.
 Needs torch and timm: `make test-interop` installs them into .venv.
 """
 
@@ -15,7 +17,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from vit_jax.errors import UserError
 
@@ -82,42 +84,82 @@ def steps(model_name: str, batch_size: int, image_size: int, dtype: str,
   return train_step, infer_step
 
 
-def torch_profile(step: Callable[[], None], steps: int = 2, top: int = 15) -> List[dict]:
-  """torch.profiler's top ops of `step` by self CPU time: [{op, ms_per_step, share}]."""
+def kernel_profile(step: Callable[[], None], sync: Callable[[], None], device: str,
+                   steps: int = 3, top: int = 40) -> dict:
+  """torch.profiler's kernels of `steps` calls of `step` in our profile's schema
+  (`profile.summarize`: 'kernel_ms_per_step', 'classes', 'top' [name, class, ms per step]).
+
+  On a GPU: every CUDA kernel, classed by its name and the ops that launched it
+  (`profile.kernel_class`); on a CPU: each op's own (self) time, classed likewise.
+  """
   torch, _ = _import_torch_and_timm()
+  from vit_jax.benchmarking import profile  # pylint: disable=g-import-not-at-top
+  cuda = device == 'cuda'
+  activities = [torch.profiler.ProfilerActivity.CPU]
+  if cuda:
+    activities.append(torch.profiler.ProfilerActivity.CUDA)
   step()
-  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+  sync()
+  with torch.profiler.profile(activities=activities) as prof:
     for _ in range(steps):
       step()
-  events = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
-  total = sum(t for _, t in events) or 1.
-  events.sort(key=lambda kv: -kv[1])
-  return [{'op': key, 'ms_per_step': t / 1e3 / steps, 'share': t / total}
-          for key, t in events[:top]]
+    sync()
+  events = list(prof.events())
+  cpu = torch.autograd.DeviceType.CPU
+  ops = {e.id: e for e in events if e.device_type == cpu}
+
+  def context(op) -> List[str]:
+    names = []
+    while op is not None:
+      names.append(op.name)
+      op = op.cpu_parent
+    return names[::-1]
+
+  times: Dict[Tuple[str, str], float] = {}
+  for e in events:
+    if cuda and e.device_type != cpu:
+      key = (e.name, profile.kernel_class(
+          e.name, context(ops.get(getattr(e, 'linked_correlation_id', 0)))))
+      us = e.time_range.elapsed_us()
+    elif not cuda and e.device_type == cpu:
+      key, us = (e.name, profile.kernel_class(e.name, context(e.cpu_parent))), e.self_cpu_time_total
+    else:
+      continue
+    times[key] = times.get(key, 0.) + us / 1e3 / steps
+  ranked = sorted(([name, cls, t] for (name, cls), t in times.items()), key=lambda r: -r[2])
+  source = 'torch.profiler, ' + ('CUDA kernels' if cuda else "each op's own CPU time")
+  return {'kernel_ms_per_step': sum(times.values()), 'source': source, **profile.by_class(ranked),
+          'top': ranked[:top]}
 
 
 def gpu_benchmark(model: str, batch_size: int, image_size: int, mode: str, compiled: bool,
-                  steps: int, num_classes: int = 1000, warmup: int = 2) -> dict:
+                  steps: int, num_classes: int = 1000, warmup: int = 2, device: str = 'cuda',
+                  dtype: str = 'bfloat16', profile: bool = False) -> dict:
   """img/s (median of `steps` synchronised steps after the first and `warmup` more), the first
-  result's time (from building the model), the allocator peak and MFU of timm on the GPU."""
-  torch, _ = _import_torch_and_timm()
-  if not torch.cuda.is_available():
+  result's time (from building the model), the allocator peak and MFU of timm on the GPU
+  (`device='cpu'`: on the CPU, no allocator peak or MFU); `dtype` bfloat16 runs under autocast.
+  `profile` adds `kernel_profile` of the step under 'profile'."""
+  torch, timm = _import_torch_and_timm()
+  cuda = device == 'cuda'
+  if cuda and not torch.cuda.is_available():
     raise UserError('the timm GPU benchmark needs a CUDA GPU that torch can see')
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   from vit_jax.models import cost  # pylint: disable=g-import-not-at-top
   from vit_jax.platform import chips  # pylint: disable=g-import-not-at-top
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
   start = time.perf_counter()
   net, _ = build(model, num_classes, image_size, 'float32')
-  net = net.cuda().train(mode == 'train')
+  net = net.to(device).train(mode == 'train')
   run = torch.compile(net) if compiled else net
-  generator = torch.Generator(device='cuda').manual_seed(0)
-  images = torch.rand(batch_size, 3, image_size, image_size, device='cuda',
+  generator = torch.Generator(device=device).manual_seed(0)
+  images = torch.rand(batch_size, 3, image_size, image_size, device=device,
                       generator=generator) * 2 - 1
-  labels = torch.randint(0, num_classes, (batch_size,), device='cuda', generator=generator)
-  optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
+  labels = torch.randint(0, num_classes, (batch_size,), device=device, generator=generator)
+  optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=cuda)
+  autocast = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
 
   def train_step():
-    with torch.autocast('cuda', dtype=torch.bfloat16):
+    with autocast():
       loss = torch.nn.functional.cross_entropy(run(images).float(), labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -125,32 +167,36 @@ def gpu_benchmark(model: str, batch_size: int, image_size: int, mode: str, compi
     optimizer.step()
 
   def infer_step():
-    with torch.inference_mode(), torch.autocast('cuda', dtype=torch.bfloat16):
+    with torch.inference_mode(), autocast():
       run(images)
 
   step = train_step if mode == 'train' else infer_step
   step()
-  torch.cuda.synchronize()
+  sync()
   first_s = time.perf_counter() - start
   for _ in range(warmup):
     step()
-  torch.cuda.synchronize()
+  sync()
   times = []
   for _ in range(steps):
     t0 = time.perf_counter()
     step()
-    torch.cuda.synchronize()
+    sync()
     times.append(time.perf_counter() - t0)
   ours = models.create_model(model, num_classes=num_classes)
   shape = (image_size, image_size, 3)
   flops = (cost.train_flops if mode == 'train' else cost.forward_flops)(ours, shape)
   img_per_s = batch_size / statistics.median(times)
-  name = torch.cuda.get_device_name()
-  peak = chips.datasheet_peak(name, 'bfloat16')
-  return {'img_per_s': img_per_s, 'step_s_all': times, 'first_s': first_s,
-          'peak_bytes': int(torch.cuda.max_memory_allocated()), 'device_name': name,
-          'flops_per_img': flops, 'mfu': img_per_s * flops / peak if peak else None,
-          'torch': torch.__version__}
+  name = torch.cuda.get_device_name() if cuda else 'cpu'
+  peak = chips.datasheet_peak(name, dtype)
+  out = {'img_per_s': img_per_s, 'step_s_all': times, 'first_s': first_s,
+         'peak_bytes': int(torch.cuda.max_memory_allocated()) if cuda else None,
+         'device_name': name, 'flops_per_img': flops,
+         'mfu': img_per_s * flops / peak if peak else None, 'torch': torch.__version__,
+         'versions': {'torch': torch.__version__, 'timm': timm.__version__}}
+  if profile:
+    out['profile'] = kernel_profile(step, sync, device)
+  return out
 
 
 def main(argv: List[str]) -> int:
@@ -164,7 +210,7 @@ def main(argv: List[str]) -> int:
   return 0
 
 
-__all__ = ['build', 'steps', 'torch_profile', 'gpu_benchmark']
+__all__ = ['build', 'steps', 'kernel_profile', 'gpu_benchmark']
 
 
 if __name__ == '__main__':

@@ -15,7 +15,8 @@ The base config is --config (default configs/mnist5k.py: no Polyak averaging or 
 --suite=gpu [--compare=timm] runs a fixed set of runs, each in its own process, and prints one
 table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
 --suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run,
---suite_dump keeps the compiled train steps' buffer assignments.
+--suite_dump keeps the compiled train steps' buffer assignments, --suite_profile adds where each
+step's time goes by kernel class, ours against timm (one table per model and mode).
 --compile_for=h100 (or h200) compiles our step for that GPU here, without one, and prints XLA's
 memory analysis (`make gpu-compiler`; vit_jax/platform/targets.py).
 """
@@ -67,6 +68,9 @@ _SUITE_DUMP = flags.DEFINE_string('suite_dump', None, 'Our train runs dump the c
                                    'step (HLO, buffer assignment, memory-usage report) into a '
                                    'folder per run of this directory.')
 _SUITE_TIMEOUT = flags.DEFINE_integer('suite_timeout', 300, 'Seconds each suite run may take.')
+_SUITE_PROFILE = flags.DEFINE_bool('suite_profile', False, 'Each suite run also profiles its '
+                                   'step; prints ms per step by kernel class (GEMM, attention, '
+                                   'LayerNorm, ...), ours against timm.')
 
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
@@ -86,8 +90,10 @@ def run_suite() -> int:
                     xla=_SUITE_XLA.value)
   steps = _STEPS.value if flags.FLAGS['steps'].present else None
   rows = suite.run_suite(runs, _SUITE.value, timeout_s=_SUITE_TIMEOUT.value, steps=steps,
-                         dump_to=_SUITE_DUMP.value)
+                         dump_to=_SUITE_DUMP.value, profile=_SUITE_PROFILE.value)
   table = suite.format_table(rows)
+  if _SUITE_PROFILE.value:
+    table += '\n\n' + suite.format_profile_tables(rows)
   if _JSON.value:  # the table on stderr, the rows on stdout
     print(table, file=sys.stderr, flush=True)
     print(json.dumps({'suite': _SUITE.value, 'rows': rows}, indent=1))
@@ -114,7 +120,8 @@ def run_compile_for() -> int:
           f'{_DTYPE.value}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
           f'GEMMs, no autotuning) in {result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
           f'= arguments {m["argument"] / 1e9:.2f} + outputs {m["output"] / 1e9:.2f} - aliased '
-          f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB')
+          f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB\n  library calls: ' +
+          (', '.join(f'{k} {v}' for k, v in sorted(result['library_calls'].items())) or 'none'))
   return 0
 
 

@@ -41,6 +41,9 @@ def base_config() -> config_dict.ConfigDict:
                                           # kernel; auto = flash on TPU, cudnn on GPU (einsum
                                           # where cuDNN cannot run), einsum on CPU
                                           # (einsum wherever attention_dropout_rate > 0)
+  c.model.fp8 = False                     # encoder dense layers as fp8 matmuls, delayed scaling
+                                          # (NVIDIA GPUs of compute capability >= 8.9 only);
+                                          # evaluation and exported weights run them in dtype
 
   # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
   c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)

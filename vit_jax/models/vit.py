@@ -23,6 +23,11 @@ encoder block (scanned, 'none' still recomputes the elementwise ops: `SCAN_NO_RE
 `attention` selects the attention kernel (vit_jax/models/attention.py: einsum | dot_product |
 cudnn | flash | auto).
 
+`fp8=True` runs the encoder's dense layers (query, key, value, out, Dense_0, Dense_1) through
+`vit_jax.models.fp8.Fp8Dot`: fp8 matmuls with delayed scaling, whose scales live in their own
+variable collection next to 'params' (the train step's business; without it the same layers run
+in `dtype`).
+
 `scan=True` runs the blocks as one `nn.scan`ned layer (`scanned_blocks`): XLA compiles one block
 instead of L. Its params are stacked, `Transformer/encoderblock/...` with a leading layer axis
 [L, ...], and start equal to the unrolled model's (`init` stacks them); `vit_jax.models.layout`
@@ -47,6 +52,7 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import layout
 from vit_jax.models import option_values
 from vit_jax.models import resnet as resnet_lib
@@ -130,6 +136,7 @@ class MultiHeadDotProductAttention(nn.Module):
   num_heads: int
   dropout_rate: float = 0.
   implementation: str = 'auto'
+  fp8: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -140,7 +147,8 @@ class MultiHeadDotProductAttention(nn.Module):
     dense = lambda name: nn.DenseGeneral(
         features=(self.num_heads, head_dim), axis=-1,
         kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
+        dot_general_cls=fp8_lib.dot_general_cls(self.fp8), name=name)
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate, dtype=self.dtype,
                                    head_dim=head_dim)
     if kernel in attention_lib.FUSED:
@@ -161,7 +169,7 @@ class MultiHeadDotProductAttention(nn.Module):
     out = nn.DenseGeneral(
         features=width, axis=(-2, -1), kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.zeros, dtype=self.dtype, param_dtype=self.param_dtype,
-        name='out')
+        dot_general_cls=fp8_lib.dot_general_cls(self.fp8), name='out')
     return out(y)
 
 
@@ -170,6 +178,7 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   dropout_rate: float = 0.
   gelu_approximate: bool = True
+  fp8: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -178,7 +187,7 @@ class MlpBlock(nn.Module):
     dense = lambda features: nn.Dense(
         features, kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.normal(MLP_BIAS_STDDEV), dtype=self.dtype,
-        param_dtype=self.param_dtype)
+        param_dtype=self.param_dtype, dot_general_cls=fp8_lib.dot_general_cls(self.fp8))
     width = x.shape[-1]
     x = nn.gelu(checkpoint_name(dense(self.mlp_dim)(x), MLP_HIDDEN),
                 approximate=self.gelu_approximate)
@@ -198,6 +207,7 @@ class Encoder1DBlock(nn.Module):
   gelu_approximate: bool = True
   attention: str = 'auto'
   recompute_gelu: bool = False
+  fp8: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -212,8 +222,8 @@ class Encoder1DBlock(nn.Module):
     norm = lambda: nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype)
     y = norm()(x)
     y = MultiHeadDotProductAttention(
-        self.num_heads, self.attention_dropout_rate, self.attention, dtype=self.dtype,
-        param_dtype=self.param_dtype)(y, deterministic=deterministic)
+        self.num_heads, self.attention_dropout_rate, self.attention, fp8=self.fp8,
+        dtype=self.dtype, param_dtype=self.param_dtype)(y, deterministic=deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + self._drop_path(y, drop_path_rate, deterministic)
     y = norm()(x)
@@ -221,8 +231,8 @@ class Encoder1DBlock(nn.Module):
     # pass, which recomputes the GELU (the second Dense's input) from it.
     mlp = (nn.remat(MlpBlock, static_argnums=(2,), policy=GELU_REMAT_POLICY)
            if self.recompute_gelu else MlpBlock)
-    y = mlp(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=self.dtype,
-            param_dtype=self.param_dtype, name='MlpBlock_0')(y, deterministic)
+    y = mlp(self.mlp_dim, self.dropout_rate, self.gelu_approximate, fp8=self.fp8,
+            dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock_0')(y, deterministic)
     return constrain(x + self._drop_path(y, drop_path_rate, deterministic), TOKENS)
 
 
@@ -237,7 +247,7 @@ def scanned_blocks(block, x: jax.Array, rates: Optional[jax.Array], *,
   drop-path draws differ from the unrolled encoder's (which folds each block's name into the rng).
   """
   body = lambda mdl, carry, rate: (mdl(carry, rate, train), None)
-  scan = nn.scan(body, variable_axes={'params': 0, 'intermediates': 0},
+  scan = nn.scan(body, variable_axes={'params': 0, 'intermediates': 0, fp8_lib.COLLECTION: 0},
                  split_rngs={'params': True, 'dropout': True}, length=num_layers)
   return scan(block(name=layout.BLOCK), x, rates)[0]
 
@@ -257,6 +267,7 @@ class Encoder(nn.Module):
   remat: Union[bool, str] = 'none'
   attention: str = 'auto'
   scan: bool = False
+  fp8: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -279,7 +290,8 @@ class Encoder(nn.Module):
         block_cls, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
         dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
         gelu_approximate=self.gelu_approximate, attention=self.attention,
-        recompute_gelu=self.remat == 'gelu', dtype=self.dtype, param_dtype=self.param_dtype)
+        recompute_gelu=self.remat == 'gelu', fp8=self.fp8, dtype=self.dtype,
+        param_dtype=self.param_dtype)
     rates = [self.stochastic_depth * i / (self.num_layers - 1) if self.num_layers > 1 else 0.
              for i in range(self.num_layers)]
     if self.scan:
@@ -346,6 +358,7 @@ class VisionTransformer(nn.Module):
   attention: str = 'auto'  # attention kernel: auto | einsum | dot_product | cudnn | flash
   with_mask_token: bool = False  # masked patch prediction: a learnable [mask] patch embedding
   scan: bool = False  # the blocks as one scanned layer, params stacked [L, ...] (see `init`)
+  fp8: bool = False  # the encoder's dense layers in fp8 with delayed scaling (models/fp8.py)
 
   @nn.nowrap
   def init_with_output(self, rngs, *args, **kwargs):
@@ -411,8 +424,9 @@ class VisionTransformer(nn.Module):
         posemb=self.posemb, has_cls=has_cls, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.stochastic_depth, gelu_approximate=self.gelu_approximate,
-        remat=self.remat, scan=self.scan, attention=self.attention, dtype=self.dtype,
-        param_dtype=self.param_dtype, name='Transformer')(x, grid=(h, w), train=train)
+        remat=self.remat, scan=self.scan, attention=self.attention, fp8=self.fp8,
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        name='Transformer')(x, grid=(h, w), train=train)
 
     if self.classifier == 'token':
       x = x[:, 0]

@@ -17,6 +17,9 @@ sparsity), from the vendors' datasheets:
   NVIDIA L4 Tensor Core GPU datasheet; Google Cloud TPU system architecture pages (v2, v3, v4,
   v5e, v5p, v6e: "peak compute per chip", "HBM capacity / bandwidth per chip").
 NVIDIA quotes tensor throughput with sparsity; the dense figure is half of it.
+`fp8_flops`: the dense fp8 (e4m3/e5m2) tensor rate, None where the chip has no fp8 matmul units;
+NVIDIA GPUs multiply in fp8 from compute capability 8.9 (Ada Lovelace, Hopper) on
+(`FP8_MIN_COMPUTE_CAPABILITY`), which decides `fp8_support` for a GPU missing from the table.
 `fp32`: the rate an fp32 matmul runs at with JAX's default precision. On NVIDIA GPUs since Ampere
 that is TF32 on the tensor cores (XLA:GPU's default for fp32 dots), so the TF32 dense figure; on
 TPUs the default precision multiplies fp32 operands in one bf16 pass, so the bf16 figure.
@@ -57,6 +60,7 @@ class Chip:
   target: Optional[str] = None         # its name in config.compile_for ('v3' of 'v3-8', 'h100')
   slices: Optional[TpuSlices] = None   # TPUs: how its slices are sold and shaped
   sm_count: Optional[int] = None       # GPUs compiled for without one: streaming multiprocessors
+  fp8_flops: Optional[float] = None    # dense fp8 peak, FLOP/s per JAX device (None: no fp8)
 
   @property
   def platform(self) -> str:
@@ -66,20 +70,21 @@ class Chip:
 # The first match wins, so specific names first.
 CHIPS: Tuple[Chip, ...] = (
     Chip('H200 NVL', 'NVIDIA H200 NVL', r'NVIDIA H200 NVL', 835.5 * TERA, 417.5 * TERA,
-         141 * GIB, 4.8e12),
+         141 * GIB, 4.8e12, fp8_flops=1670.5 * TERA),
     Chip('H200', 'NVIDIA H200', r'NVIDIA H200.*', 989.5 * TERA, 494.5 * TERA, 150_754_820_096,
-         4.8e12, target='h200', sm_count=132),
+         4.8e12, target='h200', sm_count=132, fp8_flops=1979 * TERA),
     Chip('H100 PCIe', 'NVIDIA H100 PCIe', r'NVIDIA H100 PCIe', 756 * TERA, 378 * TERA, 80 * GIB,
-         2.0e12),
+         2.0e12, fp8_flops=1513 * TERA),
     Chip('H100 NVL', 'NVIDIA H100 NVL', r'NVIDIA H100 NVL', 835.5 * TERA, 417.5 * TERA,
-         94 * GIB, 3.9e12),
+         94 * GIB, 3.9e12, fp8_flops=1670.5 * TERA),
     Chip('H100 SXM', 'NVIDIA H100 80GB HBM3', r'NVIDIA H100.*', 989.5 * TERA, 494.5 * TERA,
-         84_978_434_048, 3.35232e12, target='h100', sm_count=132),
+         84_978_434_048, 3.35232e12, target='h100', sm_count=132, fp8_flops=1979 * TERA),
     Chip('A100 80GB', 'NVIDIA A100-SXM4-80GB', r'NVIDIA A100.*80GB.*', 312 * TERA, 156 * TERA,
          80 * GIB, 2.039e12),
     Chip('A100 40GB', 'NVIDIA A100-SXM4-40GB', r'NVIDIA A100.*', 312 * TERA, 156 * TERA,
          40 * GIB, 1.555e12),
-    Chip('L4', 'NVIDIA L4', r'NVIDIA L4', 121 * TERA, 60 * TERA, 24 * GIB, 300 * GB),
+    Chip('L4', 'NVIDIA L4', r'NVIDIA L4', 121 * TERA, 60 * TERA, 24 * GIB, 300 * GB,
+         fp8_flops=242.5 * TERA),
     Chip('TPU v2 (per core)', 'TPU v2', r'TPU v2', 22.5 * TERA, 22.5 * TERA, 8 * GIB, 300 * GB,
          target='v2', slices=TpuSlices('cores', 2, 2, 4)),
     Chip('TPU v3 (per core)', 'TPU v3', r'TPU v3', 61.5 * TERA, 61.5 * TERA, 16 * GIB, 450 * GB,
@@ -94,6 +99,9 @@ CHIPS: Tuple[Chip, ...] = (
          1640 * GB, target='v6e', slices=TpuSlices('chips', 2, 1, 1)),
 )
 
+# NVIDIA GPUs with fp8 tensor cores: compute capability 8.9 (Ada Lovelace) and later (Hopper 9.0).
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
 MATMUL_SIZE = 2048  # the measured matmul: the fastest of the sizes 1024-4096 on the CPUs here
 
 
@@ -103,6 +111,31 @@ def find_chip(device_kind: str) -> Optional[Chip]:
     if re.fullmatch(chip.pattern, device_kind.strip()):
       return chip
   return None
+
+
+def _compute_capability(device) -> Optional[Tuple[int, int]]:
+  """(major, minor) of a CUDA device ('9.0'), None where JAX reports none."""
+  value = getattr(device, 'compute_capability', None)
+  if not value:
+    return None
+  major, _, minor = str(value).partition('.')
+  return int(major), int(minor or 0)
+
+
+def fp8_support(device) -> Optional[str]:
+  """None if `device` multiplies in fp8, else why not (one phrase). A GPU reporting its compute
+  capability is judged by it, any other device by the chip table (`fp8_flops`)."""
+  kind = getattr(device, 'device_kind', '') or device.platform
+  capability = _compute_capability(device) if device.platform in ('gpu', 'cuda') else None
+  if capability is not None:
+    if capability >= FP8_MIN_COMPUTE_CAPABILITY:
+      return None
+    return (f'{kind} has compute capability {capability[0]}.{capability[1]}, below the '
+            f'{FP8_MIN_COMPUTE_CAPABILITY[0]}.{FP8_MIN_COMPUTE_CAPABILITY[1]} of fp8 tensor cores')
+  chip = find_chip(kind)
+  if chip is not None and chip.fp8_flops:
+    return None
+  return f'{kind} has no fp8 matmul units that JAX uses'
 
 
 def compile_targets(platform: str) -> Tuple[Chip, ...]:
@@ -174,5 +207,6 @@ def describe_devices(devices: Iterable, gpu_probe: Optional[Callable[[], bool]] 
   return line
 
 
-__all__ = ['Chip', 'CHIPS', 'TpuSlices', 'find_chip', 'compile_targets', 'datasheet_peak',
-           'hbm_bytes', 'measure_matmul_flops', 'peak_flops', 'describe_devices', 'MATMUL_SIZE']
+__all__ = ['Chip', 'CHIPS', 'TpuSlices', 'FP8_MIN_COMPUTE_CAPABILITY', 'find_chip',
+           'fp8_support', 'compile_targets', 'datasheet_peak', 'hbm_bytes',
+           'measure_matmul_flops', 'peak_flops', 'describe_devices', 'MATMUL_SIZE']

@@ -235,8 +235,11 @@ def _tpu_devices(target: Target) -> list:
 
 
 # The Hopper GPUs' device properties as CUDA's device query reports them (NVIDIA H100 and H200
-# datasheets; both are the GH100 chip with 132 SMs); the memory and its bandwidth are the chip's.
-_HOPPER = """gpu_device_info {{
+# datasheets; both are the GH100 chip with 132 SMs); the memory and its bandwidth are the chip's;
+# and the CUDA runtime of the CUDA 13 build (XLA picks cuBLASLt's fp8 GEMMs by it: without it a
+# deviceless compile widens `model.fp8`'s fp8 dots to bf16 ones).
+_HOPPER = """runtime_version {{ major: 13 }}
+gpu_device_info {{
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
   shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: {cores}
   fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535

@@ -31,15 +31,16 @@ def mix(lam: jax.Array, images: jax.Array, targets: jax.Array):
 
 def classification_objective(*, apply_fn: Callable, loss_fn: Callable, num_classes: int,
                              label_smoothing: float, alpha: float) -> Callable:
-  """objective(params, images, labels, rng) -> (mean loss, number of correct argmax predictions)."""
+  """objective(variables, images, labels, rng) -> (mean loss, number of correct argmax
+  predictions); `variables` is what `apply_fn` takes ({'params': ...})."""
   if alpha < 0:
     raise UserError(f'mixup={alpha} is negative: use the Beta alpha (e.g. 0.2), or 0 for off')
 
-  def objective(params, images, labels, rng):
+  def objective(variables, images, labels, rng):
     mix_rng, dropout_rng = jax.random.split(rng)
     targets = losses.one_hot(labels, num_classes, label_smoothing)
     images, targets = mix(sample_lambda(mix_rng, alpha), images, targets)
-    logits = apply_fn({'params': params}, images, train=True, rngs={'dropout': dropout_rng})
+    logits = apply_fn(variables, images, train=True, rngs={'dropout': dropout_rng})
     loss = jnp.mean(loss_fn(logits, targets))
     return loss, jnp.sum(jnp.argmax(logits, -1) == labels)
 

@@ -82,13 +82,14 @@ def check(config, grid: Tuple[int, int]) -> None:
     raise UserError('mixup does not apply to masked patch prediction: set config.mixup=0')
 
 
-def _scores(apply_fn, params, images, rng, *, grid, patch_pixels, options, train):
-  """Per-image (mean loss over the selected patches, fraction of them right)."""
+def _scores(apply_fn, variables, images, rng, *, grid, patch_pixels, options, train):
+  """Per-image (mean loss over the selected patches, fraction of them right); `variables` is
+  what `apply_fn` takes ({'params': ...})."""
   corrupt_rng, dropout_rng = jax.random.split(rng)
   num_patches = grid[0] * grid[1]
   corrupt = sample_corruption(corrupt_rng, images.shape[0], num_patches, ratio=options['ratio'],
                               mask_prob=options['mask_prob'], random_prob=options['random_prob'])
-  logits = apply_fn({'params': params}, images, train=train, rngs={'dropout': dropout_rng},
+  logits = apply_fn(variables, images, train=train, rngs={'dropout': dropout_rng},
                     corrupt=corrupt)
   logits = logits[:, -num_patches:]  # drop the cls token's output
   targets = colour_targets(images, patch_pixels)
@@ -105,12 +106,12 @@ def _options(config) -> dict:
 
 
 def make_objective(config, *, apply_fn: Callable, grid, patch_pixels) -> Callable:
-  """objective(params, images, labels, rng) -> (mean loss, summed per-image patch accuracy)."""
+  """objective(variables, images, labels, rng) -> (mean loss, summed per-image patch accuracy)."""
   options = _options(config)
 
-  def objective(params, images, labels, rng):
+  def objective(variables, images, labels, rng):
     del labels  # self-supervised
-    loss, accuracy = _scores(apply_fn, params, images, rng, grid=grid, patch_pixels=patch_pixels,
+    loss, accuracy = _scores(apply_fn, variables, images, rng, grid=grid, patch_pixels=patch_pixels,
                              options=options, train=True)
     return jnp.mean(loss), jnp.sum(accuracy)
 
@@ -125,8 +126,9 @@ def make_eval_step(config, *, apply_fn: Callable, grid, patch_pixels, seed: int 
   options = _options(config)
 
   def eval_step(params, batch):
-    loss, accuracy = _scores(apply_fn, params, batch['image'], jax.random.PRNGKey(seed),
-                             grid=grid, patch_pixels=patch_pixels, options=options, train=False)
+    loss, accuracy = _scores(apply_fn, {'params': params}, batch['image'],
+                             jax.random.PRNGKey(seed), grid=grid, patch_pixels=patch_pixels,
+                             options=options, train=False)
     mask = batch['mask'].astype(jnp.float32)
     return {'correct': jnp.sum(accuracy * mask), 'loss': jnp.sum(loss * mask),
             'count': jnp.sum(mask)}

@@ -11,6 +11,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 import sys
 from typing import Any, Callable, Optional, Tuple
 
@@ -22,10 +23,12 @@ from vit_jax.data import catalog
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
+from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import vit
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
+from vit_jax.platform import chips
 from vit_jax.platform import targets
 from vit_jax import tasks
 from vit_jax.train import optim, step as step_lib, validate
@@ -190,13 +193,14 @@ class Init:
   def _under_mesh(self, fn: Callable) -> Callable:
     return fn if self.mesh is None else sharding.with_activation_sharding(fn, self.mesh)
 
-  def _state(self, params):
-    return step_lib.TrainState.create(params, self.tx)
+  def _state(self, variables):
+    params, fp8 = fp8_lib.split(variables)
+    return step_lib.TrainState.create(params, self.tx, fp8)
 
   def __call__(self, rng):
     def init(rng):
       dummy = jnp.zeros((1, *self.image_shape), jnp.float32)
-      return self._state(self.model.init({'params': rng}, dummy, train=False)['params'])
+      return self._state(self.model.init({'params': rng}, dummy, train=False))
     return self._under_mesh(init)(rng)
 
 
@@ -240,14 +244,32 @@ def _check_input_size(config) -> None:
     vit.check_image_size(config.image_size, config.image_size, **kwargs)
 
 
+# Test-only: `model.fp8` on devices without fp8 matmuls (XLA:CPU computes the fp8 dots in float32,
+# so the tests check fp8 training's numerics on any machine; it says nothing of its speed).
+FP8_EMULATION_FOR_TESTS = 'VIT_JAX_FP8_EMULATION_FOR_TESTS'
+
+
+def check_fp8(config, devices) -> None:
+  """A UserError if `config.model.fp8` is set and some device of the run has no fp8 matmuls
+  (`chips.fp8_support`: NVIDIA compute capability >= 8.9)."""
+  if not config.model.get('fp8') or os.environ.get(FP8_EMULATION_FOR_TESTS) == '1':
+    return
+  reasons = sorted({r for r in map(chips.fp8_support, devices) if r})
+  if reasons:
+    raise UserError(f'config.model.fp8=True needs an NVIDIA GPU with fp8 tensor cores (compute '
+                    f'capability >= 8.9: H100, H200, L4, ...), but {reasons[0]}: set '
+                    f'config.model.fp8=False (or train on such a GPU)')
+
+
 def check_placement(config, devices: Optional[list] = None) -> Placement:
   """The mesh of a validated config over `devices` (default: all; with `config.compile_for`, that
-  TPU slice's or GPU's), checked against the batch sizes and micro-batches, and the image size
-  checked against the variant: every mistake found without the dataset, so before TensorFlow is
-  imported. `build_program` starts with it."""
+  TPU slice's or GPU's), checked against the batch sizes and micro-batches, the devices against
+  `model.fp8`, and the image size against the variant: every mistake found without the dataset,
+  so before TensorFlow is imported. `build_program` starts with it."""
   target = targets.parse(config.compile_for) if config.compile_for else None
   if target is not None:
     devices = targets.devices(target)
+  check_fp8(config, devices if devices is not None else jax.devices())
   mesh = parallel.make_mesh(config.mesh, devices)
   _check_mesh(config, mesh)
   _check_input_size(config)
@@ -305,5 +327,5 @@ def build_program(config, devices: Optional[list] = None, *,
                  eval_fn=eval_fn, target=placement.target)
 
 
-__all__ = ['Init', 'Placement', 'Program', 'build_program', 'check_placement', 'resolve_steps',
-           'dataset_facts', 'head_width', 'init_fn_and_shapes']
+__all__ = ['Init', 'Placement', 'Program', 'build_program', 'check_fp8', 'check_placement',
+           'resolve_steps', 'dataset_facts', 'head_width', 'init_fn_and_shapes']
