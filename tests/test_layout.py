@@ -10,10 +10,10 @@ from helpers import ROOT
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
     ('errors', 'quiet'),
-    ('interrupt', 'fileio', 'lazy', 'platform', 'configs'),
+    ('interrupt', 'fileio', 'lazy', 'platform'),
     ('parallel',),
     ('models',),
-    ('tasks', 'data', 'formats', 'checkpoint'),
+    ('tasks', 'data', 'formats', 'checkpoint', 'configs'),
     ('analysis', 'serving'),
     ('evaluate',),
     ('train',),

@@ -78,7 +78,7 @@ def _augreg(c, model: str, dataset: str, epochs: float, args) -> None:
 
 
 def _width(model: str) -> int:
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top  # JAX, deferred: configs load without it
   return models.decode_variant(recipes.variant(model))['hidden_size']
 
 
