@@ -78,7 +78,8 @@ def _augreg(c, model: str, dataset: str, epochs: float, args) -> None:
 
 
 def _width(model: str) -> int:
-  from vit_jax import models  # pylint: disable=g-import-not-at-top  # JAX, deferred: configs load without it
+  # Deferred: models imports JAX, and a config file loads without it.
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
   return models.decode_variant(recipes.variant(model))['hidden_size']
 
 
