@@ -384,15 +384,16 @@ def _walk(root: str, unit: Unit) -> Tuple[List[Tuple[str, os.stat_result]], Dict
           notes['unreadable'].append(rel)  # a dangling or looping link, a socket, a device, ...
       except OSError:
         notes['unreadable'].append(rel)
-  found.sort(key=lambda item: item[0])
+  linked = {_identity(st) for _, st, link in found if link or st.st_nlink > 1}
   files, first = [], {}
-  for rel, st, link in found:
-    if link or st.st_nlink > 1:
+  for rel, st, link in sorted(found, key=lambda item: (item[2], item[0])):  # links last
+    if _identity(st) in linked:
       if _identity(st) in first:
-        notes['duplicate'].append(f'{rel} = {first[_identity(st)]}')
+        notes['duplicate'].append(f'{rel} (same file as {first[_identity(st)]})')
         continue
       first[_identity(st)] = rel
     files.append((rel, st))
+  files.sort(key=lambda item: item[0])
   for kind in notes:
     notes[kind].sort()
   return files, notes
@@ -489,6 +490,7 @@ def _index_unit(task) -> Tuple[int, Optional[str]]:
     names, file_ids, offsets, sizes, tails, links = [], [], [], [], [], []
     if layout in ('folders', 'flat_folder'):
       files, notes = _walk(root, unit)
+      real_root = os.path.realpath(root)
       for rel, st in files:
         fd = os.open(_under(root, rel), os.O_RDONLY)
         try:
@@ -500,7 +502,9 @@ def _index_unit(task) -> Tuple[int, Optional[str]]:
         offsets.append(0)
         sizes.append(st.st_size)
         if os.path.islink(_under(root, rel)) or st.st_nlink > 1:
-          links.append([rel, st.st_ino, st.st_size])
+          real = os.path.realpath(_under(root, rel))
+          home = (os.path.relpath(real, real_root) if _inside(real, real_root) else None)
+          links.append([rel, st.st_ino, st.st_size, home])
     else:
       path = _under(root, unit.file)
       shown = f'{path}:{unit.name}.tar' if layout == 'tar_of_tars' else path
@@ -647,6 +651,21 @@ def _stop_signals():
       signal.signal(sig, handler)
 
 
+def _start_resource_tracker() -> None:
+  """multiprocessing's resource tracker (the pool's locks register with it), started ignoring
+  SIGHUP, which it keeps: it is in this process group, and a closed terminal must not kill it
+  (it would be started again, then print tracebacks about the locks it lost)."""
+  from multiprocessing import resource_tracker  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is not threading.main_thread():
+    resource_tracker.ensure_running()
+    return
+  previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+  try:
+    resource_tracker.ensure_running()
+  finally:
+    signal.signal(signal.SIGHUP, previous)
+
+
 def _worker_start() -> None:
   """An indexing process: Ctrl-C is its parent's to handle; it dies with its parent."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -704,6 +723,7 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
       if n <= 1:
         results = map(_index_unit, tasks)
       else:
+        _start_resource_tracker()
         pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(
             n, mp_context=multiprocessing.get_context('spawn'), initializer=_worker_start))
         stack.callback(_stop_workers, pool)
@@ -739,15 +759,14 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
 
 
 def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-  """Ends the indexing processes at once (on a stop, an error or a dead process)."""
+  """Ends the indexing processes at once (on a stop, an error or a dead process). SIGKILL: they
+  hold nothing worth a clean exit (a part is written atomically), and a stopped or stuck one
+  must not keep this process from exiting."""
   processes = list((getattr(pool, '_processes', None) or {}).values())
-  pool.shutdown(wait=False, cancel_futures=True)
   for process in processes:
     with contextlib.suppress(Exception):
-      process.terminate()
-  for process in processes:
-    with contextlib.suppress(Exception):
-      process.join(5)
+      process.kill()
+  pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _remove_temporary(directory: str) -> None:
@@ -789,6 +808,7 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
   notes = {kind: list(meta['notes'].get(kind, [])) for kind in NOTE_KINDS}
   content = hashlib.sha256()
   owner = {}  # (inode, size) of a linked file -> its name
+  unit_files = {u[1] for u in meta['units']} - {''}
   for k, path in enumerate(parts):
     with np.load(path) as part:
       if json.loads(str(part['unit'])) != meta['units'][k]:
@@ -799,13 +819,15 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
       columns['unit'].append(np.full(len(part['file_id']), k, np.int32))
       for kind, names in json.loads(str(part['notes'])).items():
         notes[kind] += names
-      for name, inode, size in json.loads(str(part['links'])):
+      for name, inode, size, home in json.loads(str(part['links'])):
         other = owner.setdefault((inode, size), name)
+        if home is not None and home.split(os.sep)[0] in unit_files - {meta['units'][k][1]}:
+          other = home  # a link to a file of another class folder
         if other.split('/')[0] != name.split('/')[0]:
           raise UserError(f'{os.path.join(meta["root"], other)} and '
                           f'{os.path.join(meta["root"], name)} are the same file (a link) in two '
                           f'classes: an image has one class; remove one of them')
-      content.update(f'{meta["units"][k][0]}\0{part["digest"]}\n'.encode())
+      content.update(f'{meta["units"][k][0]}\0{part["digest"]}\n'.encode('utf-8', 'surrogateescape'))
   arrays = {key: np.concatenate(value) if value else np.zeros([0], np.int64)
             for key, value in columns.items()}
   arrays['name_ends'] = np.cumsum(arrays.pop('name_lengths')).astype(np.int64)
