@@ -469,7 +469,7 @@ def test_the_input_benchmark_times_both_sources_on_the_same_images(tmp_path):
   sizes = {Image.open(io.BytesIO(d)).size for d in archived.values()}
   assert sizes <= set(input_bench.SHAPES) and len(sizes) > 3
   result = input_bench.run(str(tmp_path), batch_size=8, batches=1, count=16, rounds=1)
-  assert result['archive_img_per_s'] > 0 and result['tfds_copy_img_per_s'] > 0
+  assert result['archive_img_per_s'] > 0 and result['folder_img_per_s'] > 0
   assert result['archive_img_per_s_per_core'] * result['cores'] == result['archive_img_per_s']
   assert 'img/s per core' in input_bench.format_result(result)
 
@@ -584,8 +584,7 @@ def test_a_member_stored_twice_in_a_tar_is_read_once_the_last_copy(tmp_path, cap
   by_name = {index.name(r): index.read(r) for r in range(len(index))}
   assert by_name == {'n00000001/a.JPEG': last, 'n00000001/b.JPEG': jpeg(3),
                      'n00000002/c.JPEG': jpeg(4)}
-  assert ('1 images that are there twice (read once): n00000001/a.JPEG') in \
-      capfd.readouterr().err
+  assert '1 image that is there twice (read once): n00000001/a.JPEG' in capfd.readouterr().err
 
 
 def test_a_class_folder_linked_to_another_is_refused(tmp_path):
@@ -1022,3 +1021,24 @@ def test_a_signal_while_indexing_is_one_line_and_leaves_no_index_that_is_trusted
   for key in ('unit', 'file', 'offset', 'size', 'names', 'name_ends', 'hash_order'):
     np.testing.assert_array_equal(getattr(index, key), getattr(fresh, key))
   assert index.content == fresh.content
+
+
+def test_a_class_folder_inside_another_is_refused_and_a_link_to_the_root_is_not_followed(
+    tmp_path, capfd):
+  def nested(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 2)
+    os.mkdir(root / 'n00000001' / 'sub')
+    os.symlink('n00000001/sub', root / 'n00000003')
+
+  with pytest.raises(UserError, match=r'n00000001 and .*n00000003 hold the same images \(one is '
+                                      r'inside the other\)'):
+    _i21k_with(tmp_path / 'nested', nested)
+
+  def loop(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 2)
+    os.symlink('.', root / 'n00000009')
+
+  release = _i21k_with(tmp_path / 'loop', loop)
+  assert release.classes == ('n00000001', 'n00000002') and release.split_sizes == {'full': 4}
+  assert '1 symbolic link not followed (a loop, or a link out of its synset): n00000009' in \
+      capfd.readouterr().err

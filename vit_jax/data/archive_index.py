@@ -28,7 +28,7 @@ What is read (`list_units`, `_walk`, `_members`):
     two units, are refused (`UserError`): an image has one class.
 
 Building (`build`) lists the units once, then indexes them in parallel (one process per usable
-core) into one part file per unit, each written atomically, so a run killed while indexing does
+core, from `_POOL_FROM` units on) into one part file per unit, each written atomically, so a run killed while indexing does
 only the missing parts when rerun; several hosts sharing the index directory split the units by
 `shard=(index, count)`, each writing its own parts, and all merge when every part exists. A
 progress line with an ETA goes to stderr. SIGTERM, SIGHUP or Ctrl-C while indexing stop the
@@ -84,6 +84,7 @@ DIR_VAR = 'VIT_JAX_INDEX_DIR'  # where indexes are written, instead of <data_dir
 TAIL_BYTES = 64  # of each image, checksummed into the content digest
 NOTE_KINDS = ('stray', 'non_image', 'not_followed', 'unreadable', 'duplicate')
 _BLOCK = 512  # tar block size
+_POOL_FROM = 16  # units from which indexing runs in a pool of processes (unless told)
 _PATH_CHECK_S = 1.0  # how often a read checks that an archive's path still names the indexed file
 
 
@@ -196,11 +197,6 @@ class Index:
     f = int(self.file[row])
     return _under(self.root, self.files[f] if f >= 0 else os.fsdecode(self._name_bytes(row)))
 
-  def close(self) -> None:
-    for fd in self._fds.values():
-      os.close(fd)
-    self._fds.clear()
-
 
 def _when(st: os.stat_result) -> str:
   return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.st_mtime))
@@ -278,12 +274,12 @@ def list_units(root: str, layout: str,
         is_dir = entry.is_dir()
       except OSError:
         is_tar = is_dir = False
-      if layout == 'tars' and is_tar and accept(_stem(entry.name)):
+      if is_dir and _inside(os.path.realpath(root), os.path.realpath(entry.path)):
+        notes['not_followed'].append(entry.name)  # a link to the root or above: a loop
+      elif layout == 'tars' and is_tar and accept(_stem(entry.name)):
         units.append(Unit(_stem(entry.name), entry.name, 0, entry.stat().st_size))
       elif layout == 'folders' and is_dir and accept(entry.name):
         units.append(Unit(entry.name, entry.name, 0, 0))
-      elif is_dir and _inside(os.path.realpath(root), os.path.realpath(entry.path)):
-        notes['not_followed'].append(entry.name)  # a link to the root or above: a loop
       else:
         notes['stray'].append(entry.name)
     _refuse_shared(root, units)
@@ -303,12 +299,23 @@ def list_units(root: str, layout: str,
 
 def _refuse_shared(root: str, units: Sequence[Unit]) -> None:
   """UserError if two units are one file or folder (links), or one folder holds another."""
-  real = sorted((os.path.realpath(_under(root, u.file)), u.file) for u in units)
-  for (a, name_a), (b, name_b) in zip(real, real[1:]):
-    if _inside(b, a):
-      how = 'are the same' if a == b else 'hold the same images (one is inside the other)'
-      raise UserError(f'{_under(root, name_a)} and {_under(root, name_b)} {how} (a symbolic '
-                      f'link): an image has one class; remove the link')
+  owner = {}
+  for unit in units:
+    real = os.path.realpath(_under(root, unit.file))
+    if real in owner:
+      _shared(root, owner[real], unit.file, 'are the same')
+    owner[real] = unit.file
+  for real, name in owner.items():
+    parent = os.path.dirname(real)
+    while parent != os.path.dirname(parent):
+      if parent in owner:
+        _shared(root, owner[parent], name, 'hold the same images (one is inside the other)')
+      parent = os.path.dirname(parent)
+
+
+def _shared(root: str, first: str, second: str, how: str) -> None:
+  raise UserError(f'{_under(root, first)} and {_under(root, second)} {how} (a symbolic link): an '
+                  f'image has one class; remove the link')
 
 
 def fingerprint(root: str, layout: str, deep: bool = False):
@@ -598,20 +605,27 @@ def read_json(path: str):
 
 
 class _Progress:
-  """'indexing SOURCE: done/total units, elapsed, ETA' on stderr: redrawn in place on a
-  terminal, otherwise a line at most every 10 s and at the end."""
+  """'indexing SOURCE: done/total units, elapsed, ETA' on stderr once indexing has taken
+  `_QUIET_S` (a small source says nothing): redrawn in place on a terminal, otherwise a line at
+  most every 10 s, and at the end."""
+
+  _QUIET_S = 5.0
 
   def __init__(self, what: str, total: int, done: int):
     self._what, self._total, self._done = what, total, done
-    self._start_done, self._t0, self._last = done, time.monotonic(), 0.0
+    self._start_done, self._t0 = done, time.monotonic()
+    self._last = self._t0 + self._QUIET_S - 10  # the first line once _QUIET_S have passed
+    self._said = False
     self._tty = sys.stderr.isatty()
 
   def step(self, n: int = 1) -> None:
     self._done += n
     now = time.monotonic()
+    if now - self._t0 < self._QUIET_S and not self._said:
+      return
     if self._done < self._total and now - self._last < (0.2 if self._tty else 10):
       return
-    self._last = now
+    self._last, self._said = now, True
     rate = (self._done - self._start_done) / max(now - self._t0, 1e-9)
     left = (self._total - self._done) / rate if rate > 0 else 0
     line = (f'indexing {self._what}: {self._done}/{self._total} units, '
@@ -681,7 +695,8 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
           deep: bool = False) -> Tuple[str, bool]:
   """Indexes the source at `root` under `base` if that is not done yet; (directory, whether this
   call wrote to it). `shard=(i, n)`: this host indexes units i, i + n, ... and waits up to
-  `wait_s` for the others' parts; `workers`: processes (default: one per usable core);
+  `wait_s` for the others' parts; `workers`: processes (default: one per usable core, or this
+  process alone for fewer than `_POOL_FROM` units);
   `on_part(k)` is called after part k is written; `unit_name`: which entry names are units (the
   others are strays); `deep`: see `fingerprint` (the directory is then named by it)."""
   now = fingerprint(root, layout, deep)
@@ -717,7 +732,8 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
   file_ids = {name: i for i, name in enumerate(meta['files'])}
   tasks = [(root, layout, k, units[k], file_ids.get(units[k].file, -1), part(k))
            for k in mine]
-  n = min(workers or cpus.usable(), len(tasks))
+  # Processes take seconds to start: a source of a few units is indexed in this one.
+  n = min(workers or (cpus.usable() if len(tasks) >= _POOL_FROM else 1), len(tasks))
   try:
     with _stop_signals(), contextlib.ExitStack() as stack:
       if n <= 1:
@@ -827,7 +843,8 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
           raise UserError(f'{os.path.join(meta["root"], other)} and '
                           f'{os.path.join(meta["root"], name)} are the same file (a link) in two '
                           f'classes: an image has one class; remove one of them')
-      content.update(f'{meta["units"][k][0]}\0{part["digest"]}\n'.encode('utf-8', 'surrogateescape'))
+      content.update(f'{meta["units"][k][0]}\0{part["digest"]}\n'.encode(
+          'utf-8', 'surrogateescape'))
   arrays = {key: np.concatenate(value) if value else np.zeros([0], np.int64)
             for key, value in columns.items()}
   arrays['name_ends'] = np.cumsum(arrays.pop('name_lengths')).astype(np.int64)

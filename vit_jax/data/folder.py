@@ -1,4 +1,4 @@
-"""Your own images: `dataset='folder:/path/to/images'`, a folder of class sub-folders, read in place.
+"""Your own images: `dataset='folder:/path/to/images'`, a folder of class sub-folders read in place.
 
 Layout: PATH/<class name>/**/<file>.jpg|.jpeg|.png (extensions in any case; images in nested
 folders belong to the class folder above them). Label i is the i-th class folder name in sorted

@@ -200,15 +200,23 @@ def listed(names: Sequence[str]) -> str:
 
 def note_lines(index: archive_index.Index, unit: str) -> List[str]:
   """What indexing left out of a source, one line per kind (archive_index.NOTE_KINDS)."""
-  what = {
-      'stray': f'entries that are no {unit} (not read)',
-      'non_image': 'files that are not JPEG/PNG images (left out)',
-      'not_followed': f'symbolic links not followed (a loop, or a link out of its {unit})',
-      'unreadable': 'entries that cannot be read (left out)',
-      'duplicate': 'images that are there twice (read once)',
+  what = {  # kind: (one, several, why)
+      'stray': (f'entry that is no {unit}', f'entries that are no {unit}', 'not read'),
+      'non_image': ('file that is not a JPEG/PNG image', 'files that are not JPEG/PNG images',
+                    'left out'),
+      'not_followed': ('symbolic link not followed', 'symbolic links not followed',
+                       f'a loop, or a link out of its {unit}'),
+      'unreadable': ('entry that cannot be read', 'entries that cannot be read', 'left out'),
+      'duplicate': ('image that is there twice', 'images that are there twice', 'read once'),
   }
-  return [f'{index.root}: {len(index.notes[kind])} {what[kind]}: {listed(index.notes[kind])}'
-          for kind in archive_index.NOTE_KINDS if index.notes.get(kind)]
+  lines = []
+  for kind in archive_index.NOTE_KINDS:
+    names = index.notes.get(kind)
+    if names:
+      one, several, why = what[kind]
+      lines.append(f'{index.root}: {len(names)} {one if len(names) == 1 else several} ({why}): '
+                   f'{listed(names)}')
+  return lines
 
 
 def _class_split(index: archive_index.Index, classes: Sequence[str]) -> Split:
@@ -467,6 +475,7 @@ def find(dataset: str, data_dir: Optional[str]) -> Optional[Release]:
   return None
 
 
-__all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'REAL_LABELS', 'Release', 'SYNSET', 'Split', 'find',
-           'data_dir_of', 'i1k_root', 'image_name', 'imagenet2012', 'imagenet21k', 'is_synset', 'key_rows',
-           'listed', 'load_index', 'note_lines', 'read', 'real_label_sets', 'records']
+__all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'REAL_LABELS', 'Release', 'SYNSET', 'Split',
+           'data_dir_of', 'find', 'i1k_root', 'image_name', 'imagenet2012', 'imagenet21k',
+           'is_synset', 'key_rows', 'listed', 'load_index', 'note_lines', 'read',
+           'real_label_sets', 'records']
