@@ -177,3 +177,23 @@ def test_a_folder_name_too_long_for_a_file_name_beside_it_is_read(tmp_path):
   files = write_colour_folder(root, per_class=2)
   info = data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))
   assert sum(info.split_sizes.values()) == len(files) == 6
+
+
+def test_links_in_a_folder_follow_the_releases_rules(tmp_path, capfd):
+  """A link loop is not followed, a second name of a file is read once and named, and one file
+  in two classes is refused (its label would be ambiguous)."""
+  root = tmp_path / 'links'
+  files = write_colour_folder(root, per_class=4)
+  os.symlink('.', root / 'red' / 'again')
+  os.symlink('0.jpg', root / 'red' / 'zero.jpg')
+  info = data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))
+  assert sum(info.split_sizes.values()) == len(files) == 12
+  assert info.skipped['unreadable'] == ('red/again',)
+  assert info.skipped['duplicate'] == ('red/zero.jpg (same file as red/0.jpg)',)
+  assert ('; skipped 1 corrupt file (red/broken.jpg) and 2 non-image files (green/anim.gif, '
+          'notes.txt) and 1 unreadable entry (red/again) and 1 duplicate file (red/zero.jpg (same '
+          'file as red/0.jpg))') in capfd.readouterr().err
+  os.symlink('../red/1.png', root / 'blue' / 'stolen.png')
+  with pytest.raises(UserError, match=r'red/1.png and .*blue/stolen.png are the same file \(a '
+                                      r'link\) in two classes'):
+    data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))
