@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from helpers import file_tree
 from image_folder_util import COLOURS, write_colour_folder

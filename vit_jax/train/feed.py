@@ -12,7 +12,7 @@ ahead beyond the pipeline's own), and an error of the iterator is raised in the 
 
 import queue
 import threading
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 _SLICE_S = 0.2  # how often a wait looks at `stop()`
 
