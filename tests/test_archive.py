@@ -3,15 +3,19 @@ archive_index.py), on fake releases the tests write: a tar of per-synset tars of
 one corrupt member and one non-image, and an ILSVRC2012 layout (train tar of tars, validation
 tar, devkit)."""
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
+import threading
 import time
 
 import jax
@@ -99,21 +103,29 @@ def i1k(tmp_path_factory):
   with open(os.path.join(root, releases.I1K_VAL), 'wb') as f:
     f.write(tar_bytes(sorted(val.items(), reverse=True)))  # stored in another order
   ids = [2, 3, 1, 1, 2, 3]  # ILSVRC ids of images 1..6; id i is synsets[i - 1]
+  write_devkit(root, ''.join(f'{i}\n' for i in ids).encode(), meta_mat(synsets))
+  labels = [sorted(synsets).index(synsets[i - 1]) for i in ids]
+  return data_dir, labels
+
+
+def meta_mat(synsets) -> bytes:
+  """The devkit's meta.mat: ILSVRC id i + 1 is synsets[i]."""
   meta = io.BytesIO()
   scipy.io.savemat(meta, {'synsets': np.array(
       [(i + 1, s, 0) for i, s in enumerate(synsets)],
       dtype=[('ILSVRC2012_ID', 'O'), ('WNID', 'O'), ('num_children', 'O')])})
+  return meta.getvalue()
+
+
+def write_devkit(root, ground_truth: bytes, meta: bytes) -> None:
   devkit = io.BytesIO()
   with tarfile.open(fileobj=devkit, mode='w:gz') as tar:
-    for name, data in ((releases.I1K_GROUND_TRUTH, ''.join(f'{i}\n' for i in ids).encode()),
-                       ('meta.mat', meta.getvalue())):
+    for name, data in ((releases.I1K_GROUND_TRUTH, ground_truth), ('meta.mat', meta)):
       member = tarfile.TarInfo(f'{releases.I1K_DEVKIT}/data/{name}')
       member.size = len(data)
       tar.addfile(member, io.BytesIO(data))
   with open(os.path.join(root, f'{releases.I1K_DEVKIT}.tar.gz'), 'wb') as f:
     f.write(devkit.getvalue())
-  labels = [sorted(synsets).index(synsets[i - 1]) for i in ids]
-  return data_dir, labels
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +351,7 @@ def test_the_recipe_commands_start_training_on_the_release(dataset, i21k, i1k, t
                f'--workdir={tmp_path}/run', f'--config.data_dir={data_dir}', *TINY, *splits)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f'training on {dataset}' in proc.stderr and 'trained steps 1-' in proc.stderr, proc.stderr
-  assert not os.path.exists(os.path.join(data_dir, dataset, 'image_folders'))  # no copy
+  assert set(os.listdir(data_dir)) == {dataset, 'vit_jax_index'}  # no copy, only the index
 
 
 @pytest.mark.slow
@@ -457,6 +469,576 @@ def test_the_input_benchmark_times_both_sources_on_the_same_images(tmp_path):
   sizes = {Image.open(io.BytesIO(d)).size for d in archived.values()}
   assert sizes <= set(input_bench.SHAPES) and len(sizes) > 3
   result = input_bench.run(str(tmp_path), batch_size=8, batches=1, count=16, rounds=1)
-  assert result['archive_img_per_s'] > 0 and result['tfds_copy_img_per_s'] > 0
+  assert result['archive_img_per_s'] > 0 and result['folder_img_per_s'] > 0
   assert result['archive_img_per_s_per_core'] * result['cores'] == result['archive_img_per_s']
   assert 'img/s per core' in input_bench.format_result(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# A release is read as it is laid out, or refused.
+
+
+def _synset_folders(root, synsets, per_class):
+  """root/<synset>/ folders of per_class JPEGs each (no extras), and their images."""
+  tars, images = class_tars(synsets, per_class, extras=False)
+  for synset, data in tars.items():
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+      tar.extractall(os.path.join(root, synset), filter='data')
+  return images
+
+
+def _i21k_with(tmp_path, make):
+  """A data_dir whose imagenet21k/ `make(root)` fills; the release read from it and stderr."""
+  data_dir = tmp_path / 'data'
+  root = data_dir / 'imagenet21k'
+  root.mkdir(parents=True)
+  make(root)
+  return releases.find('imagenet21k', str(data_dir))
+
+
+def test_a_stray_tar_beside_synset_folders_is_named_and_left_out(tmp_path, capfd):
+  synsets = [f'n0000000{i}' for i in range(6)]
+
+  def make(root):
+    _synset_folders(root, synsets, 2)
+    (root / 'backup_n00000001.tar').write_bytes(class_tars(['n00000001'], 2, False)[0]['n00000001'])
+    (root / 'README.txt').write_text('notes')
+
+  release = _i21k_with(tmp_path, make)
+  assert release.classes == tuple(synsets) and release.split_sizes == {'full': 12}
+  assert release.splits['full'].index.layout == 'folders'
+  err = capfd.readouterr().err
+  assert ('2 entries that are no synset (not read): README.txt, backup_n00000001.tar') in err, err
+
+
+@pytest.mark.parametrize('both', [False, True], ids=['disjoint', 'one_synset_both_ways'])
+def test_a_half_unpacked_release_is_refused_naming_both_kinds(tmp_path, both):
+  tars, _ = class_tars(['n00000001', 'n00000002'], 2, extras=False)
+
+  def make(root):
+    _synset_folders(root, ['n00000003', 'n00000004'] + (['n00000001'] if both else []), 2)
+    for synset, data in tars.items():
+      (root / f'{synset}.tar').write_bytes(data)
+
+  with pytest.raises(UserError) as e:
+    _i21k_with(tmp_path, make)
+  line = str(e.value)
+  assert ('holds the synsets in two ways: 2 as tars (n00000001.tar, n00000002.tar) and '
+          f'{3 if both else 2} as folders (') in line, line
+  assert ('n00000001 is there as both' in line) == both and 'finish unpacking' in line, line
+
+
+def test_links_that_loop_or_leave_the_synset_are_not_followed(tmp_path, capfd):
+  """`again -> .` inside a synset gave 972 images for 12 (copies of training images in the eval
+  split); a link to another synset's folder would give it a second class."""
+
+  def make(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 12)
+    os.symlink('.', root / 'n00000001' / 'again')
+    os.symlink('../n00000002', root / 'n00000001' / 'other')
+    os.mkdir(root / 'n00000001' / 'sub')
+    os.symlink('../sub', root / 'n00000001' / 'sub' / 'up')  # a loop one level down
+
+  release = _i21k_with(tmp_path, make)
+  assert release.split_sizes == {'full': 24}
+  index = release.splits['full'].index
+  names = [index.name(r) for r in range(len(index))]
+  assert len(set(names)) == 24 and sum(n.startswith('n00000001/') for n in names) == 12
+  err = capfd.readouterr().err
+  assert ('3 symbolic links not followed (a loop, or a link out of its synset): '
+          'n00000001/again, n00000001/other, n00000001/sub/up') in err, err
+
+
+def test_a_file_linked_twice_is_read_once_and_one_file_in_two_classes_is_refused(tmp_path, capfd):
+  def make(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 3)
+    os.symlink('n00000001_0.JPEG', root / 'n00000001' / 'again.JPEG')
+    os.link(root / 'n00000001' / 'n00000001_1.JPEG', root / 'n00000001' / 'hard.JPEG')
+
+  release = _i21k_with(tmp_path, make)
+  assert release.split_sizes == {'full': 6}
+  err = capfd.readouterr().err
+  assert ('2 images that are there twice (read once): n00000001/again.JPEG (same file as '
+          'n00000001/n00000001_0.JPEG), n00000001/n00000001_1.JPEG (same file as '
+          'n00000001/hard.JPEG)') in err, err
+
+  def across(root):
+    make(root)
+    os.symlink('../n00000001/n00000001_2.JPEG', root / 'n00000002' / 'stolen.JPEG')
+
+  with pytest.raises(UserError, match=r'n00000001_2.JPEG and .*n00000002/stolen.JPEG are the same '
+                                      r'file \(a link\) in two classes'):
+    _i21k_with(tmp_path / 'across', across)
+
+
+def test_a_member_stored_twice_in_a_tar_is_read_once_the_last_copy(tmp_path, capfd):
+  first, last = jpeg(1), jpeg(2)
+
+  def make(root):
+    (root / 'n00000001.tar').write_bytes(tar_bytes([('a.JPEG', first), ('b.JPEG', jpeg(3)),
+                                                    ('a.JPEG', last)]))
+    (root / 'n00000002.tar').write_bytes(tar_bytes([('c.JPEG', jpeg(4))]))
+
+  release = _i21k_with(tmp_path, make)
+  index = release.splits['full'].index
+  by_name = {index.name(r): index.read(r) for r in range(len(index))}
+  assert by_name == {'n00000001/a.JPEG': last, 'n00000001/b.JPEG': jpeg(3),
+                     'n00000002/c.JPEG': jpeg(4)}
+  assert '1 image that is there twice (read once): n00000001/a.JPEG' in capfd.readouterr().err
+
+
+def test_a_class_folder_linked_to_another_is_refused(tmp_path):
+  def make(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 2)
+    os.symlink('n00000001', root / 'n00000003')
+
+  with pytest.raises(UserError, match=r'n00000001 and .*n00000003 are the same \(a symbolic '
+                                      r'link\): an image has one class'):
+    _i21k_with(tmp_path, make)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: a file changed, gone or unreadable stops the streams with one line, within seconds;
+# it is never counted as an image that does not decode.
+
+
+def _within(seconds: float, fn):
+  """fn() run on a thread that must finish within `seconds` (a hang fails the test, not the
+  suite); its result, or the error it raised."""
+  out = {}
+
+  def run():
+    try:
+      out['value'] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      out['error'] = e
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  thread.join(seconds)
+  assert not thread.is_alive(), f'still running after {seconds} s'
+  if 'error' in out:
+    raise out['error']
+  return out['value']
+
+
+def _drain(iterator, n=40):
+  for _ in range(n):
+    next(iterator)
+
+
+def _stream(data_dir, shuffle_buffer=1):
+  return data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=str(data_dir),
+                                 batch_size=8, pp=PP, seed=0, shuffle_buffer=shuffle_buffer)
+
+
+def test_a_vanished_image_stops_the_train_and_eval_streams_with_one_line(tmp_path, capfd):
+  data_dir = tmp_path / 'data'
+  _synset_folders(data_dir / 'imagenet21k', ['n00000001', 'n00000002'], 8)
+  assert info.find_release('imagenet21k', str(data_dir)).split_sizes == {'full': 16}
+  gone = data_dir / 'imagenet21k' / 'n00000002' / 'n00000002_3.JPEG'
+  os.remove(gone)
+  capfd.readouterr()
+  message = (rf'^cannot read {gone} \(No such file or directory; reading '
+             r'n00000002/n00000002_3.JPEG\): it is gone: put it back, then rerun the same command '
+             r'to resume$')
+  with pytest.raises(UserError, match=message):
+    _within(120, lambda: _drain(_stream(data_dir)))
+  batches, _ = data_lib.eval_iterator(dataset='imagenet21k', split='full', data_dir=str(data_dir),
+                                      batch_size=8, pp=dict(crop='resize', image_size=16))
+  with pytest.raises(UserError, match=message):
+    _within(120, lambda: list(batches))
+  assert 'skipped an image' not in capfd.readouterr().err  # a read error is no corrupt image
+
+
+@pytest.mark.parametrize('fault', ['truncate', 'dd'])
+def test_an_archive_cut_or_overwritten_while_read_stops_the_stream(fault, tmp_path, capfd):
+  data_dir = tmp_path / 'data'
+  write_i21k(str(data_dir))
+  archive = data_dir / 'imagenet21k' / 'fall11_whole.tar'
+  stream = _stream(data_dir, shuffle_buffer=100)
+  next(stream)
+  if fault == 'truncate':
+    os.truncate(archive, archive.stat().st_size // 2)
+  else:  # the same size, other bytes: only its modification time tells
+    subprocess.run(['dd', 'if=/dev/urandom', f'of={archive}', 'bs=1k', 'seek=4', 'count=8',
+                    'conv=notrunc', 'status=none'], check=True)
+  capfd.readouterr()
+  with pytest.raises(UserError, match=rf'^{archive} changed since it was indexed: size '):
+    _within(120, lambda: _drain(stream, 200))
+  skipped = re.findall(r'skipped an image of imagenet21k that does not decode: (\S+)',
+                       capfd.readouterr().err)
+  assert set(skipped) <= {CORRUPT}, skipped  # (the archive's own corrupt member, read before)
+
+
+def test_a_train_batch_of_only_undecodable_images_is_one_line_not_a_hang(tmp_path):
+  """Every image read but none decodes (rewritten in place with the same size): the stream
+  used to read on forever without yielding, deaf to SIGTERM."""
+  data_dir = tmp_path / 'data'
+  _synset_folders(data_dir / 'imagenet21k', ['n00000001', 'n00000002'], 4)
+  info.find_release('imagenet21k', str(data_dir))
+  for path in (data_dir / 'imagenet21k').glob('*/*.JPEG'):
+    path.write_bytes(b'\xff\xd8\xff' + b'\0' * (path.stat().st_size - 3))
+  with pytest.raises(UserError, match=r'^every image of a train batch failed to decode '
+                                      r'\(imagenet21k\): the files are damaged'):
+    _within(120, lambda: _drain(_stream(data_dir), 5))
+
+
+_UNREADABLE = """
+import os, sys
+from vit_jax import data as data_lib
+from vit_jax.data import info
+from vit_jax.errors import UserError
+data_dir, archive = sys.argv[1:]
+
+def batch():
+  info._RELEASES.clear()  # as a new process: the release found and indexed again
+  return next(data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=data_dir,
+                                      batch_size=8, pp=dict(crop='resize', image_size=16), seed=0))
+
+batch()  # as root: every module imported, the index built
+os.seteuid(65534)  # an ordinary user (nobody) from here on
+assert batch()['image'].shape == (8, 16, 16, 3)  # the archive is readable to it
+os.seteuid(0)
+os.chmod(archive, 0)
+os.seteuid(65534)
+try:
+  batch()
+except UserError as e:
+  print(f'error: {e}')
+"""
+
+
+@pytest.mark.slow
+def test_an_archive_made_unreadable_after_indexing_is_one_line(tmp_path):
+  """Run as root, where mode 000 does not stop reads, the reader runs as the user `nobody`
+  (seteuid in a subprocess) in a folder it may traverse."""
+  base = tempfile.mkdtemp()
+  try:
+    os.chmod(base, 0o755)
+    write_i21k(base)
+    archive = os.path.join(base, 'imagenet21k', 'fall11_whole.tar')
+    proc = subprocess.run([sys.executable, '-c', _UNREADABLE, base, archive], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, 'PYTHONPATH': ROOT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == (
+        f'error: cannot read {archive} (Permission denied; reading '
+        f'{proc.stdout.split("reading ")[1].split(")")[0]}): fix its permissions, then rerun the '
+        f'same command to resume'), proc.stdout
+  finally:
+    shutil.rmtree(base)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fingerprint covers the contents; where the index goes.
+
+
+def _other_images_same_shape(data_dir) -> None:
+  """fall11_whole.tar replaced by one of the same synsets and counts, other images."""
+  tars = {}
+  for c, synset in enumerate(SYNSETS):
+    files = [(f'{synset}_{i}.JPEG', jpeg(50_000 + 1000 * c + i)) for i in range(PER_CLASS)]
+    if synset == 'n00000001':
+      files.append((f'{synset}_corrupt.JPEG', b'\xff\xd8\xff' + b'not a jpeg ' * 20))
+    if synset == 'n00000003':
+      files.append(('readme.txt', b'not an image'))
+    tars[synset] = tar_bytes(files)
+  archive = os.path.join(data_dir, 'imagenet21k', 'fall11_whole.tar')
+  with open(archive, 'wb') as f:
+    f.write(tar_bytes([(f'{s}.tar', tars[s]) for s in SYNSETS]))
+
+
+def test_the_fingerprint_sees_other_images_and_not_a_copy(tmp_path):
+  from vit_jax.data import identity  # pylint: disable=g-import-not-at-top
+  first, copy = str(tmp_path / 'first'), str(tmp_path / 'copy')
+  write_i21k(first)
+  recorded = identity.identify('imagenet21k', first)
+  shutil.copytree(os.path.join(first, 'imagenet21k'), os.path.join(copy, 'imagenet21k'))
+  assert identity.identify('imagenet21k', copy) == recorded  # other disk, other times
+  _other_images_same_shape(copy)
+  info._RELEASES.clear()  # as a new process
+  assert identity.identify('imagenet21k', copy) is None  # the index is stale: refused
+  shutil.rmtree(os.path.join(copy, 'vit_jax_index'))  # as the refusal says
+  info._RELEASES.clear()
+  current = identity.identify('imagenet21k', copy)
+  assert current['split_sizes'] == recorded['split_sizes']
+  assert current['class_names'] == recorded['class_names']
+  assert identity.changes(recorded, current) == [
+      f'the images changed (the same classes and split sizes, other files: content '
+      f'{recorded["content"]} -> {current["content"]})']
+  # A run recorded before identities had a content digest: its names and sizes are checked.
+  legacy = {k: v for k, v in recorded.items() if k != 'content'}
+  assert identity.changes(dict(legacy, fingerprint='0' * 16), current) == []
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_replaced_archive_of_the_same_shape_is_refused(tmp_path):
+  data_dir = str(tmp_path / 'data')
+  write_i21k(data_dir)
+  c = _recipe('imagenet21k', 2)
+  c.data_dir, c.eval_every, c.checkpoint_every, c.warmup_steps = data_dir, 2, 2, 1
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(c, workdir)
+  _other_images_same_shape(data_dir)
+  info._RELEASES.clear()  # as a new process
+  with pytest.raises(UserError, match='was built from other contents of .*: delete that directory'):
+    loop.train_and_evaluate(c, workdir)
+  shutil.rmtree(os.path.join(data_dir, 'vit_jax_index'))
+  info._RELEASES.clear()
+  with pytest.raises(UserError, match=r'on other data \(imagenet21k: the images changed \(the '
+                                      r'same classes and split sizes, other files: content '):
+    loop.train_and_evaluate(c, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2']
+
+
+def test_the_index_is_written_where_vit_jax_index_dir_says(tmp_path, monkeypatch):
+  data_dir, elsewhere = tmp_path / 'data', tmp_path / 'elsewhere'
+  _synset_folders(data_dir / 'imagenet21k', ['n00000001', 'n00000002'], 2)
+  monkeypatch.setenv(archive_index.DIR_VAR, str(elsewhere))
+  index = releases.find('imagenet21k', str(data_dir)).splits['full'].index
+  assert os.path.dirname(index.directory) == str(elsewhere) and len(index) == 4
+  assert os.listdir(data_dir) == ['imagenet21k']
+
+
+# ---------------------------------------------------------------------------------------------
+# A damaged devkit, ground truth or real.json: one line naming the file.
+
+
+def _fault(root, fault):
+  devkit = os.path.join(root, f'{releases.I1K_DEVKIT}.tar.gz')
+  synsets = ('n00000003', 'n00000001', 'n00000002')
+  if fault == 'devkit_cut':
+    data = open(devkit, 'rb').read()
+    open(devkit, 'wb').write(data[:len(data) // 2])
+  elif fault == 'devkit_not_gzip':
+    open(devkit, 'wb').write(b'this is not a gzip file' * 10)
+  elif fault == 'meta_garbage':
+    write_devkit(root, b'2\n3\n1\n1\n2\n3\n', os.urandom(2000))
+  elif fault == 'id_not_an_integer':
+    write_devkit(root, b'2\n3\nx1\n1\n2\n3\n', meta_mat(synsets))
+  elif fault == 'id_unknown':
+    write_devkit(root, b'2\n3\n1\n9\n2\n3\n', meta_mat(synsets))
+  elif fault == 'real_empty':
+    open(os.path.join(root, releases.REAL_LABELS), 'w').close()
+  elif fault == 'real_cut':
+    open(os.path.join(root, releases.REAL_LABELS), 'w').write('[[0], [1, 2], [')
+  elif fault == 'real_not_labels':
+    open(os.path.join(root, releases.REAL_LABELS), 'w').write('{"a": 1}')
+
+
+@pytest.mark.parametrize('fault, needle', [
+    ('devkit_cut', 'ILSVRC2012_devkit_t12.tar.gz is not a readable .tar.gz ('),
+    ('devkit_not_gzip', 'ILSVRC2012_devkit_t12.tar.gz is not a readable .tar.gz ('),
+    ('meta_garbage', "meta.mat is not the devkit's meta.mat ("),
+    ('id_not_an_integer', "ILSVRC2012_validation_ground_truth.txt line 3 is 'x1', not one of "
+                          'the ILSVRC ids 1-3 of its meta.mat'),
+    ('id_unknown', "ILSVRC2012_validation_ground_truth.txt line 4 is '9', not one of the ILSVRC "
+                   'ids 1-3'),
+    ('real_empty', 'real.json is not readable JSON ('),
+    ('real_cut', 'real.json is not readable JSON ('),
+    ('real_not_labels', 'real.json is not a list of label sets (lists of class numbers 0-2)'),
+])
+def test_a_damaged_devkit_ground_truth_or_real_json_is_one_line(fault, needle, i1k, tmp_path):
+  data_dir = str(tmp_path / 'data')
+  shutil.copytree(i1k[0], data_dir, ignore=shutil.ignore_patterns('vit_jax_index'))
+  root = os.path.join(data_dir, 'imagenet2012')
+  _fault(root, fault)
+  with pytest.raises(UserError) as e:
+    releases.real_label_sets(releases.find('imagenet2012', data_dir))
+  assert needle in str(e.value) and '\n' not in str(e.value), str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer, with real faults while it runs: one line or a saved stop, never a hang.
+
+
+class _Trainer:
+  """`python -m vit_jax.main` on imagenet21k in `data_dir`, its stderr lines collected."""
+
+  def __init__(self, data_dir, workdir, *args):
+    self.lines = []
+    self.proc = subprocess.Popen(
+        [sys.executable, '-m', 'vit_jax.main', '--config=configs/pretrain.py:model=B/16,'
+         'dataset=imagenet21k', f'--workdir={workdir}', f'--config.data_dir={data_dir}',
+         *(a for a in TINY if 'total_epochs' not in a), '--config.total_epochs=None',
+         '--config.train_split=full[8:]', '--config.eval_split=full[:8]', *args],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, 'VIT_JAX_HUGEPAGES': '0'})
+    threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+  def wait_for(self, text: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not any(text in line for line in self.lines):
+      assert self.proc.poll() is None and time.monotonic() < deadline, ''.join(self.lines)
+      time.sleep(0.01)
+
+  def end(self, seconds: float = 120) -> int:
+    try:
+      return self.proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+      os.killpg(self.proc.pid, signal.SIGKILL)
+      raise AssertionError(f'still running {seconds} s later:\n{"".join(self.lines)}') from None
+
+  @property
+  def stderr(self) -> str:
+    time.sleep(0.2)  # the reader thread's last lines
+    return ''.join(self.lines)
+
+
+@pytest.mark.slow
+def test_an_archive_overwritten_during_training_stops_the_run_with_one_line(tmp_path):
+  """A real `dd ... conv=notrunc` over the archive while the run trains: it used to go on at
+  160% CPU with no output, deaf to SIGTERM and Ctrl-C."""
+  data_dir = tmp_path / 'data'
+  write_i21k(str(data_dir))
+  archive = data_dir / 'imagenet21k' / 'fall11_whole.tar'
+  trainer = _Trainer(data_dir, tmp_path / 'run', '--config.total_steps=100000',
+                     '--config.checkpoint_every=20', '--config.eval_every=100000')
+  trainer.wait_for('training on')
+  time.sleep(3)
+  subprocess.run(['dd', 'if=/dev/urandom', f'of={archive}', 'bs=1k', 'seek=4', 'count=8',
+                  'conv=notrunc', 'status=none'], check=True)
+  start = time.monotonic()
+  assert trainer.end() == 2
+  took = time.monotonic() - start
+  err = trainer.stderr
+  lines = err.strip().splitlines()
+  assert lines[-1].startswith(f'error: {archive} changed since it was indexed: size '), err
+  assert 'Put the files back as they were and rerun the same command' in lines[-1]
+  assert 'Traceback' not in err and took < 60, (took, err)
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_input_is_blocked_saves_and_exits(tmp_path):
+  """Every image replaced by a named pipe, whose open blocks as a hung file system's read does:
+  the input pipeline waits inside TensorFlow, and SIGTERM still saves the last step and exits."""
+  data_dir = tmp_path / 'data'
+  root = data_dir / 'imagenet21k'
+  _synset_folders(root, SYNSETS, 6)
+  trainer = _Trainer(data_dir, tmp_path / 'run', '--config.total_steps=100000',
+                     '--config.checkpoint_every=100000', '--config.eval_every=100000',
+                     '--config.log_every=1')
+  log = tmp_path / 'run' / 'metrics.jsonl'
+  deadline = time.monotonic() + 300
+  while not (log.exists() and log.read_text()):  # it trains
+    assert trainer.proc.poll() is None and time.monotonic() < deadline, trainer.stderr
+    time.sleep(0.05)
+  for path in root.glob('*/*.JPEG'):
+    path.unlink()
+    os.mkfifo(path)
+  time.sleep(10)  # the batches read before are used up; the pipeline blocks
+  assert trainer.proc.poll() is None, trainer.stderr
+  trainer.proc.send_signal(signal.SIGTERM)
+  start = time.monotonic()
+  assert trainer.end() == 0, trainer.stderr
+  took = time.monotonic() - start
+  err = trainer.stderr
+  saved = re.search(r'preempted while waiting for the input: saved the checkpoint of step (\d+) in '
+                    r'\S+; rerun the same command to resume', err)
+  assert saved and took < 60, (took, err)
+  step = int(saved.group(1))
+  assert os.listdir(tmp_path / 'run' / 'checkpoints') == [str(step)]
+  logged = [r['step'] for r in map(json.loads, open(tmp_path / 'run' / 'metrics.jsonl'))]
+  assert logged[-1] == step  # the steps since the last record are logged with the checkpoint
+
+
+def _children(pid: int, what: str):
+  """The processes whose parent is `pid` and whose command line holds `what`."""
+  out = []
+  for entry in os.listdir('/proc'):
+    if entry.isdigit():
+      try:
+        with open(f'/proc/{entry}/stat') as f:
+          parent = int(f.read().rsplit(')', 1)[1].split()[1])
+        with open(f'/proc/{entry}/cmdline', 'rb') as f:
+          cmdline = f.read().decode(errors='replace')
+      except (OSError, ValueError, IndexError):
+        continue
+      if parent == pid and what in cmdline:
+        out.append(int(entry))
+  return out
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('how', ['SIGTERM', 'SIGHUP_to_the_group'])
+def test_a_signal_while_indexing_is_one_line_and_leaves_no_index_that_is_trusted(how, tmp_path):
+  """The indexing processes are frozen (SIGSTOP) once the first part is written, so the signal
+  surely comes while indexing; they used to print BrokenPipeError tracebacks and the trainer
+  nothing."""
+  data_dir = tmp_path / 'data'
+  root = data_dir / 'imagenet21k'
+  root.mkdir(parents=True)
+  for i in range(400):
+    (root / f'n{i:08d}.tar').write_bytes(tar_bytes([(f'{i}.JPEG', jpeg(i, (8, 8)))]))
+  parts = os.path.join(archive_index.index_dir(str(root), 'tars', str(data_dir / 'vit_jax_index')),
+                       'parts')
+  trainer = _Trainer(data_dir, tmp_path / 'run', '--config.total_steps=10')
+  deadline = time.monotonic() + 300
+  written = lambda: [n for n in os.listdir(parts) if re.fullmatch(r'[0-9]{7}\.npz', n)]
+  while not (os.path.isdir(parts) and written()):
+    assert trainer.proc.poll() is None and time.monotonic() < deadline, trainer.stderr
+    time.sleep(0.002)
+  workers = _children(trainer.proc.pid, 'spawn_main')
+  for pid in workers:
+    os.kill(pid, signal.SIGSTOP)
+  try:
+    assert workers and len(written()) < 400
+    if how == 'SIGTERM':
+      trainer.proc.send_signal(signal.SIGTERM)
+    else:  # a closed terminal hangs up its whole process group
+      os.killpg(trainer.proc.pid, signal.SIGHUP)
+    assert trainer.end() == 2
+  finally:
+    for pid in workers:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+  err = trainer.stderr
+  name = how.split('_')[0]
+  assert err.strip().splitlines()[-1].startswith(
+      f'error: stopped by {name} while indexing {root}: '), err
+  assert 'rerun the same command to index the rest' in err and 'Traceback' not in err, err
+  time.sleep(1)
+  assert not [pid for pid in workers if _alive(pid)]
+  directory = os.path.dirname(parts)
+  assert not os.path.exists(os.path.join(directory, 'done.json'))
+  assert not [n for n in os.listdir(parts) + os.listdir(directory) if '.tmp' in n]
+  kept = sorted(int(n[:7]) for n in os.listdir(parts))
+  assert 0 < len(kept) < 400
+  built = []
+  index = archive_index.load(str(root), 'tars', str(data_dir / 'vit_jax_index'), workers=2,
+                             on_part=built.append)
+  assert sorted(built) == sorted(set(range(400)) - set(kept))  # only the missing parts
+  fresh = archive_index.load(str(root), 'tars', str(tmp_path / 'fresh'), workers=2)
+  for key in ('unit', 'file', 'offset', 'size', 'names', 'name_ends', 'hash_order'):
+    np.testing.assert_array_equal(getattr(index, key), getattr(fresh, key))
+  assert index.content == fresh.content
+
+
+def test_a_class_folder_inside_another_is_refused_and_a_link_to_the_root_is_not_followed(
+    tmp_path, capfd):
+  def nested(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 2)
+    os.mkdir(root / 'n00000001' / 'sub')
+    os.symlink('n00000001/sub', root / 'n00000003')
+
+  with pytest.raises(UserError, match=r'n00000001 and .*n00000003 hold the same images \(one is '
+                                      r'inside the other\)'):
+    _i21k_with(tmp_path / 'nested', nested)
+
+  def loop(root):
+    _synset_folders(root, ['n00000001', 'n00000002'], 2)
+    os.symlink('.', root / 'n00000009')
+
+  release = _i21k_with(tmp_path / 'loop', loop)
+  assert release.classes == ('n00000001', 'n00000002') and release.split_sizes == {'full': 4}
+  assert '1 symbolic link not followed (a loop, or a link out of its synset): n00000009' in \
+      capfd.readouterr().err

@@ -20,7 +20,7 @@ from PIL import Image
 from vit_jax.configs import mnist5k
 from helpers import file_tree
 from vit_jax import data as data_lib
-from vit_jax.data import config_pp, folder, image_files, specs
+from vit_jax.data import archive_index, config_pp, folder, image_files, specs
 from vit_jax.errors import UserError
 from vit_jax.train import logs, loop, program
 
@@ -132,27 +132,27 @@ def test_image_folder_entries(tmp_path, capfd, make, classes, images, skipped):
   err = capfd.readouterr().err
   assert f'prepared folder:{root}: {len(classes)} classes, {images} images' in err, err
   assert skipped in err, err
-  assert info.tfds_info.features['label'].names == classes
+  assert list(info.class_names) == classes
   assert sum(info.split_sizes.values()) == images
   unreadable = re.findall(r'unreadable entry \((.*)\)', skipped)
-  assert info.tfds_info.metadata.get('skipped_unreadable', []) == unreadable
-  if make is _non_utf8_file:  # read under its real name, recorded under the shown one
-    builder = data_lib.info.load_builder(f'folder:{root}', str(tmp_path / 'tfds'))
-    records = builder.as_dataset(split='train+test').as_numpy_iterator()
-    paths = [ex['path'].decode() for ex in records]
-    assert 'cat/caf\\xe9.png' in paths
+  assert list(info.skipped.get('unreadable', [])) == unreadable
+  if make is _non_utf8_file:  # read under its real name, named by the shown one
+    index = info.release.splits['train'].index
+    rows = [r for r in range(len(index)) if index.name(r) == 'cat/caf\\xe9.png']
+    assert len(rows) == 1 and index.read(rows[0]) == open(
+        os.fsencode(root) + b'/cat/caf\xe9.png', 'rb').read()
 
 
-def test_disk_full_while_preparing_a_folder(tmp_path, monkeypatch):
+def test_disk_full_while_indexing_a_folder(tmp_path, monkeypatch):
   root = str(tmp_path / 'images')
   _two_classes(root)
 
-  def full(self, *args, **kwargs):
+  def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-  monkeypatch.setattr(folder.ImageFolder, 'download_and_prepare', full)
-  with pytest.raises(UserError, match=r'^cannot prepare folder:.*/images in .*/tfds/image_folders/'
-                                      r'images-[0-9a-f]{16} \(No space left on device\): free '
-                                      r'space there or set config.data_dir to a disk with room'):
+  monkeypatch.setattr(archive_index, 'write_json', full)
+  with pytest.raises(UserError, match=r'^cannot write the index in .*/tfds/vit_jax_index/'
+                                      r'images-[0-9a-f]{12}-[0-9a-f]{16} \(No space left on '
+                                      r'device\): free space there or set \$VIT_JAX_INDEX_DIR'):
     data_lib.get_info(f'folder:{root}', str(tmp_path / 'tfds'))
 
 

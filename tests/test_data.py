@@ -255,7 +255,7 @@ def test_tf_data_pipelines_leave_nothing_in_the_temp_dir(tmp_path, monkeypatch, 
   few-shot pool's three more): the pipelines' functions are traced as written instead."""
   from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
   from tensorflow.python.autograph.pyct import cache  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import info  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import fewshot  # pylint: disable=g-import-not-at-top
   # An empty rewrite cache: functions an earlier test had rewritten would be rewritten again.
   monkeypatch.setattr(api._TRANSPILER, '_cache', cache.CodeObjectCache())  # pylint: disable=protected-access
@@ -265,8 +265,8 @@ def test_tf_data_pipelines_leave_nothing_in_the_temp_dir(tmp_path, monkeypatch, 
   assert next(_train(data_dir, batch_size=8))['image'].shape == (8, 28, 28, 1)
   batches, _ = _eval(data_dir, 'tf.data', batch_size=8)
   assert next(iter(batches))['image'].shape[1:] == (28, 28, 1)
-  builder = info.load_builder('mnist5k', data_dir)
-  pool = fewshot._pool_records(builder, info.info_from_builder(builder), 'train', 2, 10)  # pylint: disable=protected-access
+  records, _, _ = pipeline.split_records('mnist5k', data_dir, 'train', cache=False)
+  pool = fewshot._pool_records(records, 2, 10)  # pylint: disable=protected-access
   assert len(list(pool.as_numpy_iterator())) == 20
   assert os.listdir(temp) == []
 

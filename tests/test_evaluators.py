@@ -141,10 +141,10 @@ def test_fewshot_pool_of_an_embedded_dataset_is_the_tf_data_pool(data_dir, split
   of each class in the order tfds reads the split, the very images, labels and order of the
   tf.data pool."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import info  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   images, labels = fewshot._pool_arrays('mnist5k', split, 5)  # pylint: disable=protected-access
-  builder = info.load_builder('mnist5k', data_dir)
-  pool = fewshot._pool_records(builder, info.info_from_builder(builder), split, 5, 10)  # pylint: disable=protected-access
+  records, _, _ = pipeline.split_records('mnist5k', data_dir, split, cache=False)
+  pool = fewshot._pool_records(records, 5, 10)  # pylint: disable=protected-access
   records = list(pool.as_numpy_iterator())
   assert len(records) == len(labels) == 50
   np.testing.assert_array_equal(labels, [label for _, label in records])

@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
+from helpers import file_tree
 from image_folder_util import COLOURS, write_colour_folder
 from vit_jax import data as data_lib
 from vit_jax.data import folder
@@ -41,7 +41,8 @@ def test_split_is_the_documented_hash_order():
   assert len(splits['train']) == 26 and not set(splits['train']) & set(splits['test'])
 
 
-def test_prepare_skips_and_counts_then_reuses_the_cache(images, tmp_path, capfd):
+def test_the_folder_is_read_in_place_skipping_and_counting_then_reusing_its_index(
+    images, tmp_path, capfd):
   root, files = images
   cache = str(tmp_path / 'cache')
   info = data_lib.get_info(f'folder:{root}', cache)
@@ -51,32 +52,56 @@ def test_prepare_skips_and_counts_then_reuses_the_cache(images, tmp_path, capfd)
           'file (red/broken.jpg) and 2 non-image files (green/anim.gif, notes.txt)') in err, err
   assert info.num_classes == 3 and info.image_shape == (None, None, 3)
   assert info.split_sizes == {'train': 33, 'test': 3}
-  assert info.tfds_info.features['label'].names == list(COLOURS)
-  assert info.tfds_info.metadata['skipped_corrupt'] == ['red/broken.jpg']
-  assert info.tfds_info.metadata['skipped_non_image'] == ['green/anim.gif', 'notes.txt']
+  assert info.class_names == COLOURS
+  assert info.skipped == {'corrupt': ('red/broken.jpg',),
+                          'non_image': ('green/anim.gif', 'notes.txt')}
 
-  # Records hold the files' bytes unchanged, labelled by their class folder.
-  builder = data_lib.info.load_builder(f'folder:{root}', cache)
-  ds = builder.as_dataset(split='train+test', decoders={'image': tfds.decode.SkipDecoding()})
-  seen = {}
-  for ex in tfds.as_numpy(ds):
-    rel = ex['path'].decode()
-    with open(os.path.join(root, rel), 'rb') as f:
-      assert ex['image'] == f.read(), rel
-    seen[rel] = int(ex['label'])
+  # Each record reads its file's bytes unchanged, in place, labelled by its class folder; the
+  # test split is the documented rule's.
+  seen, test = {}, []
+  for name, split in info.release.splits.items():
+    for row, label in zip(split.rows, split.labels):
+      rel = split.index.name(row)
+      with open(os.path.join(root, rel), 'rb') as f:
+        assert split.index.read(row) == f.read(), rel
+      seen[rel] = int(label)
+      test += [(rel, int(label))] if name == 'test' else []
   assert seen == files
+  assert sorted(test) == sorted(folder.assign_splits(sorted(files.items()))['test'])
+  # No copy: nothing written holds an image's bytes, and the index is small metadata.
+  written = file_tree(cache)
+  image_bytes = [open(os.path.join(root, rel), 'rb').read() for rel in files]
+  assert not any(image in blob for blob in written.values() for image in image_bytes)
+  assert sum(map(len, written.values())) < sum(map(len, image_bytes)) / 2
 
   assert data_lib.get_info(f'folder:{root}', cache).split_sizes == {'train': 33, 'test': 3}
-  assert 'prepared' not in capfd.readouterr().err  # the cache is reused, nothing re-read
+  assert 'prepared' not in capfd.readouterr().err  # the index is reused, nothing re-read
 
   changed = tmp_path / 'changed'
   shutil.copytree(root, changed)
   os.remove(changed / 'red' / 'broken.jpg')
   info = data_lib.get_info(f'folder:{changed}', cache)
   assert ('36 images (33 train, 3 test); skipped 2 non-image files (green/anim.gif, notes.txt); '
-          'cached in') in capfd.readouterr().err
+          'read in place, indexed in') in capfd.readouterr().err
   assert info.split_sizes == {'train': 33, 'test': 3}
-  assert len(os.listdir(os.path.join(cache, 'image_folders'))) == 2
+  assert len(os.listdir(os.path.join(cache, 'vit_jax_index'))) == 2
+
+
+def test_a_file_rewritten_in_place_is_a_new_index_and_other_data(images, tmp_path, capfd):
+  """The index's directory is named by every file's size and time: a file rewritten (same name,
+  same size, other pixels) is indexed again, and the content digest differs."""
+  root = tmp_path / 'copy'
+  shutil.copytree(images[0], root)
+  cache = str(tmp_path / 'cache')
+  before = data_lib.get_info(f'folder:{root}', cache).release.content
+  target = root / 'blue' / '0.jpg'
+  data = bytearray(target.read_bytes())
+  data[-10] ^= 0xFF  # the last bytes of the entropy-coded data
+  target.write_bytes(bytes(data))
+  capfd.readouterr()
+  after = data_lib.get_info(f'folder:{root}', cache).release.content
+  assert 'prepared folder:' in capfd.readouterr().err and before != after
+  assert len(os.listdir(os.path.join(cache, 'vit_jax_index'))) == 2
 
 
 def _message(tmp_path, make):
@@ -114,8 +139,8 @@ def test_user_errors(tmp_path):
           'non-image files skipped') in text, text
   with pytest.raises(UserError, match='names no folder'):
     data_lib.get_info('folder:', None)
-  assert not (tmp_path / 'cache' / 'image_folders').exists() or not os.listdir(
-      tmp_path / 'cache' / 'image_folders')  # nothing was written for a rejected folder
+  assert not (tmp_path / 'cache' / 'vit_jax_index').exists() or not os.listdir(
+      tmp_path / 'cache' / 'vit_jax_index')  # nothing was kept for a rejected folder
 
 
 @pytest.mark.slow
@@ -144,13 +169,30 @@ def test_train_stream_resumes_exactly_and_processes_share_the_split(images, tmp_
   assert counts == [17, 16]  # the 33 train images, each read by one process
 
 
-def test_a_folder_name_too_long_to_prepare_is_one_line_naming_the_cause(tmp_path):
-  """The prepared copy's directory is named after the folder: a 245-character name makes it too
-  long for the file system, which is said as such (not as a full disk)."""
+def test_a_folder_name_too_long_for_a_file_name_beside_it_is_read(tmp_path):
+  """The index's directory is named after the folder, cut to fit: a 245-character folder name
+  (the longest a file system allows, with its suffix) is indexed and read."""
   root = tmp_path / ('a' * 245)
-  write_colour_folder(root, per_class=2)
-  with pytest.raises(UserError) as err:
-    folder.prepare(str(root), str(tmp_path / 'data'))
-  line = str(err.value)
-  assert '\n' not in line and 'File name too long' in line, line
-  assert 'shorter file or folder names' in line and 'free space' not in line, line
+  files = write_colour_folder(root, per_class=2)
+  info = data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))
+  assert sum(info.split_sizes.values()) == len(files) == 6
+
+
+def test_links_in_a_folder_follow_the_releases_rules(tmp_path, capfd):
+  """A link loop is not followed, a second name of a file is read once and named, and one file
+  in two classes is refused (its label would be ambiguous)."""
+  root = tmp_path / 'links'
+  files = write_colour_folder(root, per_class=4)
+  os.symlink('.', root / 'red' / 'again')
+  os.symlink('0.jpg', root / 'red' / 'zero.jpg')
+  info = data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))
+  assert sum(info.split_sizes.values()) == len(files) == 12
+  assert info.skipped['unreadable'] == ('red/again',)
+  assert info.skipped['duplicate'] == ('red/zero.jpg (same file as red/0.jpg)',)
+  assert ('; skipped 1 corrupt file (red/broken.jpg) and 2 non-image files (green/anim.gif, '
+          'notes.txt) and 1 unreadable entry (red/again) and 1 duplicate file (red/zero.jpg (same '
+          'file as red/0.jpg))') in capfd.readouterr().err
+  os.symlink('../red/1.png', root / 'blue' / 'stolen.png')
+  with pytest.raises(UserError, match=r'red/1.png and .*blue/stolen.png are the same file \(a '
+                                      r'link\) in two classes'):
+    data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))

@@ -83,6 +83,11 @@ CASES = [
          _main('--config.dataset=folder:{colours}', '--config.data_dir={full_disk}/tfds',
                '--config.image_size=16', '--config.batch_size=8'),
          ['cannot write', 'full_disk/tfds', '(No space left on device): free space there']),
+    Case('release on a read-only data_dir names where the index can go',
+         _main('--config.dataset=imagenet21k', '--config.data_dir={ro_release}'),
+         ['cannot write the index in', 'ro_release/vit_jax_index/imagenet21k-',
+          '(Read-only file system): set $VIT_JAX_INDEX_DIR to a directory on a writable file '
+          'system (the index is small; the images stay where they are)']),
     Case('launch without --', _cli('launch', '--tpu=t', '--zone=z', '--dry_run', 'python3', '-m',
                                    'vit_jax.main'),
          ["'python3' is not a flag of launch: put the command to run after --"], absent=[]),
@@ -158,14 +163,23 @@ def resources(tmp_path_factory, data_dir):
   (base / 'sweep.py').write_text(sweep % '')
   (base / 'metric_sweep.py').write_text(sweep % ", 'metric': 'top5'")
   write_colour_folder(str(base / 'colours'), per_class=4)
-  mounts = [str(base / 'read_only'), str(base / 'full_disk')]
+  mounts = [str(base / 'read_only'), str(base / 'full_disk'), str(base / 'ro_release')]
   _mount(mounts[0], 'size=1m,ro')
   _mount(mounts[1], 'size=8k')
+  _mount(mounts[2], 'size=1m')  # an ImageNet-21k release on a file system then made read-only
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  for synset in ('n00000001', 'n00000002'):
+    os.makedirs(os.path.join(mounts[2], 'imagenet21k', synset))
+    for i in range(2):
+      Image.fromarray(np.full((8, 8, 3), 60 * i, np.uint8)).save(
+          os.path.join(mounts[2], 'imagenet21k', synset, f'{synset}_{i}.png'))
+  subprocess.run(['mount', '-o', 'remount,ro', mounts[2]], check=True)
   try:
     yield dict(tmp=str(base), data_dir=data_dir, dict_config=str(base / 'dict_config.py'),
                import_config=str(base / 'import_config.py'), finished=str(base / 'finished'),
                regular_file=str(base / 'regular_file'), read_only=mounts[0],
-               full_disk=mounts[1], ze_npz=str(base / 'ze.npz'), colours=str(base / 'colours'),
+               full_disk=mounts[1], ro_release=mounts[2], ze_npz=str(base / 'ze.npz'),
+               colours=str(base / 'colours'),
                bad_db=str(base / 'bad_db'), cut_db=str(base / 'cut_db'), sweep=str(base / 'sweep.py'),
                metric_sweep=str(base / 'metric_sweep.py'), mirror=str(base / 'mirror'),
                image=str(base / 'image.png'))

@@ -41,7 +41,7 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'With --compare: alternations of our
 _COMPARE = flags.DEFINE_enum('compare', None, ['timm'], 'Also time the same model in timm.')
 _INPUT = flags.DEFINE_string('input_data', 'synthetic', "--mode=input: 'synthetic' (JPEGs made "
                              "once in --data_dir), 'archive' (the same JPEGs read in place from "
-                             "a tar of tars against a prepared tfds copy, per core: "
+                             "a tar of tars against a folder of class folders, per core: "
                              "vit_jax/benchmarking/input.py) or a prepared dataset name (e.g. "
                              "mnist5k).")
 _INPUT_SIZE = flags.DEFINE_integer('input_size', 400, 'Side of the synthetic JPEGs (pixels).')

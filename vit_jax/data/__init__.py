@@ -6,9 +6,9 @@
 
 Modules, by role:
   sources        `embedded` with `mnist5k` and `digits` (datasets inside installed packages),
-                 `folder` (a folder of class folders, copied once into tfds), `releases`
-                 (ImageNet-21k and ILSVRC2012 read in place) over `archive_index` (the index of
-                 an archive or folder), `image_files` (single image files, for prediction);
+                 `folder` (a folder of class folders) and `releases` (ImageNet-21k and
+                 ILSVRC2012), both read in place over `archive_index` (the index of an archive
+                 or folder), `image_files` (single image files, for prediction);
   catalog/info   `catalog` (the embedded datasets' facts and split expressions, no TensorFlow),
                  `info` (which source serves a name; tfds datasets, never downloading),
                  `offline_info` (tfds info of the datasets built here);

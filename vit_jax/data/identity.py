@@ -6,9 +6,14 @@ predictions carry the names it was trained with (not the names the folder has no
   identify(dataset, data_dir) -> {'class_names', 'split_sizes', 'fingerprint'} or None
   changes(recorded, current)  -> what differs, in words ("class 'apple' renamed to 'zucchini'")
 
-The fingerprint hashes the class names, the split sizes and the name and size of every prepared
-file (not their bytes: reading a large dataset at every start would cost minutes); where the
-data lives (`data_dir`) is no part of it.
+The fingerprint hashes the class names, the split sizes and, for a tfds dataset, the name and size
+of every prepared file (not their bytes: reading a large dataset at every start would cost
+minutes); for a source read in place (a folder, an ImageNet release), the content digest of its
+index instead (`content`: every image's name, size and the checksum of its last bytes, and the
+splits' rows and labels; archive_index.py), so another archive with the same classes and counts
+is other data. Where the data lives (`data_dir`, a copy on another disk) is no part of it. An
+identity recorded before sources read in place had a content digest is checked on its class
+names and split sizes.
 """
 
 import hashlib
@@ -51,16 +56,22 @@ def identify(dataset: str, data_dir: Optional[str]) -> Optional[dict]:
     return None
   names = _class_names(info)
   sizes = {str(k): int(v) for k, v in sorted(info.split_sizes.items())}
-  content = {'class_names': names, 'split_sizes': sizes,
-             'files': _prepared_files(os.fspath(info.data_dir))}
-  digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-  return {'class_names': names, 'split_sizes': sizes, 'fingerprint': digest}
+  identity = {'class_names': names, 'split_sizes': sizes}
+  if info.release is not None:
+    identity['content'] = info.release.content
+    hashed = dict(identity)
+  else:
+    hashed = dict(identity, files=_prepared_files(os.fspath(info.data_dir)))
+  identity['fingerprint'] = hashlib.sha256(
+      json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:16]
+  return identity
 
 
 def changes(recorded: Optional[dict], current: Optional[dict]) -> List[str]:
   """What differs between two identities, in words; [] when either is unknown or they match."""
   if not recorded or not current or recorded.get('fingerprint') == current.get('fingerprint'):
     return []
+  legacy = 'content' in current and 'content' not in recorded  # recorded without a digest
   out = []
   old, new = recorded.get('class_names') or [], current.get('class_names') or []
   if old != new:
@@ -75,8 +86,13 @@ def changes(recorded: Optional[dict], current: Optional[dict]) -> List[str]:
   for split in sorted(set(old_sizes) | set(new_sizes)):
     if old_sizes.get(split) != new_sizes.get(split):
       out.append(f'{split} split {old_sizes.get(split, 0)} -> {new_sizes.get(split, 0)} images')
-  return out or [f'its contents changed (fingerprint {recorded.get("fingerprint")} -> '
-                 f'{current.get("fingerprint")})']
+  if legacy or out:
+    return out
+  if 'content' in current:
+    return [f'the images changed (the same classes and split sizes, other files: content '
+            f'{recorded["content"]} -> {current["content"]})']
+  return [f'its contents changed (fingerprint {recorded.get("fingerprint")} -> '
+          f'{current.get("fingerprint")})']
 
 
 __all__ = ['identify', 'changes']

@@ -1,10 +1,11 @@
-"""Finding a prepared tfds dataset: `get_info(dataset, data_dir)` and the builder behind it.
+"""Which source serves a dataset name: `get_info(dataset, data_dir)` and what is behind it.
 
 Any dataset registered with tensorflow-datasets can be named. Datasets must already be prepared
 in `data_dir` (a local or gs:// path): this module never downloads. Built offline on first use
-instead: the embedded datasets `mnist5k` and `digits` (`catalog.EMBEDDED`, data carried by installed
-packages), and 'folder:PATH', a folder of class sub-folders of your own images
-(`vit_jax.data.folder`).
+instead: the embedded datasets `mnist5k` and `digits` (`catalog.EMBEDDED`, data carried by
+installed packages). Read in place through an index (`find_release`): 'folder:PATH', a folder of
+class sub-folders of your own images (`vit_jax.data.folder`), and the ImageNet releases
+(`vit_jax.data.releases`).
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import tensorflow_datasets as tfds
 from vit_jax import fileio
 from vit_jax.data import catalog
 from vit_jax.data import embedded
+from vit_jax.data import folder
 from vit_jax.data import offline_info
 from vit_jax.data import releases
 from vit_jax.errors import UserError
@@ -37,10 +39,15 @@ class DatasetInfo:
   image_key: str
   label_key: str
   split_sizes: dict[str, int]  # the named splits only, e.g. {'train': 50000, 'test': 10000}
-  # The tfds info of a tfds dataset; None for one read from its release (`release`).
+  # The tfds info of a tfds dataset; None for one read in place (`release`).
   tfds_info: Optional[tfds.core.DatasetInfo] = dataclasses.field(repr=False, compare=False)
   release: Optional[releases.Release] = dataclasses.field(default=None, repr=False,
                                                           compare=False)
+
+  @property
+  def skipped(self) -> dict:
+    """What reading a folder in place skipped ({kind: names}; folder.py), else {}."""
+    return dict(self.release.skipped) if self.release is not None else {}
 
   def num_examples(self, split) -> int:
     """Number of examples in a tfds split string ('train', 'train[:90%]', 'train+test', ...)."""
@@ -65,9 +72,12 @@ def get_info(dataset: str, data_dir: Optional[str]) -> DatasetInfo:
 
 
 def find_release(dataset: str, data_dir: Optional[str]) -> Optional[releases.Release]:
-  """The release `dataset` is read from in place (`releases`), or None when it is a tfds dataset:
-  every name but 'imagenet21k', and 'imagenet2012' when it is prepared for tfds (that route
-  first) or no archive of it is found."""
+  """The source `dataset` is read from in place, or None when it is a tfds dataset: a folder
+  ('folder:PATH', listed again at each call so that a change is seen), 'imagenet21k', and
+  'imagenet2012' unless it is prepared for tfds (that route first) or no archive of it is found
+  (`releases`: each indexed and checked once per process)."""
+  if dataset.startswith(catalog.FOLDER_PREFIX):
+    return folder.load(dataset, data_dir)
   if dataset not in releases.NAMES:
     return None
   if dataset == 'imagenet2012' and _tfds_prepared(dataset, data_dir):
@@ -113,12 +123,10 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
   downloads.
 
   Raises `UserError` if the name is unknown to tfds or the dataset is not prepared in `data_dir`.
-  'folder:PATH' is a folder of class sub-folders of images, prepared into `data_dir` on first use
-  (`vit_jax.data.folder`).
+  A folder ('folder:PATH') has no tfds builder: it is read in place (`find_release`).
   """
   if dataset.startswith(catalog.FOLDER_PREFIX):
-    from vit_jax.data import folder  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-    return folder.load_builder(dataset, data_dir)
+    raise ValueError(f'{dataset} is read in place (find_release), not through tfds')
   try:
     name, name_kwargs = tfds.core.naming.parse_builder_name_kwargs(dataset)
   except (ValueError, TypeError) as e:

@@ -32,9 +32,11 @@ thread waits for it holding the GIL (a native stack of the waiting process ends 
 
 A release read in place (`releases`: ImageNet-21k, the ILSVRC2012 archives) streams record keys
 instead of image bytes: the shuffle and the resumption skip work on keys, each batch's images are
-read in place (`_read_op`), decoded and preprocessed one by one, and an image that does not decode
+read in place (`_Reader`), decoded and preprocessed one by one, and an image that does not decode
 is skipped and logged (`_release_batch`, `_counting_skipped`); the stream stays a pure function of
-the seed.
+the seed. A read that fails (a file changed, gone or unreadable since it was indexed) and a train
+batch whose every image fails to decode stop the stream with one `UserError` line (`_said`),
+never a hang or an endless run of skipped images.
 """
 
 import sys
@@ -46,6 +48,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from vit_jax.platform import cpus
+from vit_jax.data import archive_index
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import releases
@@ -136,11 +139,12 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
     ds = ds.map(as_written(process_batch), num_parallel_calls=PARALLEL_CALLS, deterministic=True)
     ds = ds.prefetch(prefetch).with_options(_options())
     return ds.as_numpy_iterator()
-  ds = ds.interleave(as_written(_release_batch(release, process_example)),
+  reader = _Reader(release)
+  ds = ds.interleave(as_written(_release_batch(release, process_example, reader)),
                      cycle_length=PARALLEL_CALLS, num_parallel_calls=PARALLEL_CALLS,
                      deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
-  return _counting_skipped(ds.as_numpy_iterator(), release)
+  return _counting_skipped(_said(ds.as_numpy_iterator(), reader, release.name), release)
 
 
 # The key under which a release's train batches carry the record keys of the corrupt images they
@@ -154,26 +158,58 @@ def _release_records(release, share) -> tf.data.Dataset:
   return tf.data.Dataset.from_tensor_slices((keys, labels))
 
 
-def _read_op(release):
-  """keys int64 [n] -> their images' bytes, tf.string [n], read in place (releases.read)."""
+class _Reader:
+  """keys int64 [n] -> their images' bytes, tf.string [n], read in place (releases.read), as a
+  TF op. A read that fails (archive_index.ReadError: a file changed, gone or unreadable) fails
+  the op, and so the stream, and is kept in `failure`, which `_said` raises as its one line: a
+  read error is never an undecodable image, and never skipped."""
 
-  def read(keys):
-    return np.asarray(releases.read(release, keys) + [b''], dtype=object)[:-1]
+  def __init__(self, release):
+    self.release = release
+    self.failure = None
 
-  def op(keys):
-    encoded = tf.numpy_function(read, [keys], tf.string, stateful=False)
+  def _read(self, keys):
+    try:
+      return np.asarray(releases.read(self.release, keys) + [b''], dtype=object)[:-1], True
+    except archive_index.ReadError as e:  # failed by the assertion below (a raise here would
+      if self.failure is None:            # also log its traceback through TensorFlow)
+        self.failure = e
+      return np.full(len(keys), b'', dtype=object), False
+
+  def __call__(self, keys):
+    encoded, ok = tf.numpy_function(self._read, [keys], [tf.string, tf.bool], stateful=False)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [_READ_FAILED])]):
+      encoded = tf.identity(encoded)
     encoded.set_shape(keys.shape)
     return encoded
 
-  return op
+
+_READ_FAILED = 'an image could not be read as indexed'
 
 
-def _release_batch(release, process_example):
+_ALL_FAILED = 'every image of a train batch failed to decode'
+
+
+def _said(batches, reader: Optional[_Reader], what: str):
+  """`batches`, with a failed read or a train batch of only undecodable images raised as one
+  UserError line instead of TensorFlow's error."""
+  try:
+    yield from batches
+  except tf.errors.OpError as e:
+    if reader is not None and reader.failure is not None:
+      raise reader.failure from None
+    if _ALL_FAILED in str(e.message):
+      raise UserError(f'{_ALL_FAILED} ({what}): the files are damaged; check them (the '
+                      f'warnings above name the images skipped so far)') from None
+    raise
+
+
+def _release_batch(release, process_example, read: _Reader):
   """A batch of (key, label) records and their positions -> a dataset of one train batch: the
   images read and preprocessed one by one; an image that fails to decode is skipped and its slot
   takes the batch's first good images again, in order (so the batch keeps its size and the stream
-  stays a pure function of the seed, resumable at any step); its key is in `_SKIPPED`."""
-  read = _read_op(release)
+  stays a pure function of the seed, resumable at any step); its key is in `_SKIPPED`. A read
+  error fails the stream (`_Reader`); so does a batch whose every image fails to decode."""
 
   def batch(records, positions):
     keys, labels = records
@@ -182,12 +218,17 @@ def _release_batch(release, process_example):
     examples = examples.map(
         as_written(lambda e, label, p, k: (process_example(e, p), tf.cast(label, tf.int32), k)),
         num_parallel_calls=PARALLEL_CALLS, deterministic=True)
-    examples = examples.ignore_errors().batch(_FOREVER)
+    image_spec = examples.element_spec[0]
+    # One placeholder after the images: a batch whose every image fails still yields an element
+    # (an empty one would make the interleave read the next batches forever, yielding nothing).
+    end = tf.data.Dataset.from_tensors((tf.zeros(image_spec.shape, image_spec.dtype),
+                                        tf.constant(0, tf.int32), tf.constant(-1, tf.int64)))
+    examples = examples.ignore_errors().concatenate(end).batch(_FOREVER)
 
     def fill(images, labels, kept):
+      images, labels, kept = images[:-1], labels[:-1], kept[:-1]
       good = tf.shape(kept)[0]
-      check = tf.debugging.assert_positive(
-          good, message='every image of a train batch failed to decode: check the archive')
+      check = tf.debugging.assert_positive(good, message=_ALL_FAILED)
       with tf.control_dependencies([check]):
         take = tf.range(n) % tf.maximum(good, 1)
       found = tf.reduce_any(tf.equal(keys[:, None], kept[None, :]), axis=1)
@@ -230,7 +271,7 @@ def real_label_set_batches(release, split, *, batch_size: int, spec: specs.EvalS
   return padded_eval_batches(records if len(keys) else None, count=len(keys),
                              num_batches=-(-max(counts) // batch_size), batch_size=batch_size,
                              spec=spec, stored_shape=(None, None, 3), label_shape=(classes,),
-                             read=_read_op(release))
+                             read=_Reader(release))
 
 
 def _counting_skipped(batches, release) -> Iterator[dict[str, np.ndarray]]:
@@ -251,12 +292,15 @@ def _counting_skipped(batches, release) -> Iterator[dict[str, np.ndarray]]:
 class EvalBatches:
   """Re-iterable eval batches: each `iter()` starts a new pass over the (cached) split."""
 
-  def __init__(self, ds: tf.data.Dataset, num_batches: int):
+  def __init__(self, ds: tf.data.Dataset, num_batches: int, reader: Optional[_Reader] = None):
     self._ds = ds
     self.num_batches = num_batches
+    self._reader = reader
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-    return self._ds.as_numpy_iterator()
+    if self._reader is None:
+      return self._ds.as_numpy_iterator()
+    return _said(self._ds.as_numpy_iterator(), self._reader, self._reader.release.name)
 
   def __len__(self) -> int:
     return self.num_batches
@@ -288,7 +332,7 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
                _records(builder, ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
                                 batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
-                                read=_read_op(release) if release else None)
+                                read=_Reader(release) if release else None)
   return batches, num_batches
 
 
@@ -296,7 +340,7 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
                         batch_size: int, spec: specs.EvalSpec, stored_shape,
                         label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
   """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records
-  (with `read`, a keys -> encoded images op: (key, label) records whose images it reads).
+  (with `read`, a `_Reader`: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
@@ -334,14 +378,19 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
       'mask': tf.zeros([batch_size], tf.float32),
   })
   if read is not None and real_batches:
-    # Keys read in place; an image that does not decode is left out (the split's last batches
-    # then hold fewer real rows, and padding makes up the count).
-    ds = records.batch(batch_size).map(as_written(lambda k, label: (read(k), label)))
-    ds = ds.unbatch().map(as_written(lambda e, label: (process_example(e), label)),
-                          num_parallel_calls=PARALLEL_CALLS, deterministic=True)
-    ds = ds.ignore_errors().batch(batch_size).map(as_written(pad))
+    # Keys read in place, a batch at a time; an image that does not decode is left out (the
+    # split's last batches then hold fewer real rows, and padding makes up the count). Errors
+    # are ignored per decoded image only: a read error fails the batches (`_Reader`).
+    def decoded(keys, labels):
+      examples = tf.data.Dataset.from_tensor_slices((read(keys), labels))
+      return examples.map(as_written(lambda e, label: (process_example(e), label))).ignore_errors()
+
+    ds = records.batch(batch_size).interleave(
+        as_written(decoded), cycle_length=PARALLEL_CALLS, block_length=batch_size,
+        num_parallel_calls=PARALLEL_CALLS, deterministic=True)
+    ds = ds.batch(batch_size).map(as_written(pad))
     ds = ds.concatenate(padding.repeat()).take(num_batches)
-    return EvalBatches(ds.prefetch(1).with_options(_options()), num_batches)
+    return EvalBatches(ds.prefetch(1).with_options(_options()), num_batches, read)
   padding = padding.repeat(num_batches - real_batches)
   if real_batches:
     # The records are read to their end (no `take` on them), so a cache completes in pass one.
@@ -367,6 +416,18 @@ def _map_examples(fn, elems, out_spec: tf.TensorSpec) -> tf.Tensor:
   each = as_written(lambda args: fn(*args) if isinstance(args, tuple) else fn(args))
   return tf.map_fn(each, elems,
                    fn_output_signature=out_spec, parallel_iterations=16)
+
+
+def split_records(dataset: str, data_dir: Optional[str], split, *, cache: bool):
+  """(records, read, DatasetInfo) of a split of any source, in a fixed order: (encoded image,
+  label) of a tfds dataset (read None), or (record key, label) of a source read in place, whose
+  images `read` (a `_Reader`, as `padded_eval_batches` takes it) reads."""
+  release = info_lib.find_release(dataset, data_dir)
+  if release is not None:
+    return _release_records(release, split), _Reader(release), info_lib.info_from_release(release)
+  builder = info_lib.load_builder(dataset, data_dir)
+  ds_info = info_lib.info_from_builder(builder)
+  return _records(builder, ds_info, split, cache), None, ds_info
 
 
 def _records(builder, ds_info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:

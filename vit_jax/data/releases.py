@@ -22,26 +22,41 @@ file-name order). Labels: the 1,000 synsets sorted, as tfds's `imagenet2012`. 't
 SHA-256 order of the names (so 'train[:99%]' is class-balanced), 'validation' in file-name order
 (the order ImageNet ReaL's labels follow). A `val/` folder of synset folders needs no label file.
 
-The index is built on first use in `<data_dir>/vit_jax_index/`, in parallel, resumable after a
-kill (archive_index.py). The images stay where they are: nothing is copied or decoded up front.
+A release is read as it is laid out, or refused (`_per_class_layout`): the classes are the
+entries named like synsets ('n' and 8 digits); some synsets as tars and others as folders is
+refused in one line naming both kinds; any other entry beside them (a README, a
+'backup_n01440764.tar') is a stray, named in a `note:` line and not read. A "whole" archive
+beside per-synset tars or folders is the one read (the note names the others). Inside a synset,
+links, duplicates and files that are not images follow archive_index.py's rules, each kind
+named in a `note:` line.
+
+The index is built on first use under `archive_index.index_base(data_dir)` (`<data_dir>/
+vit_jax_index/`, or $VIT_JAX_INDEX_DIR), in parallel, resumable after a kill (archive_index.py).
+The images stay where they are: nothing is copied or decoded up front. A devkit, ground truth or
+`real.json` that cannot be read is one `UserError` line naming the file.
 """
 
 import dataclasses
+import gzip
+import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tarfile
+import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from vit_jax.data import archive_index
 from vit_jax.data import catalog
+from vit_jax.data import image_files
 from vit_jax.errors import UserError
 
 NAMES = ('imagenet21k', 'imagenet2012')
-INDEX_DIR = 'vit_jax_index'
+SYNSET = re.compile(r'n[0-9]{8}')  # a WordNet synset id, the name of an ImageNet class
 I21K_ARCHIVES = ('winter21_whole.tar', 'fall11_whole.tar')
 I1K_TRAIN = 'ILSVRC2012_img_train.tar'
 I1K_VAL = 'ILSVRC2012_img_val.tar'
@@ -60,15 +75,27 @@ class Split:
 
 @dataclasses.dataclass
 class Release:
-  """A dataset read from its release: classes and splits."""
+  """A dataset read in place: classes and splits (and, for a folder, what it skipped)."""
   name: str
   root: str
   classes: Tuple[str, ...]
   splits: Dict[str, Split]
+  skipped: Dict[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
   @property
   def split_sizes(self) -> Dict[str, int]:
     return {name: len(s.rows) for name, s in self.splits.items()}
+
+  @property
+  def content(self) -> str:
+    """A digest of what the splits read: each index's content digest (every image's name, size
+    and last bytes; archive_index.py) and each split's rows and labels."""
+    digest = hashlib.sha256()
+    for name, split in sorted(self.splits.items()):
+      digest.update(f'{name}\0{split.index.content}\0'.encode())
+      digest.update(np.asarray(split.rows, np.int64).tobytes())
+      digest.update(np.asarray(split.labels, np.int32).tobytes())
+    return digest.hexdigest()[:16]
 
   def select(self, expression) -> List[Tuple[Split, np.ndarray, np.ndarray]]:
     """[(split, rows, labels)] that a split expression ('full[51200:]', a tfds even split)
@@ -124,7 +151,8 @@ def image_name(release: Release, key: int) -> str:
   return split.index.name(row)
 
 
-def _data_dir(data_dir: Optional[str]) -> str:
+def data_dir_of(data_dir: Optional[str]) -> str:
+  """`data_dir`, or tfds' default when it is not given."""
   if data_dir:
     return os.path.expanduser(data_dir)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -143,8 +171,52 @@ def _host_shard() -> Tuple[int, int]:
     return 0, 1
 
 
+def is_synset(name: str) -> bool:
+  return SYNSET.fullmatch(name) is not None
+
+
+def load_index(root: str, layout: str, data_dir: str, **kwargs) -> archive_index.Index:
+  """The index of the source at `root` (archive_index.load), its units split over the hosts."""
+  return archive_index.load(root, layout, archive_index.index_base(data_dir),
+                            shard=_host_shard(), **kwargs)
+
+
 def _index(root: str, layout: str, data_dir: str) -> archive_index.Index:
-  return archive_index.load(root, layout, os.path.join(data_dir, INDEX_DIR), shard=_host_shard())
+  index = load_index(root, layout, data_dir, unit_name=is_synset)
+  if _host_shard()[0] == 0:
+    for line in note_lines(index, 'synset'):
+      print(f'note: {line}', file=sys.stderr, flush=True)
+  return index
+
+
+_SHOWN = 3  # names shown per kind of note
+
+
+def listed(names: Sequence[str]) -> str:
+  """'a, b, c' or 'a, b, c, ... (N in all)'."""
+  shown = [image_files.shown(n) for n in names[:_SHOWN]]
+  return ', '.join(shown) + (f', ... ({len(names)} in all)' if len(names) > _SHOWN else '')
+
+
+def note_lines(index: archive_index.Index, unit: str) -> List[str]:
+  """What indexing left out of a source, one line per kind (archive_index.NOTE_KINDS)."""
+  what = {  # kind: (one, several, why)
+      'stray': (f'entry that is no {unit}', f'entries that are no {unit}', 'not read'),
+      'non_image': ('file that is not a JPEG/PNG image', 'files that are not JPEG/PNG images',
+                    'left out'),
+      'not_followed': ('symbolic link not followed', 'symbolic links not followed',
+                       f'a loop, or a link out of its {unit}'),
+      'unreadable': ('entry that cannot be read', 'entries that cannot be read', 'left out'),
+      'duplicate': ('image that is there twice', 'images that are there twice', 'read once'),
+  }
+  lines = []
+  for kind in archive_index.NOTE_KINDS:
+    names = index.notes.get(kind)
+    if names:
+      one, several, why = what[kind]
+      lines.append(f'{index.root}: {len(names)} {one if len(names) == 1 else several} ({why}): '
+                   f'{listed(names)}')
+  return lines
 
 
 def _class_split(index: archive_index.Index, classes: Sequence[str]) -> Split:
@@ -156,14 +228,27 @@ def _class_split(index: archive_index.Index, classes: Sequence[str]) -> Split:
                np.zeros([0], np.int32))
 
 
-def _layout_of(path: str) -> Optional[str]:
-  """The per-class layout of a folder: 'tars', 'folders', or None."""
-  entries = [e for e in os.scandir(path) if not e.name.startswith('.')]
-  if any(e.is_file() and e.name.lower().endswith('.tar') for e in entries):
-    return 'tars'
-  if any(e.is_dir() for e in entries):
-    return 'folders'
-  return None
+def _per_class_layout(path: str) -> Optional[str]:
+  """The per-class layout of a folder: 'tars' (synset tars), 'folders' (synset folders), or None
+  (neither); UserError if it holds both (a release half unpacked)."""
+  tars, folders = [], []
+  for entry in sorted(os.scandir(path), key=lambda e: e.name):
+    if entry.name.startswith('.'):
+      continue
+    try:
+      if entry.is_file() and entry.name.lower().endswith('.tar') and is_synset(entry.name[:-4]):
+        tars.append(entry.name)
+      elif entry.is_dir() and is_synset(entry.name):
+        folders.append(entry.name)
+    except OSError:
+      continue  # a dangling link: a stray, named when indexing
+  if tars and folders:
+    both = sorted({t[:-4] for t in tars} & set(folders))
+    also = f'; {both[0]} is there as both' if both else ''
+    raise UserError(f'{path} holds the synsets in two ways: {len(tars)} as tars ({listed(tars)}) '
+                    f'and {len(folders)} as folders ({listed(folders)}){also}: finish unpacking '
+                    f'(one folder per synset, the tars removed) or keep only the tars')
+  return 'tars' if tars else 'folders' if folders else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,14 +264,15 @@ def _i21k_source(data_dir: str) -> Tuple[str, str]:
     raise UserError(f'no ImageNet-21k release under {data_dir} ({where} does not exist): {fix}, '
                     f'or point --config.data_dir at the directory holding imagenet21k/')
   names = sorted(os.listdir(where))
-  for archive in I21K_ARCHIVES:
-    if archive in names:
-      return os.path.join(where, archive), 'tar_of_tars'
-  whole = [n for n in names if n.endswith('_whole.tar')]
+  whole = [a for a in I21K_ARCHIVES if a in names] + [n for n in names if n.endswith('_whole.tar')]
   if whole:
+    others = [n for n in names if not n.startswith('.') and n != whole[0]]
+    if others:
+      print(f'note: reading {whole[0]}; the {len(others)} other entries of {where} are not read: '
+            f'{listed(others)}', file=sys.stderr, flush=True)
     return os.path.join(where, whole[0]), 'tar_of_tars'
   compressed = [n for n in names if n.endswith(('.tar.gz', '.tgz'))]
-  layout = _layout_of(where)
+  layout = _per_class_layout(where)
   if layout:
     return where, layout
   if compressed:
@@ -197,7 +283,7 @@ def _i21k_source(data_dir: str) -> Tuple[str, str]:
 
 
 def imagenet21k(data_dir: Optional[str]) -> Release:
-  data_dir = _data_dir(data_dir)
+  data_dir = data_dir_of(data_dir)
   root, layout = _i21k_source(data_dir)
   index = _index(root, layout, data_dir)
   classes = tuple(sorted(set(index.units)))
@@ -213,7 +299,7 @@ def imagenet21k(data_dir: Optional[str]) -> Release:
 def i1k_root(data_dir: Optional[str]) -> Optional[str]:
   """The first of <data_dir>/imagenet2012, <data_dir>/downloads/manual, <data_dir> holding an
   ImageNet-1k train or validation archive (or train/ val/ folders), else None."""
-  data_dir = _data_dir(data_dir)
+  data_dir = data_dir_of(data_dir)
   for where in (os.path.join(data_dir, 'imagenet2012'),
                 os.path.join(data_dir, 'downloads', 'manual'), data_dir):
     if any(os.path.exists(os.path.join(where, n)) for n in (I1K_TRAIN, I1K_VAL)):
@@ -225,42 +311,82 @@ def i1k_root(data_dir: Optional[str]) -> Optional[str]:
 
 def _i1k_validation_synsets(root: str) -> Optional[List[str]]:
   """The synset of each validation image in file-name order, from the devkit or the list."""
-  listed = os.path.join(root, I1K_LABEL_LIST)
-  if os.path.exists(listed):
-    with open(listed) as f:
-      return [line.strip() for line in f if line.strip()]
-  files = {}
+  listed_file = os.path.join(root, I1K_LABEL_LIST)
+  if os.path.exists(listed_file):
+    with open(listed_file, errors='replace') as f:
+      synsets = [line.strip() for line in f if line.strip()]
+    bad = next((i for i, s in enumerate(synsets) if not is_synset(s)), None)
+    if bad is not None:
+      raise UserError(f'{listed_file} line {bad + 1} is {synsets[bad][:40]!r}, not a synset id '
+                      f'like n01440764: put one synset per validation image there, in file-name '
+                      f'order')
+    return synsets
+  files, where = {}, {}
   for folder in (os.path.join(root, I1K_DEVKIT, 'data'), root):
     for name in (I1K_GROUND_TRUTH, 'meta.mat'):
       if name not in files and os.path.exists(os.path.join(folder, name)):
         with open(os.path.join(folder, name), 'rb') as f:
           files[name] = f.read()
+        where[name] = os.path.join(folder, name)
   devkit = os.path.join(root, f'{I1K_DEVKIT}.tar.gz')
   if len(files) < 2 and os.path.exists(devkit):
-    with tarfile.open(devkit, 'r:gz') as tar:
-      for member in tar:
-        name = os.path.basename(member.name)
-        if name in (I1K_GROUND_TRUTH, 'meta.mat') and name not in files:
-          files[name] = tar.extractfile(member).read()
+    try:
+      with tarfile.open(devkit, 'r:gz') as tar:
+        for member in tar:
+          name = os.path.basename(member.name)
+          if name in (I1K_GROUND_TRUTH, 'meta.mat') and name not in files and member.isfile():
+            files[name] = tar.extractfile(member).read()
+            where[name] = f'{devkit}:{member.name}'
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:
+      raise UserError(f'{devkit} is not a readable .tar.gz ({_reason(e)}): download it again, '
+                      f'or put its data/{I1K_GROUND_TRUTH} and data/meta.mat in {root}') from None
   if len(files) < 2:
     return None
-  import scipy.io  # pylint: disable=g-import-not-at-top
-  synsets = scipy.io.loadmat(io.BytesIO(files['meta.mat']), squeeze_me=True)['synsets']
-  wnid = {int(s['ILSVRC2012_ID']): str(s['WNID']) for s in synsets}
-  return [wnid[int(line)] for line in files[I1K_GROUND_TRUTH].decode().split()]
+  wnid = _devkit_synsets(files['meta.mat'], where['meta.mat'])
+  synsets = []
+  for number, line in enumerate(files[I1K_GROUND_TRUTH].decode('utf-8', 'replace').split('\n')):
+    if not line.strip():
+      continue
+    try:
+      synsets.append(wnid[int(line)])
+    except (ValueError, KeyError):
+      raise UserError(f'{where[I1K_GROUND_TRUTH]} line {number + 1} is {line.strip()[:40]!r}, '
+                      f'not one of the ILSVRC ids 1-{len(wnid)} of its meta.mat: use the '
+                      f'ground truth and meta.mat of the same devkit') from None
+  return synsets
+
+
+def _devkit_synsets(data: bytes, where: str) -> Dict[int, str]:
+  """{ILSVRC id: synset} of the devkit's meta.mat; UserError if it is not one."""
+  import scipy.io  # pylint: disable=g-import-not-at-top  (an optional heavy dependency)
+  try:
+    synsets = scipy.io.loadmat(io.BytesIO(data), squeeze_me=True)['synsets']
+    wnid = {int(s['ILSVRC2012_ID']): str(s['WNID']) for s in synsets}
+  except Exception as e:  # pylint: disable=broad-except  # scipy's many ways to refuse a file
+    raise UserError(f'{where} is not the devkit\'s meta.mat ({_reason(e)}): download '
+                    f'{I1K_DEVKIT}.tar.gz again') from None
+  if not wnid or not all(is_synset(s) for s in wnid.values()):
+    raise UserError(f'{where} is not the devkit\'s meta.mat (no synset table): download '
+                    f'{I1K_DEVKIT}.tar.gz again')
+  return wnid
+
+
+def _reason(error: BaseException) -> str:
+  text = ' '.join(str(error).split())[:120]
+  return f'{type(error).__name__}: {text}' if text else type(error).__name__
 
 
 def imagenet2012(data_dir: Optional[str], root: str) -> Release:
-  data_dir = _data_dir(data_dir)
+  data_dir = data_dir_of(data_dir)
   splits, classes = {}, None
   train = os.path.join(root, I1K_TRAIN)
   if not os.path.exists(train) and os.path.isdir(os.path.join(root, 'train')):
     train = os.path.join(root, 'train')
   if os.path.exists(train):
-    layout = 'tar_of_tars' if os.path.isfile(train) else _layout_of(train)
+    layout = 'tar_of_tars' if os.path.isfile(train) else _per_class_layout(train)
     if layout is None:
       raise UserError(f'unknown layout in {train}: put one tar or folder of images per synset '
-                      f'there')
+                      f'(named like n01440764) there')
     index = _index(train, layout, data_dir)
     classes = tuple(sorted(set(index.units)))
     splits['train'] = _class_split(index, classes)
@@ -284,7 +410,7 @@ class _Labelled:
 def _i1k_validation(root: str, val: str, data_dir: str,
                     classes: Optional[Tuple[str, ...]]) -> _Labelled:
   """The validation images in file-name order with their labels."""
-  layout = 'flat_tar' if os.path.isfile(val) else ('folders' if _layout_of(val) == 'folders'
+  layout = 'flat_tar' if os.path.isfile(val) else ('folders' if _per_class_layout(val) == 'folders'
                                                    else 'flat_folder')
   index = _index(val, layout, data_dir)
   rows = np.argsort([index.name(r).rsplit('/', 1)[-1] for r in range(len(index))],
@@ -319,8 +445,18 @@ def real_label_sets(release: Release) -> Optional[List[List[int]]]:
   path = os.path.join(release.root, REAL_LABELS)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    sets = json.load(f)
+  fix = 'download real.json of the ILSVRC2012 validation set again'
+  try:
+    with open(path, 'rb') as f:
+      sets = json.loads(f.read())
+  except ValueError as e:  # empty, cut short, not JSON, not UTF-8
+    raise UserError(f'{path} is not readable JSON ({_reason(e)}): {fix}') from None
+  classes = len(release.classes)
+  if not isinstance(sets, list) or not all(
+      isinstance(s, list) and all(isinstance(c, int) and not isinstance(c, bool)
+                                  and 0 <= c < classes for c in s) for s in sets):
+    raise UserError(f'{path} is not a list of label sets (lists of class numbers 0-'
+                    f'{classes - 1}): {fix}')
   size = len(release.splits['validation'].rows) if 'validation' in release.splits else 0
   if len(sets) != size:
     raise UserError(f'{path} holds {len(sets)} label sets but the validation split has {size} '
@@ -339,5 +475,7 @@ def find(dataset: str, data_dir: Optional[str]) -> Optional[Release]:
   return None
 
 
-__all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'REAL_LABELS', 'real_label_sets', 'Release', 'Split', 'find', 'i1k_root', 'image_name',
-           'imagenet2012', 'imagenet21k', 'key_rows', 'read', 'records']
+__all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'REAL_LABELS', 'Release', 'SYNSET', 'Split',
+           'data_dir_of', 'find', 'i1k_root', 'image_name', 'imagenet2012', 'imagenet21k',
+           'is_synset', 'key_rows', 'listed', 'load_index', 'note_lines', 'read',
+           'real_label_sets', 'records']

@@ -93,12 +93,10 @@ def feature_fn(model):
   return features
 
 
-def _pool_records(builder, ds_info, split: str, max_shots: int, num_classes: int):
-  """(encoded, label) of the first `max_shots` examples of each class of `split`, cached."""
+def _pool_records(records, max_shots: int, num_classes: int):
+  """The first `max_shots` (image or record key, label) records of each class, cached."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  records = pipeline.encoded_records(builder, split, ds_info.image_key,
-                                     lambda ex: ex[ds_info.label_key], cache=False)
 
   def keep(counts, record):
     label = tf.cast(record[1], tf.int32)
@@ -165,13 +163,12 @@ class FewShotEvaluator:
       images, labels = _pool_arrays(dataset, train_split, max(shots))
       class_name = str  # ClassLabel(num_classes=...) names its classes '0', '1', ...
     else:
-      from vit_jax.data import info as info_lib  # pylint: disable=g-import-not-at-top
-      builder = info_lib.load_builder(dataset, data_dir)
-      ds_info = info_lib.info_from_builder(builder)
+      from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+      records, read, ds_info = pipeline.split_records(dataset, data_dir, train_split, cache=False)
       self.num_classes = ds_info.num_classes
-      pool = _pool_records(builder, ds_info, train_split, max(shots), self.num_classes)
+      pool = _pool_records(records, max(shots), self.num_classes)
       labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
-      class_name = ds_info.tfds_info.features[ds_info.label_key].int2str
+      class_name = lambda label: ds_info.class_names[label]
     if not len(labels):
       raise UserError(f"few-shot split '{train_split}' of '{dataset}' is empty: set "
                       f'config.fewshot.train_split')
@@ -187,7 +184,7 @@ class FewShotEvaluator:
       from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
       self._train = pipeline.padded_eval_batches(
           pool.skip(start).take(counts[pindex]), count=counts[pindex], num_batches=num,
-          batch_size=local_batch, spec=spec, stored_shape=ds_info.image_shape)
+          batch_size=local_batch, spec=spec, stored_shape=ds_info.image_shape, read=read)
     self._eval, _ = data_lib.eval_iterator(
         dataset=dataset, split=eval_split, data_dir=data_dir, batch_size=local_batch, pp=pp,
         process_index=pindex, process_count=pcount, cache=cache)

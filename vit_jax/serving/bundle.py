@@ -82,8 +82,7 @@ def dataset_class_names(dataset: str, data_dir: Optional[str]) -> Tuple[str, ...
   from vit_jax.data import folder, info  # pylint: disable=g-import-not-at-top  # imports tfds
   if dataset.startswith(folder.PREFIX):
     return folder.list_folder(os.path.abspath(dataset[len(folder.PREFIX):])).classes
-  ds_info = info.get_info(dataset, data_dir)
-  return tuple(ds_info.tfds_info.features[ds_info.label_key].names)
+  return tuple(info.get_info(dataset, data_dir).class_names)
 
 
 def _class_names(config, step_dir, num_classes: int, data_dir: Optional[str]):

@@ -33,6 +33,7 @@ from vit_jax.data import identity
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
+from vit_jax.train import feed as feed_lib
 from vit_jax.train import guards
 from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
@@ -223,8 +224,12 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
     if isinstance(train_fn, concurrent.futures.Future):
       train_fn = train_fn.result()
     history = []
+    feed = feed_lib.Feed(train_data)
     for step in range(start_step + 1, total_steps + 1):
-      batch = parallel.shard_batch(next(train_data), mesh)
+      batch = feed.next(lambda: run.preemption.requested)
+      if batch is None:  # a signal while the input had no batch ready: step - 1 is the last
+        return _stop_waiting(run, state, step - 1, history, pending, guard, progress)
+      batch = parallel.shard_batch(batch, mesh)
       state, metrics = train_fn(state, batch, prog.dropout_rng, prog.hyper)
       guard.check_previous_then_hold(step, metrics)
       history.append(metrics)
@@ -274,6 +279,28 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
     logs.plot_learning_curve(logs.metrics_path(run.workdir),
                              f'{run.workdir.rstrip("/")}/learning_curve.png')
   return result
+
+
+def _stop_waiting(run: _Run, state, last: int, history: list, pending, guard, progress) -> dict:
+  """A stop asked for while the input pipeline had no batch ready (its reads blocked): the
+  records and checkpoint of the last step trained (unless it is on disk already), then the
+  usual line."""
+  guard.check_held()  # the last step's numbers, before its checkpoint
+  if history:
+    pending.hold(last, history)
+  pending.flush()
+  progress.close()
+  if last > (guard.last_checkpoint or 0):
+    with run.preemption.saving():
+      run.ckpt.save(last, state, run.prog.config.to_dict(), run.facts)
+      run.ckpt.wait()
+  if last == 0:
+    _say('\npreempted before the first step, while waiting for the input: nothing to save; '
+         'rerun the same command to start')
+  else:
+    _say(f'\npreempted while waiting for the input: saved the checkpoint of step {last} in '
+         f'{run.ckpt.directory}; rerun the same command to resume')
+  return {'preempted': True, 'step': last}
 
 
 class _PendingLog:
