@@ -6,6 +6,7 @@ import collections
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import pytest
@@ -70,6 +71,12 @@ def test_the_gpu_probe_reads_the_driver_entry_and_nvidia_smi(tmp_path):
   assert gpu.cuda_jax_installed(find_spec=lambda name: object() if 'cuda13' in name else None)
   assert not gpu.cuda_jax_installed(find_spec=lambda name: None)
   assert not gpu.cuda_jax_installed()  # this machine runs the CPU build
+  # The compiler-only plugin of `make gpu-compiler` (on the import path after a compile for a
+  # GPU) is no CUDA build of JAX.
+  compiler = tmp_path / 'gpu-compiler'
+  spec = lambda name: types.SimpleNamespace(origin=str(compiler / name / '__init__.py'))
+  assert not gpu.cuda_jax_installed(find_spec=spec, compiler_dir=str(compiler))
+  assert gpu.cuda_jax_installed(find_spec=spec, compiler_dir=str(tmp_path / 'elsewhere'))
 
 
 def test_xla_gpu_flag_variants(monkeypatch):

@@ -14,6 +14,7 @@ GPU run applies; a variant joins it once a measurement on a GPU shows it helps.
 import importlib.util
 import os
 import shutil
+import sys
 from typing import Callable, Dict, MutableMapping, Optional, Tuple
 
 from vit_jax.errors import UserError
@@ -25,6 +26,10 @@ SMI = 'nvidia-smi'
 # The PJRT plugin modules of JAX's CUDA builds (the packages jax-cuda13-plugin, jax-cuda12-plugin).
 CUDA_PLUGINS = ('jax_cuda13_plugin', 'jax_cuda12_plugin')
 INSTALL_COMMAND = 'make install ACCEL=cuda13'
+# Where `make gpu-compiler` installs the XLA:GPU compiler (VIT_JAX_GPU_COMPILER: another folder):
+# a CUDA plugin without the CUDA libraries, which compiles but never runs.
+GPU_COMPILER_DIR = os.environ.get('VIT_JAX_GPU_COMPILER',
+                                  os.path.join(sys.prefix, 'gpu-compiler'))
 
 # name -> (XLA_FLAGS entries, purpose).
 XLA_GPU_FLAGS: Dict[str, Tuple[Tuple[str, ...], str]] = {
@@ -49,9 +54,18 @@ def nvidia_gpu_present(proc: str = DRIVER_PROC, which: Callable[[str], Optional[
   return os.path.exists(proc) or which(SMI) is not None
 
 
-def cuda_jax_installed(find_spec: Callable = importlib.util.find_spec) -> bool:
-  """True if a CUDA PJRT plugin of JAX is importable (without importing it or starting JAX)."""
-  return any(find_spec(name) is not None for name in CUDA_PLUGINS)
+def cuda_jax_installed(find_spec: Callable = importlib.util.find_spec,
+                       compiler_dir: str = GPU_COMPILER_DIR) -> bool:
+  """True if a CUDA PJRT plugin of JAX is importable (without importing it or starting JAX),
+  other than the compiler-only one in `compiler_dir` (on the import path once a compile for a
+  GPU has loaded it)."""
+  inside = os.path.join(os.path.realpath(compiler_dir), '')
+  for name in CUDA_PLUGINS:
+    spec = find_spec(name)
+    origin = getattr(spec, 'origin', None) or ''
+    if spec is not None and not os.path.realpath(origin).startswith(inside):
+      return True
+  return False
 
 
 def install_hint(probe: Optional[Callable[[], bool]] = None,

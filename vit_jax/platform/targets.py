@@ -38,6 +38,7 @@ from typing import Dict, List, Optional
 from vit_jax import quiet
 from vit_jax.errors import UserError
 from vit_jax.platform import chips
+from vit_jax.platform import gpu
 
 GIB = 2 ** 30
 LIBTPU_VERSION = '0.0.42.1'  # requirements-tpu.lock; the libtpu that jax 0.10.2's `tpu` extra names
@@ -47,9 +48,7 @@ ALIASES = {'v5litepod': 'v5e'}  # the names gcloud sells a TPU generation under
 TPU_EXAMPLES = ('v3-8, v3-32 ... v3-2048, v4-8, v5litepod-16, v5p-128, v6e-8, or a topology like '
                 'v3:4x4')
 
-# Where `make gpu-compiler` installs the XLA:GPU compiler (VIT_JAX_GPU_COMPILER: another folder).
-GPU_COMPILER_DIR = os.environ.get('VIT_JAX_GPU_COMPILER',
-                                  os.path.join(sys.prefix, 'gpu-compiler'))
+GPU_COMPILER_DIR = gpu.GPU_COMPILER_DIR
 GPU_COMPILER_HINT = 'run `make gpu-compiler` once (it installs it into .venv/gpu-compiler)'
 # Deviceless GPU compiles cannot autotune: Triton's GEMM fusions need it to pick their tiles.
 DEVICELESS_OPTIONS = {'xla_gpu_enable_triton_gemm': False, 'xla_gpu_autotune_level': 0}
