@@ -23,6 +23,7 @@ from vit_jax.platform import hostmem  # pylint: disable=g-import-not-at-top
 from vit_jax.platform import tf_import  # pylint: disable=g-import-not-at-top
 from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+from vit_jax.configs.common import UNSET_SPELLINGS  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
 # The flags that ask for a command's usage: absl's (it prints the usage, then exits with status 1,
@@ -58,7 +59,7 @@ def _parse_flags(argv):
   try:
     parsed = flags.FLAGS([arg for arg in argv if arg not in unset])
   except flags.Error as e:
-    fail(_user_message(e) or _one_line(str(e)))
+    fail(_with_unset_hint(_user_message(e) or _one_line(str(e)), argv))
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no config key
     fail(_unknown_key_message(_key_of(e), argv))
   except Exception as e:  # pylint: disable=broad-except  # raised by the config file's code
@@ -70,8 +71,20 @@ def _parse_flags(argv):
 
 
 # `--config.KEY=None`: the key unset (ml_collections would parse None as the key's type), e.g.
-# `--config.total_steps=None --config.total_epochs=10` to switch a recipe to epochs.
-_UNSET = re.compile(r'^--config\.([A-Za-z_][\w.]*)=(None|none|null)$')
+# `--config.total_steps=None --config.total_epochs=10` to switch a recipe to epochs. Only Python's
+# spelling unsets: `none` is a value of several keys (model.remat, model.posemb).
+_UNSET = re.compile(rf'^--config\.([A-Za-z_][\w.]*)=({"|".join(UNSET_SPELLINGS)})$')
+
+
+def _with_unset_hint(message: str, argv) -> str:
+  """A value refused for its type that looks like a try at unsetting the key (`none`, `null`)
+  gets the spelling that does unset it."""
+  for arg in argv:
+    match = re.match(r'^--config\.([A-Za-z_][\w.]*)=(none|null|NULL|NONE|nil)$', arg)
+    if match and arg in message:
+      return (f'{message} (to unset {match.group(1)}, spell it '
+              f'--config.{match.group(1)}={UNSET_SPELLINGS[0]})')
+  return message
 
 
 def _unset_key(arg: str, argv) -> None:
