@@ -37,8 +37,7 @@ def load_params_file(source: str, model_name: Optional[str] = None):
   from vit_jax.formats import npz, weights  # pylint: disable=g-import-not-at-top
   from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options  # pylint: disable=g-import-not-at-top
   if weights.is_name(source):
-    model_name = model_name or weights.lookup(source).model_name
-    source = weights.fetch(source)
+    source, model_name = weights.fetch_as(source, model_name)
   if not model_name:
     raise UserError(f'--checkpoint={source} holds params only: pass the model it was trained as '
                     '(--model, e.g. ViT-B/16)')

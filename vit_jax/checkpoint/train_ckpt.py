@@ -67,6 +67,8 @@ class Checkpointer:
     self.workdir = workdir
     self._keep = keep
     self._saved = set()  # steps saved by this run that have no manifest yet
+    # A run refused at start-up (config.init of another model) leaves no empty folder behind.
+    self._created = not is_remote(directory) and not os.path.exists(self.directory)
     self._manager = self._open()
 
   def _open(self) -> ocp.CheckpointManager:
@@ -246,6 +248,11 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
+      if self._created and jax.process_index() == 0:
+        try:
+          os.rmdir(self.directory)  # only while empty: nothing was saved
+        except OSError:
+          pass
 
 
 CORRUPT_DIR = 'corrupt_checkpoints'

@@ -252,10 +252,7 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
     raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
                     '--checkpoint=FILE.npz --model=NAME')
   if weights.is_name(checkpoint):  # official weights by name: their file, their variant
-    name, checkpoint = checkpoint, weights.fetch(checkpoint)
-    if model is None:
-      model = weights.lookup(name).model_name
-      weights.check_model(name, checkpoint)
+    checkpoint, model = weights.fetch_as(checkpoint, model)
   names = read_class_names(class_names) if class_names else None
   is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)
   if bundle:

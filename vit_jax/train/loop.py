@@ -82,6 +82,7 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
                       f'{memory.MEMORY_FIXES}')
     return report
   workdir_lib.check(workdir)  # the workdir's layout, before anything is created
+  created = not workdir_lib.exists(workdir)
   workdir_lib.prepare(workdir)
   held = lock_lib.hold(workdir)  # a second run on the same workdir stops here
   ckpt = None
@@ -108,6 +109,8 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
     raise UserError(_stopped(e, ckpt)) from None
   finally:
     held.release()
+    if created and jax.process_index() == 0:  # refused before it wrote anything: nothing left
+      workdir_lib.remove_if_empty(workdir)
 
 
 def _stopped(error: BaseException, ckpt) -> str:
