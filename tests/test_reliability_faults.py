@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from vit_jax.configs import mnist5k
@@ -87,6 +89,71 @@ def test_a_flipped_byte_is_damage_and_a_bad_metadata_file_without_manifest_too(
   assert integrity.damage(step_dir) is None
   (step_dir / '_CHECKPOINT_METADATA').write_text('{"truncated')
   assert integrity.damage(step_dir) == '_CHECKPOINT_METADATA is not valid JSON'
+
+
+def _flip_a_byte_of_the_largest_array_file(step_dir) -> str:
+  """Flips one byte in the middle of the step's largest array data file (its size unchanged);
+  returns the file's path relative to the step directory."""
+  files = json.loads((step_dir / integrity.MANIFEST).read_text())['files']
+  name = max((n for n in files if '/d/' in n), key=lambda n: files[n][0])
+  path = step_dir / name
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  path.write_bytes(bytes(data))
+  return name
+
+
+@pytest.mark.parametrize('when', ['before_reading', 'while_reading'])
+def test_a_flipped_byte_sets_the_step_aside_at_restore_and_the_run_resumes_from_the_previous(
+    tmp_path, data_dir, finished_run, capfd, monkeypatch, when):
+  """One byte flipped in a step's array data (orbax reads it without complaint): the restore
+  checks the step against its manifest, sets it aside and resumes from the previous step, which
+  trains on to the same parameters as the intact run. The check runs before the arrays are read
+  for files up to integrity.SMALL bytes (all of this tiny run's), beside the read above."""
+  from vit_jax.checkpoint import restore, train_ckpt  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  name = _flip_a_byte_of_the_largest_array_file(workdir / 'checkpoints' / '4')
+  restored = []
+  if when == 'while_reading':
+    monkeypatch.setattr(integrity, 'SMALL', 0)  # every checksum on the verification thread
+    original = train_ckpt.Checkpointer.restore
+    monkeypatch.setattr(train_ckpt.Checkpointer, 'restore',
+                        lambda self, step, *a: restored.append(step) or original(self, step, *a))
+  capfd.readouterr()
+  loop.train_and_evaluate(_config(data_dir, total_steps=4, checkpoint_every=2), str(workdir))
+  err = capfd.readouterr().err
+  assert restored == ([4, 2] if when == 'while_reading' else [])
+  (aside,) = os.listdir(workdir / 'corrupt_checkpoints')
+  assert (f'checkpoint 4 in {workdir}/checkpoints is damaged ({name} does not match its '
+          f'checksum); moved it to {workdir}/corrupt_checkpoints/{aside} and trying the previous '
+          'one') in err, err
+  assert f'note: starting from step 2 while the newer checkpoint(s) 4 sit in' in err, err
+  assert 'resumed from' in err and 'at step 2' in err, err
+  assert _train_steps(workdir) == [4]  # step 4 trained again (logged every 4 steps)
+  params, _ = restore.load_checkpoint(workdir / 'checkpoints' / '4')
+  intact, _ = restore.load_checkpoint(finished_run / 'checkpoints' / '4')
+  assert jax.tree.all(jax.tree.map(np.array_equal, params, intact))
+
+
+def test_predict_reads_the_newest_healthy_step_and_refuses_a_named_damaged_one(
+    tmp_path, finished_run, capfd):
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  name = _flip_a_byte_of_the_largest_array_file(workdir / 'checkpoints' / '4')
+  before = file_tree(workdir)
+  capfd.readouterr()
+  bundle = bundle_lib.from_workdir(str(workdir))
+  assert bundle.source['checkpoint'] == str(workdir / 'checkpoints' / '2')
+  assert capfd.readouterr().err == (
+      f'note: checkpoint {workdir}/checkpoints/4 is damaged ({name} does not match its '
+      'checksum); reading the newest healthy one\n')
+  with pytest.raises(restore.Damaged, match=rf'^checkpoint {workdir}/checkpoints/4 is damaged '
+                                            rf'\({name} does not match its checksum\): use '
+                                            r'another step \(--checkpoint=STEP; '):
+    bundle_lib.from_workdir(str(workdir), '4')
+  assert file_tree(workdir) == before  # a reader moves nothing
 
 
 def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path, data_dir):
@@ -218,6 +285,42 @@ def test_a_closed_stdout_alone_never_stops_the_run(tmp_path, data_dir):
   os.close(write)
   assert proc.returncode == 0 and 'Traceback' not in proc.stderr, proc.stderr
   assert os.listdir(workdir / 'checkpoints') == ['2']
+
+
+@pytest.mark.parametrize('redirect', ['>&-', '2>&-', '>&- 2>&-'],
+                         ids=['stdout', 'stderr', 'both'])
+def test_a_standard_stream_closed_at_start_never_stops_the_run(tmp_path, data_dir, redirect):
+  """Real closed descriptors, through the huge-page restart (huge pages left on): the run trains
+  and saves, its output is dropped, and no file of the run receives the run's output (a file
+  opened while fd 1 or 2 was closed would take that number)."""
+  workdir = tmp_path / 'work'
+  command = ' '.join(_command(workdir, data_dir, '--config.total_steps=2'))
+  env = {k: v for k, v in os.environ.items() if k != 'VIT_JAX_HUGEPAGES'}
+  proc = subprocess.run(['bash', '-c', f'exec {command} {redirect}'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert (proc.stderr == '') == ('2>&-' in redirect), proc.stderr
+  assert os.listdir(workdir / 'checkpoints') == ['2']
+  assert integrity.damage(workdir / 'checkpoints' / '2') is None
+  assert _train_steps(workdir) == [2]
+  for path, content in file_tree(workdir).items():
+    assert b'training on mnist5k' not in content and b'final test' not in content, path
+
+
+def test_stdout_to_a_full_device_trains_saves_and_ends_with_one_line_naming_it(tmp_path,
+                                                                               data_dir):
+  workdir = tmp_path / 'work'
+  with open('/dev/full', 'w') as full:
+    proc = subprocess.run(_command(workdir, data_dir, '--config.total_steps=2'), cwd=ROOT,
+                          env=_env(), stdout=full, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr
+  assert lines[-1] == ('error: cannot write standard output (/dev/full: No space left on device): '
+                       'the command ran to its end, and what it printed from then on was '
+                       'dropped; free space there, or send its output elsewhere'), lines
+  assert os.listdir(workdir / 'checkpoints') == ['2']  # trained and saved all the same
+  assert _train_steps(workdir) == [2]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,8 +104,13 @@ def _class_names(config, step_dir, num_classes: int, data_dir: Optional[str]):
 
 def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                  data_dir: Optional[str] = None) -> Bundle:
-  """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
-  step_dir = restore.resolve_checkpoint(workdir, checkpoint)
+  """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one), read
+  safely beside the run that writes it (`restore.read_step`)."""
+  return restore.read_step(workdir, checkpoint,
+                           lambda step_dir: _from_step_dir(step_dir, data_dir))
+
+
+def _from_step_dir(step_dir, data_dir: Optional[str]) -> Bundle:
   params, config = restore.load_checkpoint(step_dir)
   task = tasks.get_task(config)
   spec = tasks.model_spec(config, params)

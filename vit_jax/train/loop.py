@@ -227,6 +227,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
     t_start = time.perf_counter()
     if isinstance(train_fn, concurrent.futures.Future):
       train_fn = train_fn.result()
+    run.preemption.begin_training()  # a Ctrl-C until here stops the run, nothing trained
     history = []
     for step in range(start_step + 1, total_steps + 1):
       batch = parallel.shard_batch(next(train_data), mesh)
