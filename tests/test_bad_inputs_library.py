@@ -380,3 +380,42 @@ def test_a_config_argument_none_is_that_value_and_None_unsets():
   assert common.parse_arg('x=none', x=None) == {'x': 'none'}
   assert common.parse_arg('x=None', x='a') == {'x': 'None'}
   assert common.parse_arg('x=None', x=None) == {'x': None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling for a GPU with the compiler alone (`make gpu-compiler`: no cuDNN library).
+
+
+def _gpu_compiler_installed() -> bool:
+  from vit_jax.platform import gpu  # pylint: disable=g-import-not-at-top
+  return os.path.isdir(os.path.join(gpu.COMPILER_DIR, 'jax_plugins'))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _gpu_compiler_installed(), reason='needs `make gpu-compiler`')
+@pytest.mark.parametrize('attention', ['auto', 'cudnn'])
+def test_compile_for_a_gpu_without_cudnn(attention):
+  """auto picks cuDNN on a GPU in bf16; the compiler-only install has no cuDNN library: auto
+  compiles einsum (a note says so), an explicit cudnn is one line (before: 81 lines, 'cuDNN not
+  found')."""
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run(
+      [sys.executable, '-m', 'vit_jax', 'bench', '--compile_for=h100', '--model=ViT-Ze/4',
+       '--image_size=28', '--batch_size=8', '--dtype=bfloat16', '--json',
+       f'--config.model.attention={attention}'], cwd=ROOT, capture_output=True, text=True,
+      timeout=600)
+  lines = proc.stderr.strip().splitlines()
+  if attention == 'cudnn':
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith('error: --config.model.attention=cudnn compiles only with the '
+                               'cuDNN library, which `make gpu-compiler` does not install')
+    return
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert lines == ["note: model.attention=auto compiles einsum here: auto runs cuDNN's fused "
+                   'attention on the GPU, which needs the cuDNN library (not installed with the '
+                   'compiler); its peak there is lower (docs/gpu.md)'], proc.stderr
+  result = json.loads(proc.stdout)
+  assert result['attention'] == 'einsum' and result['device_kind'].startswith('NVIDIA H100')
+  assert result['memory_analysis']['peak'] > 0

@@ -68,9 +68,12 @@ _SUITE_DUMP = flags.DEFINE_string('suite_dump', None, 'Our train runs dump the c
                                    'folder per run of this directory.')
 _SUITE_TIMEOUT = flags.DEFINE_integer('suite_timeout', 300, 'Seconds each suite run may take.')
 
+# The base config when --config is not given: passed as if it were, so that its overrides
+# (`--config.KEY=VALUE`) are parsed, and refused in one line, as the trainer's are.
+DEFAULT_CONFIG = 'configs/mnist5k.py'
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
-    'config': ('configs/mnist5k.py', 'Base config file.'),
+    'config': (None, f'Base config file (default {DEFAULT_CONFIG}).'),
     'model': ('ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.'),
     'batch_size': (8, 'Batch size.'),
     'image_size': (224, 'Input resolution (pixels).'),
@@ -104,16 +107,29 @@ def run_compile_for() -> int:
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, _DTYPE.value)
-  result = ours.compile_for(config, gpu.compile_only_devices(_COMPILE_FOR.value), _MODE.value)
+  devices = gpu.compile_only_devices(_COMPILE_FOR.value)
+  if config.model.attention in ('auto', 'cudnn') and not gpu.cudnn_compiles():
+    if config.model.attention == 'cudnn':
+      raise cli.UserError('config.model.attention=cudnn compiles only with the cuDNN library, '
+                          'which `make gpu-compiler` does not install: unpack the nvidia-cudnn '
+                          'wheel of requirements-cuda13.lock into .venv/gpu-compiler, or use '
+                          'config.model.attention=einsum')
+    config.model.attention = 'einsum'  # what auto runs where cuDNN cannot
+    print('note: model.attention=auto compiles einsum here: auto runs cuDNN\'s fused attention on '
+          'the GPU, which needs the cuDNN library (not installed with the compiler); its peak '
+          'there is lower (docs/gpu.md)', file=sys.stderr, flush=True)
+  result = ours.compile_for(config, devices, _MODE.value)
   result.update(model=_MODEL.value, mode=_MODE.value, batch_size=_BATCH.value,
-                image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value)
+                image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value,
+                attention=config.model.attention)
   m = result['memory_analysis']
   if _JSON.value:
     print(json.dumps(result, indent=1))
   else:
     print(f'{_MODEL.value} {_MODE.value} batch {_BATCH.value} at {_IMAGE.value} px, '
-          f'{_DTYPE.value}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
-          f'GEMMs, no autotuning) in {result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
+          f'{_DTYPE.value}, {result["attention"]} attention, compiled for '
+          f'{result["device_kind"]} on this machine (no GPU: cuBLAS GEMMs, no autotuning) in '
+          f'{result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
           f'= arguments {m["argument"] / 1e9:.2f} + outputs {m["output"] / 1e9:.2f} - aliased '
           f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB')
   return 0
@@ -154,6 +170,9 @@ def run(argv) -> int:
 def main():
   for name, (default, text) in _ADAPTED.items():
     flag_groups.adapt(name, default=default, help=text)
+  flags_given = sys.argv[1:sys.argv.index('--')] if '--' in sys.argv else sys.argv[1:]
+  if not any(a == '--config' or a.startswith('--config=') for a in flags_given):
+    sys.argv.insert(1, f'--config={DEFAULT_CONFIG}')
   cli.run_main(run, compilation_cache=False)  # it times cold compiles
 
 

@@ -104,6 +104,19 @@ def compile_only_devices(name: str) -> list:
   return list(topology.devices)
 
 
+def cudnn_compiles() -> bool:
+  """Whether cuDNN's fused attention can be traced here, after `prepare_deviceless`: JAX asks
+  the cuDNN library for its version, which the compiler-only install does not have."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  q = jax.ShapeDtypeStruct((1, 8, 1, 8), jnp.bfloat16)
+  try:
+    jax.eval_shape(lambda q: jax.nn.dot_product_attention(q, q, q, implementation='cudnn'), q)
+  except RuntimeError:  # "cuDNN not found."
+    return False
+  return True
+
+
 def nvidia_gpu_present(proc: str = DRIVER_PROC, which: Callable[[str], Optional[str]] = shutil.which
                        ) -> bool:
   """True if the NVIDIA driver is loaded here (its /proc entry or nvidia-smi exists)."""
