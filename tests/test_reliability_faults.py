@@ -181,6 +181,42 @@ def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path,
   assert not (workdir / 'corrupt_checkpoints').exists()
 
 
+@pytest.fixture(scope='module')
+def wide_run(tmp_path_factory, data_dir):
+  """A finished 2-step run whose head (200,000 classes) takes 25.6 MB on each of 8 devices."""
+  workdir = tmp_path_factory.mktemp('wide') / 'work'
+  loop.train_and_evaluate(_config(data_dir, total_steps=2, num_classes=200_000,
+                                  eval_batch_size=64, eval_every=2), str(workdir))
+  return workdir
+
+
+@pytest.mark.parametrize('margin_mb', [50])
+def test_a_restore_out_of_memory_is_its_line_and_nothing_after_it(tmp_path, data_dir, wide_run,
+                                                                  margin_mb):
+  """Tighter limits than above: the restore fails in tensorstore's reads or in starting its
+  threads, and its background tasks fail after the error line (asyncio's 'exception was never
+  retrieved', 'Exception ignored in: <coroutine ...>'): none of that is printed, and the lock
+  is released."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(wide_run, workdir)
+  before = file_tree(workdir / 'checkpoints')
+  proc = subprocess.run(
+      _command(workdir, data_dir, '--config.total_steps=3', '--config.eval_every=3',
+               '--config.num_classes=200000', '--config.eval_batch_size=64',
+               '--allow_config_change', tool='tests/tools/memory_limit_main.py'),
+      cwd=ROOT, env=_env(MEMORY_LIMIT_MARGIN=str(margin_mb << 20)), capture_output=True,
+      text=True, timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert len(lines) == 2 and lines[0].startswith('note: the head has num_classes=200000'), lines
+  assert lines[1].startswith(f'error: cannot read checkpoint 2 in {workdir}/checkpoints (')
+  assert lines[1].endswith('free memory (or raise the memory limit: ulimit -v) for the restore, '
+                           'then rerun the same command'), lines[1]
+  assert 'bound method' not in lines[1]
+  assert file_tree(workdir / 'checkpoints') == before
+  assert not (workdir / 'run.lock').exists()
+
+
 def test_a_run_that_starts_below_a_set_aside_checkpoint_says_so(tmp_path, data_dir, finished_run,
                                                                  capfd):
   workdir = tmp_path / 'work'

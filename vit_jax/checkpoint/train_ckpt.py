@@ -27,6 +27,7 @@ import dataclasses
 import errno
 import functools
 import os
+import re
 import shutil
 import sys
 import time
@@ -237,7 +238,7 @@ class Checkpointer:
     """Sets step `step` aside if its own files are damaged; otherwise a UserError naming the
     failure, every checkpoint left in place."""
     step_dir = epath.Path(self.directory) / str(step)
-    failure = f'{type(error).__name__}: {_one_line(error)}'
+    failure = _failure(error)
     try:
       if verification is None:
         damaged = integrity.damage(step_dir)
@@ -316,12 +317,25 @@ def _delete(state) -> None:
       leaf.delete()
 
 
+def _failure(error: BaseException) -> str:
+  """'Type: message' of a failed read: of the error in its chain that says it ran out of memory
+  (orbax wraps tensorstore's and XLA's), else of the error itself."""
+  described = [f'{type(e).__name__}: {_one_line(e)}' for e in errors.chain(error)]
+  memory = [d for d in described if any(w in d for w in _OUT_OF_MEMORY_WORDS)]
+  return (memory or described)[0]
+
+
 def _reason(error: BaseException) -> str:
   return getattr(error, 'strerror', None) or _one_line(error) or type(error).__name__
 
 
+# orbax's wrapper of a tensorstore error ends with the repr of a bound method, not its text.
+_TENSORSTORE_DETAILS = re.compile(r'\.? See full TensorStore details: <bound method .*$')
+
+
 def _one_line(error: BaseException) -> str:
-  return ' '.join(str(error).split())[:200] or type(error).__name__
+  text = _TENSORSTORE_DETAILS.sub('', ' '.join(str(error).split()))
+  return text[:200] or type(error).__name__
 
 
 def write_failure_reason(error: BaseException) -> Optional[str]:
