@@ -22,7 +22,7 @@ from vit_jax.serving import bundle as bundle_lib
 from vit_jax.serving import inference
 from vit_jax.train import logs
 from vit_jax.train import loop
-from helpers import ROOT, file_tree
+from helpers import ROOT, file_tree, xla_flags
 
 pytestmark = pytest.mark.xdist_group('reliability')
 
@@ -267,6 +267,37 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary_folder(
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['2', '4']  # no temporary folder
   assert file_tree(workdir / 'checkpoints') == before
   assert _train_steps(workdir)[-1] == 6  # the log of what was trained is whole
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+  mount = tmp_path / 'tiny'
+  mount.mkdir()
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3m', 'tmpfs', str(mount)], check=True)
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=True)
+
+
+def test_a_disk_that_fills_during_a_save_is_one_line_and_nothing_else(tiny_disk, data_dir):
+  """A real 3 MB disk that a checkpoint a step fills (one device: the save of step 2 fails while
+  tensorstore still writes): the run's line, then the error line; none of the tracebacks of
+  tensorstore's callbacks into orbax's closed event loops; the checkpoint of step 1 stands."""
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  workdir = tiny_disk / 'work'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main',
+       '--config=configs/default.py:model_name=ViT-Mu/4,steps=40,batch_size=16',
+       '--config.warmup_steps=1', '--config.progress=False', f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', '--config.checkpoint_every=1', '--config.eval_every=100'],
+      cwd=ROOT, env=_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True, timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert len(lines) == 2 and lines[0].startswith('training on mnist5k'), proc.stderr[-3000:]
+  assert lines[1] == (f'error: cannot write a checkpoint to {workdir}/checkpoints (No space left '
+                      'on device): free space or fix permissions there, then rerun the same '
+                      'command to resume from the checkpoint of step 1'), lines
+  assert os.listdir(workdir / 'checkpoints') == ['1']
+  restore.load_checkpoint(workdir / 'checkpoints' / '1')
 
 
 # ---------------------------------------------------------------------------------------------
