@@ -4,7 +4,8 @@
 # `make tpu-compiler` adds the TPU compiler (libtpu, requirements-tpu.lock) in .venv/tpu-compiler
 # for `--config.compile_for=v3-8`; `make test` needs it (the suite compiles for TPU slices).
 # `make test-fast` runs the tests not marked slow (no subprocesses or end-to-end runs).
-# `make gpu-compiler` adds the XLA:GPU compiler in .venv/gpu-compiler for `bench --compile_for=h100`.
+# `make gpu-compiler` adds the XLA:GPU compiler in .venv/gpu-compiler for
+# `--config.compile_for=h100` and `bench --compile_for=h100`; `make test` needs it too.
 # `make install ACCEL=cuda13` (or cuda12) adds the CUDA build of the same jax
 # (requirements-cuda13.lock) on a machine with an NVIDIA GPU; `make train ACCEL=cuda13` trains there.
 PYTHON ?= python3
@@ -66,7 +67,7 @@ $(TPU_STAMP): $(STAMP) requirements-tpu.lock
 
 tpu-compiler: $(TPU_STAMP)
 
-# The XLA:GPU compiler without the CUDA libraries, for `bench --compile_for=h100` on any machine.
+# The XLA:GPU compiler without the CUDA libraries, for `compile_for=h100` on any machine.
 $(GPU_COMPILER_STAMP): $(STAMP) requirements-gpu-compiler.lock
 	rm -rf $(VENV)/gpu-compiler
 	$(UV) --require-hashes --target $(VENV)/gpu-compiler -r requirements-gpu-compiler.lock
@@ -91,11 +92,11 @@ accel-check:
 train: install
 	$(BIN)/python -m vit_jax.main --config=configs/default.py --workdir=$(WORKDIR)
 
-test: install $(TPU_STAMP)
+test: install $(TPU_STAMP) $(GPU_COMPILER_STAMP)
 	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
 
 # The fast tier: every test not marked `slow` (no subprocesses, no end-to-end runs).
-test-fast: install $(TPU_STAMP)
+test-fast: install $(TPU_STAMP) $(GPU_COMPILER_STAMP)
 	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m 'not slow' tests --ignore=tests/interop $(PYTEST_ARGS)
 
 $(INTEROP_STAMP): $(STAMP) requirements-interop.lock

@@ -26,7 +26,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.benchmarking import ours as ours_lib
-from vit_jax.benchmarking import processor
+from vit_jax.platform import cpus
 from vit_jax.models import vit
 
 # (name, einsum, lhs shape, rhs shape) of one layer, built by `shapes`.
@@ -79,7 +79,7 @@ def main(argv):
   jax.config.update('jax_platforms', 'cpu')  # this CPU's XLA (no accelerator probing)
   import torch  # pylint: disable=g-import-not-at-top  # optional: make test-interop
   rng = np.random.default_rng(0)
-  print(f'processor: {processor.one_line(processor.describe())}; torch threads '
+  print(f'processor: {cpus.one_line(cpus.describe())}; torch threads '
         f'{torch.get_num_threads()}')
   print(f'{f.model}, batch {f.batch_size}, {f.image_size} px: one layer\'s matmuls, '
         f'median of {f.calls} calls x {f.rounds} rounds')

@@ -39,8 +39,8 @@ def main():
 
   devices = None
   if args.target:
-    from vit_jax.parallel import targets  # pylint: disable=g-import-not-at-top
-    devices = targets.slice_devices(targets.tpu_slice(args.target))
+    from vit_jax.platform import targets  # pylint: disable=g-import-not-at-top
+    devices = targets.devices(targets.parse(args.target))
   config = mnist5k.get_config()
   ours.set_benchmark_values(config, args.model, args.batch_size, args.image_size, args.dtype)
   config.total_steps, config.warmup_steps = 20000, 500

@@ -20,7 +20,7 @@ import sys
 from absl import app
 from absl import flags
 
-from vit_jax.benchmarking import processor
+from vit_jax.platform import cpus
 
 _ROWS = flags.DEFINE_list('rows', ['ViT-Ti/16:32:224:train', 'ViT-Ti/16:32:224:infer'],
                           'model:batch:image_size:mode, comma-separated.')
@@ -54,7 +54,7 @@ def measure(model: str, batch: int, size: int, mode: str) -> dict:
 
 
 def row(model: str, batch: int, size: int, mode: str, r: dict) -> str:
-  cells = (processor.short(r['processor']), model, mode, batch, size, f'{r["img_per_s"]:.1f}', f'{r["timm_img_per_s"]:.1f}',
+  cells = (cpus.short(r['processor']), model, mode, batch, size, f'{r["img_per_s"]:.1f}', f'{r["timm_img_per_s"]:.1f}',
            f'{r["ratio_vs_timm"]:.2f}', f'{r["flops_per_img"] / 1e9:.2f}',
            f'{r["achieved_flops"] / 1e9:.1f}', f'{r["matmul_peak_flops"] / 1e9:.1f}',
            f'{r["utilization"]:.0%}', f'{r["compile_s"]:.1f}',
@@ -70,7 +70,7 @@ def main(argv):
   for spec in _ROWS.value:
     model, batch, size, mode = spec.split(':')
     result = measure(model, int(batch), int(size), mode)
-    seen.add(processor.one_line(result['processor']))
+    seen.add(cpus.one_line(result['processor']))
     print(row(model, int(batch), int(size), mode, result), flush=True)
   for line in sorted(seen):
     print(f'\nProcessor: {line}')

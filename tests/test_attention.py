@@ -27,7 +27,7 @@ from vit_jax.models import attention as attention_lib
 from vit_jax.models import create_model
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding
-from vit_jax.parallel import targets
+from vit_jax.platform import targets
 from vit_jax import tasks
 from vit_jax.tasks import losses
 from vit_jax.train import program
@@ -243,7 +243,7 @@ def test_auto_resolves_per_backend_as_the_table_says():
 def tpu_v3_2x2():
   """The 8 cores of a TPU v3-8 slice, from the TPU compiler (no TPU needed; `make test`
   installs it)."""
-  return targets.slice_devices(targets.tpu_slice('v3-8'))
+  return targets.devices(targets.parse('v3-8'))
 
 
 def test_auto_resolves_for_the_mesh_platform(tpu_v3_2x2):
@@ -316,7 +316,7 @@ def test_a_runs_model_spec_leaves_the_kernel_to_where_it_runs():
   params = _params('ViT-Ze/4', x)
   config = mnist5k.get_config()
   config.model_name, config.model.attention = 'ViT-Ze/4', 'flash'
-  model = tasks.model_spec(config, params).build()
+  model = tasks.get_task(config).model_spec(params).build()
   assert model.attention == 'auto'
   want = create_model('ViT-Ze/4', num_classes=10, attention='einsum').apply({'params': params}, x,
                                                                            train=False)
@@ -349,11 +349,28 @@ def test_unknown_attention_lists_the_valid_values():
     create_model('ViT-Ze/4', num_classes=10, attention='splash')
   message = str(err.value)
   assert '\n' not in message
-  assert "unknown model.attention 'splash'" in message
-  assert message.endswith('use one of auto, einsum, dot_product, cudnn, flash')
+  assert message == ("unknown attention 'splash': use model.attention= one of auto, einsum, "
+                     'dot_product, cudnn, flash')
 
 
 def test_bit_accepts_only_the_neutral_default():
   assert create_model('BiT-R14x0.5', num_classes=10, attention='auto') is not None
   with pytest.raises(UserError, match="attention='flash' does not apply to BiT-R14x0.5"):
     create_model('BiT-R14x0.5', num_classes=10, attention='flash')
+
+
+def test_auto_compiles_for_a_gpu_without_cudnn_with_einsum():
+  """A compile for a GPU that is not here (`compile_for=h100`: XLA:GPU's compiler, no cuDNN):
+  traced under a mesh of that GPU, bf16 `auto` takes einsum, and `cudnn` is refused in one
+  line, rather than failing in JAX's cuDNN lowering."""
+  h100 = targets.devices(targets.parse('h100'))
+  mesh = jax.make_mesh((1, 1, 1), mesh_lib.AXES, devices=h100,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  with sharding.activation_sharding(mesh):
+    assert attention_lib.platform() == 'gpu'
+    assert attention_lib.resolve('auto', 0., dtype=jnp.bfloat16, head_dim=64) == 'einsum'
+    with pytest.raises(UserError) as err:
+      attention_lib.resolve('cudnn', 0.)
+  assert str(err.value).startswith('model.attention=cudnn needs cuDNN, which JAX does not find')
+  # With cuDNN installed (the platform named, as on the GPU itself) auto takes cudnn.
+  assert attention_lib.resolve('auto', 0., 'gpu', jnp.bfloat16, 64) == 'cudnn'

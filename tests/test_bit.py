@@ -294,7 +294,7 @@ def test_bit_refuses_options_that_do_not_apply(option, value):
     create_model('BiT-R14x0.5', num_classes=10, **{option: value})
   message = str(err.value)
   assert '\n' not in message
-  assert message.startswith(f'model option {option}={value!r} does not apply to BiT-R14x0.5')
+  assert message.startswith(f'model.{option}={value!r} does not apply to BiT-R14x0.5')
   default = options_lib.DEFAULTS[option]
   if default is not dataclasses.MISSING:
     assert f'leave it at its default {default!r}' in message
@@ -308,7 +308,7 @@ def test_neutral_values_are_accepted():
                representation_size=None, gelu_approximate=True)
   # The same policy the other way round: a ViT does not take width_factor.
   assert create_model('ViT-Ze/4', num_classes=10, width_factor=1).hidden_size == 32
-  with pytest.raises(UserError, match=r'^model option width_factor=2 does not apply to ViT-Ze/4'):
+  with pytest.raises(UserError, match=r'^model.width_factor=2 does not apply to ViT-Ze/4'):
     create_model('ViT-Ze/4', num_classes=10, width_factor=2)
   with pytest.raises(UserError, match='unknown model option'):
     create_model('BiT-R14x0.5', num_classes=10, dropout=0.1)

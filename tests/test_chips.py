@@ -1,5 +1,6 @@
 """The chip table and device line (vit_jax/platform/chips.py), the GPU probe, install hint and
-XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (train/logs.py)."""
+XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (train/logs.py).
+Compiling for the chips that are not here: tests/test_compile_targets.py."""
 
 import collections
 import os
@@ -133,37 +134,16 @@ def test_throughput_for_a_run_counts_the_models_train_flops():
   assert t.peak_flops > 1e8  # this CPU's measured matmul rate
 
 
-def test_deviceless_gpu_compiles_need_the_compiler_and_a_known_gpu(tmp_path):
-  """`bench --compile_for=h100` (vit_jax/platform/gpu.py): without the compiler installed, one
-  line naming `make gpu-compiler`; with it, the environment JAX starts with."""
-  env = {'XLA_FLAGS': '--xla_gpu_autotune_level=4 --xla_force_host_platform_device_count=8'}
-  with pytest.raises(UserError, match='needs the XLA:GPU compiler.*make gpu-compiler') as err:
-    gpu.prepare_deviceless(env, compiler_dir=str(tmp_path))
-  assert '\n' not in str(err.value)
-  (tmp_path / 'jax_plugins').mkdir()
-  try:
-    gpu.prepare_deviceless(env, compiler_dir=str(tmp_path))
-    assert sys.path[0] == str(tmp_path)
-  finally:
-    sys.path.remove(str(tmp_path))
-  assert env['JAX_SKIP_CUDA_CONSTRAINTS_CHECK'] == '1'
-  assert env['XLA_FLAGS'].split() == ['--xla_force_host_platform_device_count=8',
-                                      *gpu.DEVICELESS_FLAGS]
-  with pytest.raises(UserError, match="unknown GPU 'a100' to compile for: use one of h100, h200"):
-    gpu.compile_only_devices('a100')
-  for name, target in gpu.GPU_TARGETS.items():  # each names a chip of the MFU table
-    kind = target.split('device_description_str: "')[1].split('"')[0]
-    assert chips.find_chip(kind).name.lower().startswith(name), name
-
-
-@pytest.mark.slow
-def test_compile_for_without_the_compiler_is_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'vit_jax', 'bench', '--compile_for=h100', '--model=ViT-Ti/16'],
-      env={**os.environ, 'VIT_JAX_GPU_COMPILER': str(tmp_path / 'none')}, cwd=ROOT,
-      capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines() == [
-      f'error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which is not '
-      f'installed in {tmp_path / "none"}: run `make gpu-compiler` once (it installs it into '
-      f'.venv/gpu-compiler)']
+def test_the_table_holds_what_compiling_for_a_chip_needs():
+  """One row per chip: the TPUs `compile_for` names carry their slice shapes, the GPUs it names
+  their multiprocessors; each row's own device_kind finds the row; memory per device."""
+  for chip in chips.CHIPS:
+    assert chips.find_chip(chip.kind) is chip, chip.name
+  tpus, gpus = chips.compile_targets('tpu'), chips.compile_targets('gpu')
+  assert [c.target for c in tpus] == ['v2', 'v3', 'v4', 'v5e', 'v5p', 'v6e']
+  assert all(c.slices is not None and c.sm_count is None for c in tpus)
+  assert sorted(c.target for c in gpus) == ['h100', 'h200']
+  assert all(c.sm_count == 132 and c.slices is None for c in gpus)
+  assert chips.hbm_bytes([Device('tpu', 'TPU v3')] * 8) == 16 * 2 ** 30
+  assert chips.hbm_bytes([Device('gpu', 'NVIDIA H100 80GB HBM3')]) == 84_978_434_048
+  assert chips.hbm_bytes(jax.devices()) is None  # a CPU: no table entry

@@ -7,11 +7,12 @@ import sys
 import pytest
 
 from vit_jax.platform import compile_cache
+from vit_jax.platform import cpus
 from helpers import ROOT
 
 
 def test_cache_dir_policy(tmp_path, monkeypatch):
-  monkeypatch.setattr(compile_cache, '_host_key', lambda: 'x86_64-abcd1234')
+  monkeypatch.setattr(cpus, 'fingerprint', lambda: 'x86_64-abcd1234')
   home = str(tmp_path)
   monkeypatch.setenv('HOME', home)
   assert compile_cache.cache_dir({}) == f'{home}/.cache/vit_jax/xla/x86_64-abcd1234'
@@ -41,12 +42,17 @@ def test_host_key_separates_processors(tmp_path):
   def key(text):
     path = tmp_path / 'cpuinfo'
     path.write_text(text)
-    return compile_cache._host_key(str(path))  # pylint: disable=protected-access
+    return cpus.fingerprint(str(path))
 
   zen = 'model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f\n'
   xeon = 'model name\t: Intel(R) Xeon(R)\nflags\t\t: fpu avx2 avx512f avx512_fp16\n'
   assert key(zen) == key(zen * 2)  # one line per core: the same processor
   assert key(zen) != key(xeon)
+  # Arm: no model name; the cores' parts and features, all of them (big and little cores).
+  big = 'processor\t: 0\nFeatures\t: fp asimd sve\nCPU part\t: 0xd40\n\n'
+  little = 'processor\t: 1\nFeatures\t: fp asimd sve\nCPU part\t: 0xd46\n\n'
+  assert key(big + little) == key(big + little + little) != key(big + big)
+  assert key(big) != key(zen)
 
 
 def _compile_only(tmp_path, run, *flags, **env):

@@ -1,14 +1,16 @@
-"""Compiling for a TPU slice with the TPU compiler (libtpu) on this CPU machine: slice names,
-per-device memory under every strategy, the one-line refusals (no libtpu, unknown slice, does not
-fit), and XLA:CPU's report saying whose figures it gives.
+"""Compiling for devices that are not here (vit_jax/platform/targets.py) on this CPU machine: TPU
+slices with the TPU compiler (libtpu) and NVIDIA GPUs with XLA:GPU's compiler: target names,
+per-device memory under every strategy, the one-line refusals (no compiler, unknown target, does
+not fit), and XLA:CPU's report saying whose figures it gives.
 
-libtpu comes from `make tpu-compiler` (which `make test` runs): these tests fail, not skip,
-without it.
+libtpu comes from `make tpu-compiler`, the GPU compiler from `make gpu-compiler` (`make test`
+runs both): these tests fail, not skip, without them.
 """
 
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -18,7 +20,8 @@ from vit_jax.configs import common
 from vit_jax.configs import mnist5k
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
-from vit_jax.parallel import targets
+from vit_jax.platform import chips
+from vit_jax.platform import targets
 from vit_jax.train import loop
 from helpers import ROOT
 
@@ -46,27 +49,28 @@ GIB = 2 ** 30
     ('V3:4X4', 'v3:4x4', 32, 16, 'v3-32'),
 ])
 def test_slice_names_decode_to_topologies(name, topology, devices, hbm_gib, accelerator):
-  spec = targets.tpu_slice(name)
+  spec = targets.parse(name)
   assert (spec.topology, spec.num_devices, spec.hbm_bytes) == (topology, devices, hbm_gib * GIB)
-  assert spec.accelerator_type == accelerator
+  assert spec.accelerator_type == accelerator and spec.platform == 'tpu'
 
 
 @pytest.mark.parametrize('name, needle', [
     ('v3-7', 'must be a power of two from 8'),
     ('v3-12', 'must be a power of two from 8'),
     ('v4-4', 'must be a power of two from 8'),
-    ('v9-8', "unknown TPU slice 'v9-8'"),
-    ('tpu', "unknown TPU slice 'tpu'"),
-    ('v3:2y2', "unknown TPU slice 'v3:2y2'"),
+    ('v9-8', "unknown compile target 'v9-8'"),
+    ('tpu', "unknown compile target 'tpu'"),
+    ('v3:2y2', "unknown compile target 'v3:2y2'"),
+    ('a100', "unknown compile target 'a100' .* or an NVIDIA GPU \\(h100, h200\\)"),
 ])
-def test_unknown_slices_are_one_line(name, needle):
+def test_unknown_targets_are_one_line(name, needle):
   with pytest.raises(UserError, match=needle) as info:
-    targets.tpu_slice(name)
+    targets.parse(name)
   message = str(info.value)
   assert '\n' not in message
   # It names valid slices, and they decode.
   suggested = message.split('e.g. ')[1].split(', ')[:2] if 'e.g. ' in message else ['v3-8']
-  assert all(targets.tpu_slice(s.strip(')')).num_devices for s in suggested)
+  assert all(targets.parse(s.strip(')')).num_devices for s in suggested)
 
 
 def test_missing_libtpu_says_how_to_install(monkeypatch, tmp_path):
@@ -171,3 +175,82 @@ def test_a_config_that_cannot_fit_says_so_in_one_line():
   assert lines[0].startswith('error: does not fit: ViT-Ze/4 at 224 px, batch 8192')
   assert 'the TPU compiler ran out of HBM' in lines[0] and '--config.model.remat=full' in lines[0]
   assert 'is available per device' in lines[0]
+
+
+def test_gpu_names_decode_to_one_device_of_the_chip_table():
+  for name, kind, memory_bytes in (('h100', 'NVIDIA H100 80GB HBM3', 84_978_434_048),
+                                   ('H200', 'NVIDIA H200', 150_754_820_096)):
+    target = targets.parse(name)
+    assert (target.platform, target.num_devices, target.topology) == ('gpu', 1, '1x1x1')
+    assert target.chip is chips.find_chip(kind) and target.hbm_bytes == memory_bytes
+    # What the compiler is told is the table's row: its kind, memory, bandwidth and SMs.
+    config = targets.gpu_target_config(target.chip)
+    assert f'device_description_str: "{kind}"' in config
+    fields = dict(re.findall(r'(\w+): (\d+)', config))
+    assert fields['device_memory_size'] == str(memory_bytes) and fields['core_count'] == '132'
+    assert fields['memory_bandwidth'] == str(int(target.chip.hbm_bytes_per_s))
+  assert targets.compiler_options(targets.parse('h100')) == {
+      'xla_gpu_enable_triton_gemm': False, 'xla_gpu_autotune_level': 0}
+  assert targets.compiler_options(targets.parse('v3-8')) is None
+  assert targets.compiler_options(None) is None
+
+
+def test_missing_gpu_compiler_says_how_to_install(tmp_path):
+  with pytest.raises(UserError) as info:
+    targets.load_gpu_compiler(str(tmp_path))
+  assert str(info.value) == (
+      f'compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which is not '
+      f'installed in {tmp_path}: run `make gpu-compiler` once (it installs it into '
+      f'.venv/gpu-compiler)')
+  (tmp_path / 'jax_plugins').mkdir()  # a folder without the plugin is no compiler either
+  with pytest.raises(UserError, match='needs the XLA:GPU compiler'):
+    targets.load_gpu_compiler(str(tmp_path))
+
+
+@pytest.fixture(scope='module')
+def gpu_report(tmp_path_factory):
+  """The trainer's compile-only report for one H100, bf16 (auto attention), and what it printed."""
+  workdir = str(tmp_path_factory.mktemp('gpu') / 'w')
+  with contextlib.redirect_stdout(io.StringIO()) as out:
+    report = loop.train_and_evaluate(
+        _config(compile_for='h100', **{'model.dtype': 'bfloat16'}), workdir)
+  assert not os.path.exists(workdir)  # nothing written
+  return report, out.getvalue()
+
+
+def test_the_trainer_compiles_for_a_gpu_that_is_not_here(gpu_report):
+  """`config.compile_for=h100`: XLA:GPU's memory analysis of the train and eval steps for one
+  H100, from this CPU machine; the persistent cache is left alone (compile-only devices)."""
+  report, out = gpu_report
+  assert (report['platform'], report['devices']) == ('gpu', 1)
+  assert report['device_kind'] == '1 x NVIDIA H100 80GB HBM3'
+  assert report['hbm_bytes'] == 84_978_434_048 and memory.fits(report) is True
+  state = report['param_bytes'] + report['opt_state_bytes']
+  # The whole batch (64 images of 28x28x3, float32) and the state are the step's arguments.
+  assert report['argument_bytes'] >= state + 64 * 28 * 28 * 3 * 4
+  assert report['alias_bytes'] >= state * 0.9  # the donated state is reused
+  assert report['temp_bytes'] > 0 and report['eval']['peak_bytes'] > 0
+  assert report['flops'] is None  # XLA:GPU's count misses the cuBLAS GEMMs: not shown
+  assert out.startswith('compile-only: ViT-Mu/4 at 28 px, batch 64, jit, mesh data 1 x fsdp 1')
+  assert ('compiled by XLA:GPU for h100 (NVIDIA H100 80GB HBM3, 79.14 GiB; compiled without the '
+          'GPU: no autotuning, cuBLAS GEMMs)') in out
+  assert 'GiB of the 79.14 GiB HBM per device' in out and 'XLA:CPU' not in out
+  assert "FLOPs not counted (XLA:GPU's cost analysis does not see the cuBLAS" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('command', [
+    ['vit_jax', 'bench', '--compile_for=h100', '--model=ViT-Ti/16'],
+    ['vit_jax.main', '--config=configs/default.py', '--workdir=/nonexistent/never-written',
+     '--config.compile_for=h100'],
+], ids=['bench', 'train'])
+def test_compile_for_a_gpu_without_the_compiler_is_one_line(tmp_path, command):
+  proc = subprocess.run(
+      [sys.executable, '-m', *command],
+      env={**os.environ, 'VIT_JAX_GPU_COMPILER': str(tmp_path / 'none'), 'VIT_JAX_HUGEPAGES': '0'},
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      f'error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler, which is not '
+      f'installed in {tmp_path / "none"}: run `make gpu-compiler` once (it installs it into '
+      f'.venv/gpu-compiler)']

@@ -94,11 +94,17 @@ COMMANDS = {
         Run('--model=ViT-Ze/4 --image_size=28 --batch_size=8 --steps=2'),
     # docs/experiments.md
     f'{_PY} analyze --workdir=runs/default': Run(),
-    # docs/scaling.md: the launcher prints its gcloud commands instead of running them.
+    # docs/scaling.md: the launchers print their commands (gcloud; the batch script, sbatch,
+    # squeue, scancel) instead of running them.
     'python -m vit_jax launch --tpu=vit-v3-32 --zone=europe-west4-a --sync --setup --':
         Run(replace=(('--setup --', '--setup --dry_run --'),)),
     'python -m vit_jax launch --tpu=vit-v3-32 --zone=europe-west4-a --status': Run('--dry_run'),
     'python -m vit_jax launch --tpu=vit-v3-32 --zone=europe-west4-a --stop': Run('--dry_run'),
+    'python -m vit_jax launch --slurm --nodes=2 --gpus_per_node=8 --time=24:00:00 --':
+        Run(replace=(('--time=24:00:00 --', '--time=24:00:00 --dry_run --'),)),
+    'python -m vit_jax launch --slurm --status': Run('--dry_run'),
+    'python -m vit_jax launch --slurm --logs': Run('--dry_run'),
+    'python -m vit_jax launch --slurm --stop': Run('--dry_run'),
     # docs/recipes.md
     'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet21k --workdir':
         Fails(_NO_DATA),
@@ -130,8 +136,14 @@ COMMANDS = {
         Fails(r'^error: model.attention=cudnn is an NVIDIA GPU kernel'),
     'python -m vit_jax bench --suite=gpu': Fails(r'^error: --suite=gpu times on an NVIDIA GPU'),
     'python -m vit_jax bench --suite=smoke': Run(),
+    # The compile for an H100 runs with a tiny model; bench's, without the compiler (its line).
+    f'{_PY}.main --config=configs/default.py --workdir=/tmp/plan --config.compile_for=h100':
+        Run(replace=(('ViT-Ti/16', 'ViT-Ze/4'), ('--config.image_size=224',
+                                                  '--config.image_size=28'),
+                     ('--config.batch_size=256', '--config.batch_size=8'))),
     'python -m vit_jax bench --compile_for=h100':
-        Fails(r'^error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler'),
+        Fails(r'^error: compiling for an NVIDIA GPU without one needs the XLA:GPU compiler',
+              replace=(('python -m', 'VIT_JAX_GPU_COMPILER=/nonexistent python -m'),)),
 }
 
 

@@ -119,7 +119,7 @@ def test_sync_setup_run_status_stop_on_two_workers(tpu, tmp_path, data_dir):
   status = _status(launch)
   assert [s.split(' (pid')[0] for s in status] == ['worker 0: running', 'worker 1: running']
   logs = launch('--logs', '--lines=1000').stdout
-  assert 'for 100000 steps on 4 x cpu' in logs, logs  # process 0 sees the 2 x 2 devices
+  assert 'for 100000 steps on 2 processes x 2 x cpu' in logs, logs
   assert '== worker 1: ~/vit_jax_launch/log.txt' in logs, logs
   # A second start while it runs is refused, and the run is left alone.
   again = launch('--', *TRAIN, f'--workdir={workdir}')

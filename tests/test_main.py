@@ -45,7 +45,7 @@ def _reference_accuracy(data_dir, workdir, step):
   images, labels = mnist5k.load_arrays()
   test = mnist5k.split_indices(labels)['test']
   x = (images[test].astype(np.float32) - 127.5) / 127.5
-  model = tasks.build_model(_config(data_dir), num_classes=10)
+  model = tasks.get_task(_config(data_dir)).build_model(num_classes=10)
   logits = model.apply({'params': _final_params(workdir, step)}, x, train=False)
   return float(np.mean(np.argmax(logits, -1) == labels[test]))
 

@@ -65,7 +65,7 @@ def test_two_processes_match_one_and_resume_its_checkpoint(tmp_path, data_dir):
   fresh = _launch(two, data_dir, devices=4, processes=2)
   (out_one, err_one), = _wait(reference)
   outs_two = _wait(fresh)
-  assert 'on 8 x cpu' in err_one and 'on 8 x cpu' in outs_two[0][1]
+  assert 'on 8 x cpu' in err_one and 'on 2 processes x 4 x cpu' in outs_two[0][1]
   expected = _losses(one)
   assert sorted(expected) == list(range(1, STEPS + 1))
   assert max(expected.values()) - min(expected.values()) > 0.01  # the comparison means something

@@ -23,7 +23,7 @@ def _check_export_is_the_trained_model(config, workdir, params, out):
   bundle_lib.save(bundle_lib.from_workdir(workdir), out)
   exported = bundle_lib.load(out)
   images = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 1)).astype(np.float32)
-  trained = tasks.build_model(config, num_classes=8).apply({'params': params}, images, train=False)
+  trained = tasks.get_task(config).build_model(num_classes=8).apply({'params': params}, images, train=False)
   served = exported.spec.build().apply({'params': exported.params}, images, train=False)
   assert trained.shape == (2, 50, 8)  # the class token and a 7x7 grid of patches, 8 colours each
   np.testing.assert_allclose(np.asarray(served), np.asarray(trained), rtol=1e-5, atol=1e-5)

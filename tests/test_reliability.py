@@ -241,6 +241,34 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path, d
   assert f'preempted: saved the checkpoint of step {saved[0]}' in outs[0][1]
 
 
+def test_sigterm_while_a_two_process_run_resumes_stops_it_at_its_first_step(
+    tmp_path, data_dir, reference):
+  """A signal that comes before the first step of a resumed run (a scheduler's time-limit warning
+  during start-up) stops it at that step: JAX's sync point counts calls from 0, not steps."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(reference, workdir)  # step 24 of 24: resumed with more steps below
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *ARGS, f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', '--config.total_steps=400', '--config.eval_every=400',
+       '--allow_config_change', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+       f'--process_id={i}'], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  said = []
+  for line in procs[0].stderr:  # the runtime has started; the first step has not
+    said.append(line)
+    if line.startswith(f'resumed from {workdir}/checkpoints at step {STEPS}'):
+      break
+  for p in procs:
+    p.send_signal(signal.SIGTERM)
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, ''.join(said) + err
+  assert f'preempted: saved the checkpoint of step {STEPS + 1}' in outs[0][1], outs[0][1]
+  assert sorted(os.listdir(workdir / 'checkpoints'), key=int) == [str(STEPS), str(STEPS + 1)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Only an unreadable checkpoint is set aside: a run whose arrays would not fit is refused first.
 

@@ -1,5 +1,5 @@
-"""A train run is built once: the config validated once, the mesh and the model built once, and
-handed down from the train command to the program and the loop."""
+"""A train run is built once: the config validated once, its task resolved once, the mesh and the
+model built once, and handed down from the train command to the program and the loop."""
 
 import json
 import subprocess
@@ -26,13 +26,15 @@ counted(validate, 'check_config', 'validate')
 counted(vit_jax.parallel.mesh, 'make_mesh', 'mesh')
 vit_jax.parallel.make_mesh = vit_jax.parallel.mesh.make_mesh
 counted(vit_jax.models, 'create_model', 'model')
+counted(vit_jax.tasks, 'get_task', 'task')
 atexit.register(lambda: print('calls', json.dumps(dict(calls)), flush=True))
 sys.argv = ['vit_jax.main', *sys.argv[1:]]
 runpy.run_module('vit_jax.main', run_name='__main__', alter_sys=True)
 '''
 
 
-def test_a_train_run_validates_its_config_and_builds_its_mesh_and_model_once(tmp_path, data_dir):
+def test_a_train_run_validates_its_config_and_builds_its_task_mesh_and_model_once(tmp_path,
+                                                                                   data_dir):
   proc = subprocess.run(
       [sys.executable, '-c', _COUNTING_RUN,
        '--config=configs/default.py:model_name=ViT-Ze/4,steps=2,batch_size=32',
@@ -42,4 +44,4 @@ def test_a_train_run_validates_its_config_and_builds_its_mesh_and_model_once(tmp
   assert proc.returncode == 0, proc.stderr
   assert 'final test top-1 accuracy:' in proc.stdout
   counts = json.loads(proc.stdout.split('calls ', 1)[1])
-  assert counts == {'validate': 1, 'mesh': 1, 'model': 1}, counts
+  assert counts == {'validate': 1, 'task': 1, 'mesh': 1, 'model': 1}, counts

@@ -207,7 +207,7 @@ def test_attention_of_a_scanned_model_comes_out_per_layer():
 
 def test_bit_keeps_accepting_the_neutral_scan():
   assert create_model('BiT-R14x0.5', num_classes=10, scan=False) is not None
-  with pytest.raises(UserError, match='model option scan=True does not apply to BiT-R14x0.5'):
+  with pytest.raises(UserError, match='model.scan=True does not apply to BiT-R14x0.5'):
     create_model('BiT-R14x0.5', num_classes=10, scan=True)
 
 

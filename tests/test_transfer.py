@@ -135,7 +135,7 @@ def test_init_from_npz_resets_head_and_optimizer(tmp_path):
 
   config = finetune.get_config('model=Ze/4,dataset=mnist5k,steps=10,image_size=36')
   config.polyak_decay = 0.5
-  model = tasks.build_model(config, 10)
+  model = tasks.get_task(config).build_model(10)
   mesh = parallel.make_mesh(config.mesh)
   tx = optim.make_optimizer(config, optim.make_schedule(lr=0.1, total_steps=10, warmup_steps=1,
                                                         decay_type='cosine'))

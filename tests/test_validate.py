@@ -9,6 +9,7 @@ import pytest
 from vit_jax.configs import common
 from vit_jax import cli
 from vit_jax.errors import UserError
+from vit_jax.models import option_values
 from vit_jax.train import validate
 from helpers import ROOT
 
@@ -33,14 +34,56 @@ def test_every_choice_key_refuses_an_unknown_value_naming_the_key_and_the_choice
   assert all(str(v) in message for v in valid) and len(valid) >= 2
 
 
+@pytest.mark.parametrize('option', sorted(option_values.CHOICES))
+def test_every_model_option_with_choices_is_checked_naming_the_key(option):
+  """The config's model options go through the one check of model options
+  (models/option_values.py) with the key as the config spells it."""
+  config = common.base_config()
+  config.model[option] = 'no_such_choice'
+  with pytest.raises(UserError) as e:
+    validate.check_config(config)
+  assert str(e.value) == (f"unknown {option} 'no_such_choice': use config.model.{option}= one of "
+                          f'{", ".join(option_values.CHOICES[option])}')
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('model.attention', 'flash', 'model.attention=flash has no attention dropout'),
+    ('model.dtype', 'float31', "config.model.dtype='float31' is not a dtype"),
+    ('model.stochastic_depth', 1.5, 'config.model.stochastic_depth=1.5 is out of range'),
+    ('model_name', 'BiT-R14x0.5', "config.model.posemb='sincos2d' does not apply to BiT-R14x0.5"),
+])
+def test_model_options_are_checked_before_anything_is_built(key, value, message):
+  config = common.base_config()
+  config.model.attention_dropout_rate = 0.1 if key == 'model.attention' else 0.0
+  config.model.posemb = 'sincos2d'
+  _set(config, key, value)
+  with pytest.raises(UserError, match=message):
+    validate.check_config(config)
+
+
+def test_the_validation_resolves_the_runs_task():
+  config = common.base_config()
+  config.loss = 'mpp'
+  task = validate.check_config(config)
+  assert task.is_mpp and task.config is config
+  # The task's own options are checked with the user's: masked patch prediction needs a ViT.
+  config.model_name = 'BiT-R14x0.5'
+  with pytest.raises(UserError, match='config.model.classifier=.unpooled. does not apply to BiT'):
+    validate.check_config(config)
+
+
 def test_choices_come_from_the_modules_that_use_them():
   from vit_jax import tasks  # pylint: disable=g-import-not-at-top
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-  from vit_jax.models import vit  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import attention, vit  # pylint: disable=g-import-not-at-top
   choices = {key: tuple(fn()) for key, fn in validate.CHOICES}
   assert choices['loss'] == tasks.CHOICES == ('sigmoid_xent', 'softmax_xent', 'mpp')
   assert choices['pp.train_crop'] == preprocess.TRAIN_CROPS
-  assert choices['model.remat'] == tuple(vit.REMAT_POLICIES)
+  # The model's tables are the modules' own: remat policies and attention kernels.
+  assert option_values.CHOICES['remat'] == ('none', 'full', 'dots', 'gelu')
+  assert vit.REMAT_POLICIES is option_values.REMAT_POLICIES
+  assert option_values.CHOICES['attention'] == attention.ATTENTIONS
+  assert not [key for key in choices if key.startswith('model.')]  # one check of model options
   assert choices['optimizer'] == ('adam', 'sgd')
   from vit_jax.data import streams  # pylint: disable=g-import-not-at-top
   assert choices['data_sharding'] == streams.SHARDINGS == ('process', 'global')

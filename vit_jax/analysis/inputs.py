@@ -11,15 +11,18 @@ import numpy as np
 
 from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
+from vit_jax import data as data_lib
 from vit_jax import tasks
-from vit_jax.data import choices, config_pp
+from vit_jax.data import choices, config_pp, image_files, specs
 from vit_jax.errors import UserError
+from vit_jax.formats import npz, weights
 from vit_jax.models import layout
+from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options
 
 
 def build_model(config, params):
   """The run's model: variant and options from its config, class count from the head."""
-  return tasks.model_spec(config, params).build()
+  return tasks.get_task(config).model_spec(params).build()
 
 
 def load_model(step_dir, *, averaged: bool = False):
@@ -34,8 +37,6 @@ def load_model(step_dir, *, averaged: bool = False):
 def load_params_file(source: str, model_name: Optional[str] = None):
   """(model, params, ModelSpec) of an .npz params file or official weights by name (downloaded
   once): the variant from the name or `model_name`, options and size from the params."""
-  from vit_jax.formats import npz, weights  # pylint: disable=g-import-not-at-top
-  from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options  # pylint: disable=g-import-not-at-top
   if weights.is_name(source):
     source, model_name = weights.fetch_as(source, model_name)
   if not model_name:
@@ -55,7 +56,6 @@ def load_params_file(source: str, model_name: Optional[str] = None):
 
 def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np.ndarray:
   """PNG/JPEG files -> [B, S, S, channels] float32 in [-1, 1], resized like the eval images."""
-  from vit_jax.data import image_files, specs  # pylint: disable=g-import-not-at-top
   spec = specs.EvalSpec(crop='resize', image_size=image_size)
   return image_files.load(paths, spec, channels)
 
@@ -64,7 +64,6 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None,
                 image_size: Optional[int] = None):
   """The first `num_images` eval images of the run's dataset and their labels (as evaluated;
   at `image_size` if given, a resize before the crop scaled with it)."""
-  from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   pp = config_pp.eval_pp(config)
   if image_size and image_size != pp['image_size']:
     pp = dict(pp, image_size=image_size, resize=round(pp['resize'] * image_size / pp['image_size']))

@@ -12,7 +12,8 @@ from typing import Optional
 import numpy as np
 
 from vit_jax.benchmarking import ours
-from vit_jax.benchmarking import processor
+from vit_jax.benchmarking import profile as profile_lib
+from vit_jax.platform import cpus
 from vit_jax.platform import chips
 
 GIB = 2 ** 30
@@ -43,11 +44,11 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
                   dtype: str, steps: int, rounds: int = 3, compare_with: Optional[str] = None,
                   input_data: str = 'synthetic', input_size: int = 400,
                   data_dir: str = '/tmp/vit_jax_benchmark_data', profile: bool = False) -> dict:
-  """One benchmark (result['processor']: the machine's, `processor.describe`); `profile` adds a per-component kernel profile of our step (and, with
+  """One benchmark (result['processor']: the machine's, `cpus.describe`); `profile` adds a per-component kernel profile of our step (and, with
   `compare_with`, torch.profiler's per-op profile of timm's) under 'profile' / 'timm_profile'."""
   ours.set_benchmark_values(config, model, batch_size, image_size, dtype)
   result = {'model': model, 'mode': mode, 'batch_size': batch_size, 'image_size': image_size,
-            'dtype': dtype, 'steps': steps, 'processor': processor.describe()}
+            'dtype': dtype, 'steps': steps, 'processor': cpus.describe()}
   if mode == 'input':
     dataset = input_data
     if input_data == 'synthetic':
@@ -69,13 +70,12 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   if compare_with is None:
     result.update(prepared.measure(steps))
   else:
-    from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top
+    from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top  # torch
     train_step, infer_step = timm_side.steps(config.model_name, config.batch_size,
                                              config.image_size, config.model.dtype)
     theirs_step = train_step if mode == 'train' else infer_step
     result.update(_alternate(config, prepared, theirs_step, steps, rounds))
   if profile:
-    from vit_jax.benchmarking import profile as profile_lib  # pylint: disable=g-import-not-at-top
     result['profile'] = profile_lib.profile_step(prepared.step, prepared.hlo_text)
     if theirs_step is not None:
       result['timm_profile'] = timm_side.torch_profile(theirs_step)
@@ -107,7 +107,7 @@ def _alternate(config, prepared, theirs_step, steps: int, rounds: int) -> dict:
 
 def format_result(r: dict) -> str:
   lines = [f'{r["model"]} {r["mode"]} batch {r["batch_size"]} at {r["image_size"]} px, '
-           f'{r["dtype"]}, on {processor.one_line(r["processor"])}:',
+           f'{r["dtype"]}, on {cpus.one_line(r["processor"])}:',
            f'  {r["img_per_s"]:.1f} img/s (median of {len(r.get("step_s_all", [])) or r["steps"]}'
            f' steps), first result after {r["compile_s"]:.1f} s']
   if r['mode'] != 'input':
@@ -125,7 +125,6 @@ def format_result(r: dict) -> str:
     lines.append(f'  timm: {r["timm_img_per_s"]:.1f} img/s; ours / timm = '
                  f'{r["ratio_vs_timm"]:.2f}')
   if 'profile' in r:
-    from vit_jax.benchmarking import profile as profile_lib  # pylint: disable=g-import-not-at-top
     lines += ['ours, per component (jax.profiler):',
               profile_lib.format_profile(r['profile'], 1e3 * r['step_s'])]
   if 'timm_profile' in r:

@@ -17,8 +17,8 @@ from typing import Dict
 
 import numpy as np
 
+from vit_jax import data as data_lib
 from vit_jax.platform import cpus
-from vit_jax.benchmarking import processor
 
 # Typical ImageNet image shapes (width, height); the release's mean is about 400 x 350.
 SHAPES = ((500, 375), (500, 333), (375, 500), (500, 500), (640, 480), (400, 300), (333, 500))
@@ -75,7 +75,6 @@ def _tar(files) -> bytes:
 def stream_rate(dataset: str, split: str, data_dir: str, batch_size: int, count: int,
                 batches: int) -> float:
   """img/s of the train stream of `dataset` after a warm-up of one epoch (`count` images)."""
-  from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   it = data_lib.train_iterator(dataset=dataset, split=split, data_dir=data_dir,
                                batch_size=batch_size, pp=PP, seed=0, shuffle_buffer=count,
                                cache=True, pipeline='tf.data')
@@ -101,7 +100,7 @@ def run(data_dir: str, batch_size: int = 32, batches: int = 16, count: int = 256
   cores = cpus.usable()
   result = {'mode': 'input', 'input_data': 'archive', 'preprocessing': PP,
             'batch_size': batch_size, 'batches': batches, 'images': count, 'cores': cores,
-            'processor': processor.describe()}
+            'processor': cpus.describe()}
   for name, values in rates.items():
     result[f'{name}_img_per_s'] = max(values)
     result[f'{name}_img_per_s_all'] = values
@@ -113,7 +112,7 @@ def run(data_dir: str, batch_size: int = 32, batches: int = 16, count: int = 256
 def format_result(r: dict) -> str:
   return '\n'.join([
       f'input pipeline, pre-training preprocessing ({r["preprocessing"]}), batch '
-      f'{r["batch_size"]}, {r["images"]} synthetic JPEGs, on {processor.one_line(r["processor"])}'
+      f'{r["batch_size"]}, {r["images"]} synthetic JPEGs, on {cpus.one_line(r["processor"])}'
       f' ({r["cores"]} usable cores):',
       f'  archive read in place: {r["archive_img_per_s"]:.1f} img/s = '
       f'{r["archive_img_per_s_per_core"]:.1f} img/s per core',

@@ -16,7 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import data as data_lib
+from vit_jax import tasks
+from vit_jax.data import config_pp
+from vit_jax.models import cost
+from vit_jax.parallel import sharding
 from vit_jax.platform import chips
+from vit_jax.platform import targets
+from vit_jax.train import program as program_lib
 
 MATMUL_SIZE = chips.MATMUL_SIZE
 
@@ -64,7 +71,6 @@ def rss_bytes() -> int:
 
 def _model_flops(model, config, train: bool) -> float:
   """The model's FLOPs per image (`models.cost`): a train step's or a forward pass's."""
-  from vit_jax.models import cost  # pylint: disable=g-import-not-at-top
   shape = (config.image_size, config.image_size, config.pp.channels)
   return (cost.train_flops if train else cost.forward_flops)(model, shape)
 
@@ -132,8 +138,6 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
   """The trainer's own jitted train step (the Program) on one synthetic batch, compiled (while
   the initial state is made, as in the trainer) and run once (compile_s: from the start to that
   first result)."""
-  from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   prog = program_lib.build_program(config, devices or jax.devices()[:1], require_dataset=False)
   future = prog.compile_train_step_in_background()  # as the trainer does: overlaps the init
@@ -158,8 +162,7 @@ def prepare_train(config, devices: Optional[list] = None) -> Prepared:
 def _forward(config):
   """(model, init(rng, images) -> params, the jitted forward pass (params, images) -> logits) of
   the config's model, train=False."""
-  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
-  model = tasks.build_model(config, config.num_classes)
+  model = tasks.get_task(config).build_model(config.num_classes)
   init = lambda r, images: model.init(r, images[:1], train=False)['params']
   return model, init, jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
 
@@ -181,18 +184,17 @@ def prepare_infer(config) -> Prepared:
                   memory)
 
 
-def compile_for(config, devices: list, mode: str) -> dict:
-  """Our train step (`mode` 'train') or forward pass compiled for `devices` (compile-only, e.g.
-  `platform.gpu.compile_only_devices`), not run: XLA's memory analysis, compile time, FLOPs."""
-  from vit_jax.train import program as program_lib  # pylint: disable=g-import-not-at-top
+def compile_for(config, target: targets.Target, mode: str) -> dict:
+  """Our train step (`mode` 'train') or forward pass compiled for one device of `target` (a
+  device that is not here: vit_jax/platform/targets.py), not run: XLA's memory analysis,
+  compile time, FLOPs."""
   start = time.perf_counter()
+  devices, options = targets.devices(target)[:1], targets.compiler_options(target)
   abstract = lambda a, sharding=None: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
   if mode == 'train':
     prog = program_lib.build_program(config, devices, require_dataset=False)
-    # The rng and hyperparameters as shapes: their arrays live on this host's CPU.
-    args = (prog.abstract_state, prog.abstract_batch(), abstract(prog.dropout_rng),
-            jax.tree.map(abstract, prog.hyper))
-    compiled, model = prog.train_fn.lower(*args).compile(), prog.model
+    compiled = prog.train_fn.lower(*prog.abstract_train_args()).compile(compiler_options=options)
+    model = prog.model
   else:
     model, init, forward = _forward(config)
     on = jax.sharding.SingleDeviceSharding(devices[0])
@@ -200,7 +202,7 @@ def compile_for(config, devices: list, mode: str) -> dict:
                                    config.pp.channels), jnp.float32, sharding=on)
     params = jax.tree.map(lambda a: abstract(a, on),
                           jax.eval_shape(init, jax.random.PRNGKey(0), images))
-    compiled = forward.lower(params, images).compile()
+    compiled = forward.lower(params, images).compile(compiler_options=options)
   memory = _memory(compiled)
   return {'compile_s': time.perf_counter() - start, 'memory_analysis': memory,
           'peak_bytes': memory['peak'], 'device_kind': devices[0].device_kind,
@@ -209,8 +211,6 @@ def compile_for(config, devices: list, mode: str) -> dict:
 
 def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
   """img/s of the trainer's train input pipeline (the config's train preprocessing) on `dataset`."""
-  from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   it = data_lib.train_iterator(
       dataset=dataset, split='train', data_dir=data_dir, batch_size=config.batch_size,

@@ -15,7 +15,7 @@ COMMANDS = {
     'fewshot': 'few-shot linear evaluation of a checkpoint',
     'sweep': 'run a hyperparameter sweep (grid, best setting, final runs, tables, plots)',
     'bench': 'time a train/infer step or the input pipeline (optionally against timm)',
-    'launch': 'run one command on every worker of a Cloud TPU VM',
+    'launch': 'run one command on every worker of a Cloud TPU VM, or as a SLURM job',
     'weights': 'list (or --fetch) official pre-trained weights by name',
 }
 

@@ -1,7 +1,7 @@
 """Benchmark: `python -m vit_jax bench --model=ViT-B/16 --batch_size=8 --image_size=224 --mode=train`.
 
 The output names the processor first (model name, family/model, vector extensions; `processor` in
---json; vit_jax/benchmarking/processor.py). Modes: train (the trainer's jitted train step: forward,
+--json; vit_jax/platform/cpus.py). Modes: train (the trainer's jitted train step: forward,
 backward, Adam), infer (the forward pass), input (the train input pipeline with the config's train
 preprocessing, on synthetic JPEGs of --input_size px or on mnist5k). Reported after warm-up:
 img/s (median of --steps device-synchronised steps), compile_s (start to first result),
@@ -17,17 +17,17 @@ table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_si
 --suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run,
 --suite_dump keeps the compiled train steps' buffer assignments.
 --compile_for=h100 (or h200) compiles our step for that GPU here, without one, and prints XLA's
-memory analysis (`make gpu-compiler`; vit_jax/platform/gpu.py).
+memory analysis (`make gpu-compiler`; vit_jax/platform/targets.py).
 """
 
 import json
-import os
 import sys
 
 from absl import flags
 
 from vit_jax import cli
 from vit_jax.commands import flag_groups
+from vit_jax.platform import targets
 
 _CONFIG = flag_groups.config()
 _MODEL = flag_groups.model()
@@ -49,7 +49,7 @@ _PROFILE = flags.DEFINE_bool('profile', False, 'Also print where the step spends
                              'our kernels per model component (and timm\'s ops with --compare).')
 _JSON = flag_groups.json_output()
 _COMPILE_FOR = flags.DEFINE_enum(
-    'compile_for', None, ['h100', 'h200'], 'Compile our step (--mode=train or infer) for this '
+    'compile_for', None, list(targets.GPUS), 'Compile our step (--mode=train or infer) for this '
     'NVIDIA GPU on this machine, without one, and print its memory analysis (`make gpu-compiler` '
     'installs the compiler).')
 _SUITE = flags.DEFINE_enum('suite', None, ['gpu', 'smoke'], 'Run a fixed set of benchmarks, each '
@@ -100,36 +100,22 @@ def run_suite() -> int:
 
 
 def run_compile_for() -> int:
-  from vit_jax.platform import gpu  # pylint: disable=g-import-not-at-top
   if _MODE.value == 'input':
     raise cli.UserError('--compile_for compiles a step: use it with --mode=train or infer')
-  gpu.prepare_deviceless(os.environ)  # before JAX starts
+  targets.load_gpu_compiler()  # before JAX starts: cuDNN too where it is in the compiler's folder
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, _DTYPE.value)
-  devices = gpu.compile_only_devices(_COMPILE_FOR.value)
-  if config.model.attention in ('auto', 'cudnn') and not gpu.cudnn_compiles():
-    if config.model.attention == 'cudnn':
-      raise cli.UserError('config.model.attention=cudnn compiles only with the cuDNN library, '
-                          'which `make gpu-compiler` does not install: unpack the nvidia-cudnn '
-                          'wheel of requirements-cuda13.lock into .venv/gpu-compiler, or use '
-                          'config.model.attention=einsum')
-    config.model.attention = 'einsum'  # what auto runs where cuDNN cannot
-    print('note: model.attention=auto compiles einsum here: auto runs cuDNN\'s fused attention on '
-          'the GPU, which needs the cuDNN library (not installed with the compiler); its peak '
-          'there is lower (docs/gpu.md)', file=sys.stderr, flush=True)
-  result = ours.compile_for(config, devices, _MODE.value)
+  result = ours.compile_for(config, targets.parse(_COMPILE_FOR.value), _MODE.value)
   result.update(model=_MODEL.value, mode=_MODE.value, batch_size=_BATCH.value,
-                image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value,
-                attention=config.model.attention)
+                image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value)
   m = result['memory_analysis']
   if _JSON.value:
     print(json.dumps(result, indent=1))
   else:
     print(f'{_MODEL.value} {_MODE.value} batch {_BATCH.value} at {_IMAGE.value} px, '
-          f'{_DTYPE.value}, {result["attention"]} attention, compiled for '
-          f'{result["device_kind"]} on this machine (no GPU: cuBLAS GEMMs, no autotuning) in '
-          f'{result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
+          f'{_DTYPE.value}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
+          f'GEMMs, no autotuning) in {result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
           f'= arguments {m["argument"] / 1e9:.2f} + outputs {m["output"] / 1e9:.2f} - aliased '
           f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB')
   return 0

@@ -32,25 +32,25 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 def run(argv) -> int:
   del argv
   # JAX and the trainer load here, not at import: --help and flag errors answer at once.
-  from vit_jax import parallel, tasks  # pylint: disable=g-import-not-at-top
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from vit_jax.train import guards, lock, loop, program, validate
   config = _CONFIG.value
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
-  validate.check_config(config)  # the run's one validation: before joining a distributed run
+  task = validate.check_config(config)  # the one validation: before joining a distributed run
   lock.check_free(_WORKDIR.value)  # a workdir another run holds: stop before building anything
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
-  prog = program.build_program(config, validated=True)  # the mesh and the model, built once
+  prog = program.build_program(config, task=task)  # the mesh and the model, built once
   result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
   if config.compile_only or config.compile_for or result.get('preempted'):
     return 0
-  print(f'final {config.eval_split} {tasks.get_task(config).metric_name}: '
+  print(f'final {config.eval_split} {task.metric_name}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 

@@ -119,8 +119,9 @@ def base_config() -> config_dict.ConfigDict:
                                           # its rows (same batches on any process count)
   c.compile_only = False                  # compile the train and eval steps, print their
                                           # per-device memory, exit (nothing trained or read)
-  c.compile_for = ''                      # compile-only for a TPU slice with the TPU compiler
-                                          # (libtpu): v3-8, v3-256, v4-32, v5litepod-16, v3:4x4
+  c.compile_for = ''                      # compile-only for a device that is not here, with
+                                          # its compiler: a TPU slice (v3-8, v3-256, v4-32,
+                                          # v5litepod-16, v3:4x4) or a GPU (h100, h200)
 
   # Loop.
   c.seed = 0

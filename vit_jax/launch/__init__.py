@@ -17,12 +17,11 @@ never arrive stops after --distributed_timeout with one `error:` line in its log
 
 import dataclasses
 import shlex
-import subprocess
 import tempfile
 from typing import Callable, List, Optional, Sequence
 
 from vit_jax.errors import UserError
-from vit_jax.launch import source
+from vit_jax.launch import source, tools
 from vit_jax.launch.remote import Plan, uv_pin, worker_count
 
 
@@ -39,41 +38,34 @@ class Steps:
 
 
 def _call(command: List[str], *, capture: bool = False) -> str:
-  try:
-    result = subprocess.run(command, check=False, text=True,
-                            stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.PIPE if capture else None)
-  except FileNotFoundError:
-    raise UserError('gcloud is not installed here: install the Google Cloud CLI, or use '
-                    '--dry_run and run the printed commands elsewhere') from None
-  if result.returncode:
-    said = gcloud_reason(result.stderr or '') if capture else 'see its output above'
-    raise UserError(f'{" ".join(command[:6])} ... failed with exit status {result.returncode} '
-                    f'({said})')
-  return result.stdout or ''
+  return tools.call(command, capture=capture, markers=GCLOUD_MARKERS,
+                    missing='install the Google Cloud CLI, or use --dry_run and run the printed '
+                    'commands elsewhere')
+
+
+GCLOUD_MARKERS = ('ERROR:',)  # how gcloud's lines that say why it failed begin
 
 
 def gcloud_reason(stderr: str, limit: int = 300) -> str:
-  """The part of gcloud's stderr that says why it failed: its `ERROR:` lines (else its last
-  lines), in one line, shortened at a word boundary (with ' ...') to about `limit` characters."""
-  lines = [' '.join(line.split()) for line in stderr.splitlines() if line.strip()]
-  errors = [line for line in lines if line.startswith('ERROR:')]
-  text = ' '.join(errors or lines[-3:]) or 'no message'
-  if len(text) <= limit:
-    return text
-  return text[:limit].rsplit(' ', 1)[0] + ' ...'
+  """Why gcloud failed, from its stderr, in one line (`tools.reason` of its `ERROR:` lines)."""
+  return tools.reason(stderr, GCLOUD_MARKERS, limit)
+
+
+def check_steps(steps: Steps, choices: str, stopped: str) -> None:
+  """UserError for steps that do nothing, or that stop `stopped` and look at it in one go."""
+  if not (steps.sync or steps.setup or steps.command or steps.status or steps.logs or steps.stop):
+    raise UserError('no command to run and nothing else to do: put the command after --, or '
+                    f'pass {choices}')
+  if steps.stop and (steps.status or steps.logs) and not steps.command:
+    asked = ' and '.join(f'--{n}' for n in ('status', 'logs') if getattr(steps, n))
+    raise UserError(f'--stop with {asked}: --stop ends {stopped}; pass {asked} alone to look at '
+                    'it, or --stop alone to end it')
 
 
 def run(plan: Plan, steps: Steps, *, local_dir: str = '.', dry_run: bool = False,
         say: Callable[[str], None] = print) -> None:
   """Runs (or, with dry_run, prints) the gcloud commands of `steps` in order."""
-  if not (steps.sync or steps.setup or steps.command or steps.status or steps.logs or steps.stop):
-    raise UserError('no command to run and nothing else to do: put the command after --, or '
-                    'pass --sync, --setup, --status, --logs or --stop')
-  if steps.stop and (steps.status or steps.logs) and not steps.command:
-    asked = ' and '.join(f'--{n}' for n in ('status', 'logs') if getattr(steps, n))
-    raise UserError(f'--stop with {asked}: --stop ends the run on every worker; pass {asked} '
-                    f'alone to look at it, or --stop alone to end it')
+  check_steps(steps, '--sync, --setup, --status, --logs or --stop', 'the run on every worker')
   if steps.stop:
     _do(plan.stop(steps.stop_timeout), dry_run, say)
   if steps.sync and dry_run:  # the printed commands name an archive that stays for them
@@ -127,4 +119,4 @@ def _answer(command: List[str]) -> str:
     return f'no answer: {e}'
 
 
-__all__ = ['Plan', 'Steps', 'gcloud_reason', 'run', 'source', 'uv_pin']
+__all__ = ['Plan', 'Steps', 'check_steps', 'gcloud_reason', 'run', 'source', 'uv_pin']

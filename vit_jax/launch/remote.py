@@ -55,7 +55,8 @@ class Plan:
                repo_dir: str = '~/vit_jax', launch_dir: str = '~/vit_jax_launch',
                python: str = 'python3', uv: str = 'uv'):
     if not tpu or not zone:
-      raise UserError('pass --tpu=NAME and --zone=ZONE of the Cloud TPU VM')
+      raise UserError('pass --tpu=NAME and --zone=ZONE of the Cloud TPU VM (or --slurm to run as '
+                      'a SLURM job)')
     if repo_dir.rstrip('/') in ('', '~', '.', '/'):
       raise UserError(f'--repo_dir={repo_dir} would replace a whole directory tree on each '
                       'worker: give a directory of its own, e.g. ~/vit_jax')

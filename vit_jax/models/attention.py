@@ -48,6 +48,7 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
+from vit_jax.platform import gpu
 
 ATTENTIONS = ('auto', 'einsum', 'dot_product', 'cudnn', 'flash')
 # Kernels without attention dropout (the einsum path applies it).
@@ -56,10 +57,11 @@ NO_DROPOUT = ('dot_product', 'cudnn', 'flash')
 # `auto`: the kernel of each backend. With model.attention_dropout_rate > 0 auto picks einsum on
 # every backend (the only kernel with attention dropout).
 #   tpu  flash: no N x N weights in HBM (per-core peak of the plan table, docs/scaling.md)
-#   gpu  cudnn where it runs (bf16/fp16, head_dim a multiple of 8), else einsum: the ViT-B/16
-#        train step (batch 256, bf16) is 1.19x faster with cudnn than with einsum and its
-#        compiled peak 7 GB lower; XLA's own dot_product is slower than einsum
-#        (benchmarks/RESULTS.md, `bench --suite=gpu`).
+#   gpu  cudnn where it runs (bf16/fp16, head_dim a multiple of 8, cuDNN loaded), else einsum:
+#        the ViT-B/16 train step (batch 256, bf16) is 1.19x faster with cudnn than with einsum
+#        and its compiled peak 7 GB lower; XLA's own dot_product is slower than einsum
+#        (benchmarks/RESULTS.md, `bench --suite=gpu`). A compile for a GPU that is not here
+#        (`compile_for=h100`) has XLA:GPU's compiler but no cuDNN: einsum there.
 #   cpu  einsum: dot_product is never faster on CPU (benchmarks/attention_kernels.py), and
 #        einsum keeps the attention weights and attention dropout.
 AUTO = {'tpu': 'flash', 'gpu': 'cudnn', 'cpu': 'einsum'}
@@ -143,22 +145,31 @@ def cudnn_as_xla(float32: bool = True):
 
 def resolve(attention: str, dropout_rate: float, on: str = None, dtype=None,
             head_dim: int = None) -> str:
-  """The kernel that runs: `attention` itself, or for 'auto' the `AUTO` entry of platform `on`
-  (default: `platform()`); einsum whenever auto meets attention dropout, and where auto's cudnn
-  cannot take the compute `dtype` or `head_dim` (when given)."""
+  """The kernel that runs: `attention` itself, or for 'auto' the `AUTO` entry of platform `on`;
+  einsum whenever auto meets attention dropout, and where auto's cudnn cannot take the compute
+  `dtype` or `head_dim` (when given). `on` None (a trace): the platform the trace compiles for
+  (`platform()`), and cudnn only where JAX finds cuDNN in this process; `on` named: what runs
+  there with its libraries installed."""
   check(attention, dropout_rate)
-  on = platform() if on is None else on
+  traced = on is None
+  on = platform() if traced else on
+  cudnn_here = lambda: not traced or gpu.cudnn_available()
   if attention == 'auto':
     kernel = 'einsum' if dropout_rate > 0 else AUTO.get(on, 'einsum')
-    if kernel == 'cudnn' and not cudnn_takes(dtype, head_dim):
+    if kernel == 'cudnn' and not (cudnn_takes(dtype, head_dim) and cudnn_here()):
       kernel = 'einsum'
     return kernel
   if attention == 'flash' and on != 'tpu' and not _interpreting():
     raise UserError(f'model.attention=flash is a TPU kernel and this program runs on {on}: use '
                     'config.model.attention=auto (or dot_product)')
-  if attention == 'cudnn' and on != 'gpu' and _CUDNN_AS_XLA.get() is None:
-    raise UserError(f'model.attention=cudnn is an NVIDIA GPU kernel (cuDNN) and this program runs '
-                    f'on {on}: use config.model.attention=auto (or einsum)')
+  if attention == 'cudnn' and _CUDNN_AS_XLA.get() is None:
+    if on != 'gpu':
+      raise UserError(f'model.attention=cudnn is an NVIDIA GPU kernel (cuDNN) and this program '
+                      f'runs on {on}: use config.model.attention=auto (or einsum)')
+    if not cudnn_here():
+      raise UserError('model.attention=cudnn needs cuDNN, which JAX does not find here (the '
+                      'XLA:GPU compiler of `make gpu-compiler` has none): use '
+                      'config.model.attention=auto (einsum here) or einsum')
   return attention
 
 

@@ -1,28 +1,33 @@
-"""Model options and how each model family treats them: the one policy.
+"""Model options and the one check of them: every value, and how each model family treats them.
 
 The trainer passes `config.model` (classifier, posemb, dropout_rate, dtype, ...) to `create_model`
 for every variant, so every family receives every option. An option is a field of some family's
-module (`VisionTransformer`, `BiT`); `OPTIONS` lists them all.
+module (`VisionTransformer`, `BiT`); `OPTIONS` lists them all, `DEFAULTS` their defaults.
 
-- An option the family's module has is passed to it (type-normalised, bad values rejected).
-- An option it does not have is accepted, and has no effect, when it holds its default (the
-  default of the field that declares it, which is also the default in vit_jax/configs/common.py) or the
-  value that describes the family anyway (`IMPLIED`: a ResNet pools globally, classifier='gap').
-  Any other value is a one-line UserError naming the option: a setting that would silently do
-  nothing is refused, while every config still runs every model.
+`check(variant, options)` is the one check, run by `create_model` and, before anything is built,
+by the config's one validation (vit_jax/train/validate.py), whose messages name the config key:
 - A name that is no family's option is a UserError listing the valid ones.
+- A value must be valid for the option (vit_jax/models/option_values.py: one of the tables the
+  modules use, within its range, a dtype).
+- An option the family's module has is passed to it (type-normalised).
+- An option it does not have is accepted, and has no effect, when it holds its default (the
+  default of the field that declares it, which is also the default in vit_jax/configs/common.py)
+  or the value that describes the family anyway (`IMPLIED`: a ResNet pools globally,
+  classifier='gap'). Any other value is a one-line UserError naming the option: a setting that
+  would silently do nothing is refused, while every config still runs every model.
 """
 
 import dataclasses
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 import jax.numpy as jnp
 
 from vit_jax.errors import UserError
-from vit_jax.models import attention as attention_lib
+from vit_jax.models import option_values
+from vit_jax.models import variants
 from vit_jax.models.bit import BiT
 from vit_jax.models.resnet import as_resnet_config
-from vit_jax.models.vit import CLASSIFIERS, POSEMBS, VisionTransformer
+from vit_jax.models.vit import VisionTransformer
 
 FAMILIES = (VisionTransformer, BiT)
 
@@ -46,7 +51,7 @@ OPTIONS = tuple(DEFAULTS)
 
 
 def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
-  """Type-normalise the options a module takes and reject bad values with a one-line UserError."""
+  """The options as the module's fields take them."""
   out = dict(options)
   if isinstance(out.get('patch_size'), int):
     out['patch_size'] = (out['patch_size'], out['patch_size'])
@@ -54,18 +59,9 @@ def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
     out['patch_size'] = tuple(int(p) for p in out['patch_size'])
   if 'resnet' in out:
     out['resnet'] = as_resnet_config(out['resnet'])
-  for key in ('dtype', 'param_dtype'):
+  for key in option_values.DTYPES:
     if key in out:
-      try:
-        out[key] = jnp.dtype(out[key]).type
-      except TypeError:
-        raise UserError(f'{key}={out[key]!r} is not a dtype: use e.g. float32 or bfloat16') from None
-  if out.get('classifier', 'token') not in CLASSIFIERS:
-    raise UserError(f'unknown classifier {out["classifier"]!r}: use one of {", ".join(CLASSIFIERS)}')
-  if out.get('posemb', 'learned') not in POSEMBS:
-    raise UserError(f'unknown posemb {out["posemb"]!r}: use one of {", ".join(POSEMBS)}')
-  if 'attention' in out:
-    attention_lib.check(out['attention'], out.get('attention_dropout_rate', 0.))
+      out[key] = jnp.dtype(out[key]).type
   return out
 
 
@@ -78,17 +74,25 @@ def _is_neutral(cls: type, key: str, value: Any) -> bool:
   return default is not dataclasses.MISSING and (value is default or value == default)
 
 
-def module_kwargs(cls: type, variant: str, options: Mapping[str, Any]) -> Dict[str, Any]:
-  """The kwargs of module `cls` from the caller's `options`, applying the policy above."""
+def check(variant: str, options: Mapping[str, Any], prefix: str = 'model.'
+          ) -> Tuple[type, Dict[str, Any]]:
+  """(module class, its kwargs but num_classes) of `variant` with `options` applied, after the
+  checks above; messages name an option as `prefix + name` (the config's `config.model.`)."""
+  cls, kwargs = variants.decode(variant)
   unknown = sorted(set(options) - set(OPTIONS))
   if unknown:
     raise UserError(f'unknown model option(s) {", ".join(unknown)}: valid are {", ".join(OPTIONS)}')
+  option_values.check_values(options, prefix)
   own = _fields(cls)
   for key, value in options.items():
     if key not in own and not _is_neutral(cls, key, value):
       also = f' or {IMPLIED[cls][key]!r}' if key in IMPLIED.get(cls, {}) else ''
       keep = (f'leave it at its default {DEFAULTS[key]!r}{also}'
               if DEFAULTS[key] is not dataclasses.MISSING else 'do not set it')
-      raise UserError(f'model option {key}={value!r} does not apply to {variant} (a '
+      raise UserError(f'{prefix}{key}={value!r} does not apply to {variant} (a '
                       f'{cls.__name__}, options: {", ".join(own)}): {keep}')
-  return _normalise({k: v for k, v in options.items() if k in own})
+  kwargs.update(_normalise({k: v for k, v in options.items() if k in own}))
+  return cls, kwargs
+
+
+__all__ = ['DEFAULTS', 'FAMILIES', 'IMPLIED', 'OPTIONS', 'check']

@@ -48,23 +48,13 @@ import numpy as np
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import layout
+from vit_jax.models import option_values
 from vit_jax.models import resnet as resnet_lib
+from vit_jax.models.option_values import REMAT_POLICIES
 from vit_jax.parallel.sharding import constrain
 
 Dtype = Any
 
-CLASSIFIERS = ('token', 'gap', 'unpooled')
-POSEMBS = ('learned', 'sincos2d', 'none')
-# Rematerialisation of each encoder block: nothing saved ('full'), or only the outputs of the
-# matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).
-# 'gelu' rematerialises no block: only the MLP's GELU, whose output the backward pass recomputes
-# from the first Dense's output (one [B, N, mlp_dim] tensor per block fewer kept for it).
-REMAT_POLICIES = {
-    'none': None,
-    'full': jax.checkpoint_policies.nothing_saveable,
-    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    'gelu': None,
-}
 MLP_HIDDEN = 'mlp_hidden'  # the first Dense's output, the one tensor remat='gelu' keeps
 GELU_REMAT_POLICY = jax.checkpoint_policies.save_only_these_names(MLP_HIDDEN)
 # remat 'none' of a scanned encoder: XLA fuses the unrolled loop's elementwise ops into their
@@ -109,9 +99,7 @@ TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence betw
 def remat_policy(remat: Union[bool, str]):
   """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' / 'gelu' (True = 'full')."""
   key = ('full' if remat else 'none') if isinstance(remat, bool) else remat
-  if key not in REMAT_POLICIES:
-    raise UserError(f'unknown remat {remat!r}: use one of {", ".join(REMAT_POLICIES)}')
-  return REMAT_POLICIES[key]
+  return REMAT_POLICIES[key]  # a valid key: `_check` checked it
 
 
 class AddPositionEmbs(nn.Module):
@@ -380,12 +368,8 @@ class VisionTransformer(nn.Module):
     return (int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1]))
 
   def _check(self, inputs: jax.Array) -> None:
-    """User mistakes (bad option values, image shape) -> one-line UserError."""
-    if self.classifier not in CLASSIFIERS:
-      raise UserError(f'unknown classifier {self.classifier!r}: use one of {", ".join(CLASSIFIERS)}')
-    if self.posemb not in POSEMBS:
-      raise UserError(f'unknown posemb {self.posemb!r}: use one of {", ".join(POSEMBS)}')
-    attention_lib.check(self.attention, self.attention_dropout_rate)
+    """User mistakes (bad option values, shapes) -> one-line UserError."""
+    option_values.check_values({k: getattr(self, k) for k in option_values.CHECKED})
     if self.hidden_size % self.num_heads:
       raise UserError(f'hidden_size {self.hidden_size} is not divisible by num_heads '
                       f'{self.num_heads}: use a hidden size that is a multiple of num_heads')

@@ -7,12 +7,12 @@ figure where it gives one (the TPU compiler), else arguments + outputs - aliased
 The state bytes per device are also computed from the shardings directly (parameters and
 optimizer state separately), as a cross-check.
 
-Whose figures: compiled for TPU devices (`config.compile_for`, vit_jax/parallel/targets.py),
-they are the TPU compiler's. Compiled for CPU devices they are XLA:CPU's, which do not carry over
-to a TPU: XLA:CPU's scheduler does not lower memory by rematerialisation and it computes bfloat16
-in float32 (ViT-H/14 at 518 px, 2 images per core: 36.2 GiB by XLA:CPU as first measured, 13.8 GiB
-by the TPU v3 compiler; docs/scaling.md, "Planning for TPUs"). The report says which compiler made
-it.
+Whose figures: compiled for a TPU slice or a GPU (`config.compile_for`,
+vit_jax/platform/targets.py), they are the TPU compiler's or XLA:GPU's (without autotuning).
+Compiled for CPU devices they are XLA:CPU's, which do not carry over to a TPU: XLA:CPU's
+scheduler does not lower memory by rematerialisation and it computes bfloat16 in float32
+(ViT-H/14 at 518 px, 2 images per core: 36.2 GiB by XLA:CPU as first measured, 13.8 GiB by the
+TPU v3 compiler; docs/scaling.md, "Planning for TPUs"). The report says which compiler made it.
 """
 
 import contextlib
@@ -25,7 +25,8 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding as sharding_lib
-from vit_jax.parallel import targets
+from vit_jax.platform import chips
+from vit_jax.platform import targets
 
 GIB = 2 ** 30
 CPU_CAVEAT = ("XLA:CPU's figures, not a TPU's: XLA:CPU does not lower memory by "
@@ -52,10 +53,10 @@ def _persistent_cache_off():
     compilation_cache.reset_cache()
 
 
-def _compile(lowerable: Callable[[], Any]) -> tuple:
-  """(compiled, seconds): lowers and compiles, timing both."""
+def _compile(lowerable: Callable[[], Any], options: Optional[dict]) -> tuple:
+  """(compiled, seconds): lowers and compiles with the XLA `options`, timing both."""
   start = time.perf_counter()
-  compiled = lowerable().compile()
+  compiled = lowerable().compile(compiler_options=options)
   return compiled, time.perf_counter() - start
 
 
@@ -92,7 +93,7 @@ def _out_of_memory(error: Exception, what: str, devices) -> Optional[UserError]:
   match = _OUT_OF_HBM.search(text)
   need = (f'{match.group(2)}B for {match.group(1)} where {match.group(3)}B is available'
           if match else text[:200])
-  return UserError(f'does not fit: {what} on {targets.describe_devices(devices)}: the TPU '
+  return UserError(f'does not fit: {what} on {chips.describe_devices(devices)}: the TPU '
                    f'compiler ran out of HBM ({need} per device); try {MEMORY_FIXES}')
 
 
@@ -102,11 +103,13 @@ def program_report(prog) -> Dict[str, Any]:
   Top-level byte/FLOP keys are the train step's; `eval` holds the eval step's.
   """
   devices = list(prog.mesh.devices.flat)
+  options = targets.compiler_options(prog.target)
   try:
     with contextlib.nullcontext() if prog.target is None else _persistent_cache_off():
-      train, train_s = _compile(lambda: prog.train_fn.lower(*prog.abstract_train_args()))
+      train, train_s = _compile(lambda: prog.train_fn.lower(*prog.abstract_train_args()),
+                                options)
       evaluate, eval_s = _compile(lambda: prog.eval_fn.lower(prog.abstract_state.params,
-                                                             prog.abstract_eval_batch()))
+                                                             prog.abstract_eval_batch()), options)
   except Exception as e:  # pylint: disable=broad-except  # only out-of-memory is the user's
     error = _out_of_memory(e, prog.describe(), devices)
     if error is None:
@@ -114,8 +117,8 @@ def program_report(prog) -> Dict[str, Any]:
     raise error from None
   report = step_stats(train, train_s)
   report.update(
-      devices=len(devices), device_kind=targets.describe_devices(devices),
-      platform=devices[0].platform, hbm_bytes=targets.hbm_of(devices),
+      devices=len(devices), device_kind=chips.describe_devices(devices),
+      platform=devices[0].platform, hbm_bytes=chips.hbm_bytes(devices),
       param_bytes=sharding_lib.state_bytes_per_device(prog.abstract_state.params,
                                                       prog.state_shardings.params),
       opt_state_bytes=sharding_lib.state_bytes_per_device(prog.abstract_state.opt_state,
@@ -125,7 +128,7 @@ def program_report(prog) -> Dict[str, Any]:
 
 
 def fits(report: Dict[str, Any]) -> Optional[bool]:
-  """Whether the larger of the two steps' peaks fits the device's HBM (None: not a TPU)."""
+  """Whether the larger of the two steps' peaks fits the device's memory (None: a CPU)."""
   if report.get('hbm_bytes') is None:
     return None
   return max(report['peak_bytes'], report['eval']['peak_bytes']) <= report['hbm_bytes']
@@ -135,16 +138,23 @@ def fit_line(report: Dict[str, Any]) -> str:
   hbm = report['hbm_bytes'] / GIB
   peak = max(report['peak_bytes'], report['eval']['peak_bytes']) / GIB
   if fits(report):
-    return f'fits: peak {peak:.2f} GiB of the {hbm:g} GiB HBM per device ({hbm - peak:.2f} GiB spare)'
-  return (f'does not fit: peak {peak:.2f} GiB exceeds the {hbm:g} GiB HBM per device by '
+    return (f'fits: peak {peak:.2f} GiB of the {hbm:.4g} GiB HBM per device ({hbm - peak:.2f} GiB '
+            'spare)')
+  return (f'does not fit: peak {peak:.2f} GiB exceeds the {hbm:.4g} GiB HBM per device by '
           f'{peak - hbm:.2f} GiB')
 
 
-def _flops_text(flops: Optional[float]) -> str:
-  if flops is None:  # Program.memory_report: a scanned encoder
-    return ('FLOPs not counted (XLA counts a scanned encoder\'s loop once; '
-            'config.model.scan=False counts them)')
-  return f'{flops / 1e12:.3f} TFLOP per train step per device'
+# Why XLA's FLOP count is left out (`Program.memory_report` sets `flops_missing`).
+FLOPS_MISSING = {
+    'scan': "XLA counts a scanned encoder's loop once; config.model.scan=False counts them",
+    'gpu': "XLA:GPU's cost analysis does not see the cuBLAS and cuDNN calls",
+}
+
+
+def _flops_text(report: Dict[str, Any]) -> str:
+  if report['flops'] is None:
+    return f'FLOPs not counted ({FLOPS_MISSING[report["flops_missing"]]})'
+  return f'{report["flops"] / 1e12:.3f} TFLOP per train step per device'
 
 
 def format_report(report: Dict[str, Any], what: str) -> str:
@@ -163,7 +173,7 @@ def format_report(report: Dict[str, Any], what: str) -> str:
       f'{g("output_bytes"):.3f} GiB (of which {g("alias_bytes"):.3f} GiB reuse the donated '
       f'state), temporaries {g("temp_bytes"):.3f} GiB',
       f'  peak per device: train step {g("peak_bytes"):.3f} GiB, eval step '
-      f'{g("peak_bytes", ev):.3f} GiB; {_flops_text(report["flops"])}',
+      f'{g("peak_bytes", ev):.3f} GiB; {_flops_text(report)}',
       f'  compile time: train step {report["compile_seconds"]:.1f} s, eval step '
       f'{ev["compile_seconds"]:.1f} s',
   ]

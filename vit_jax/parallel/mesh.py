@@ -1,5 +1,6 @@
 """The device mesh ('data', 'fsdp', 'model') and the JAX distributed runtime."""
 
+import dataclasses
 import os
 import threading
 from typing import Optional, Sequence
@@ -9,6 +10,7 @@ import numpy as np
 from jax.sharding import AxisType
 
 from vit_jax.errors import UserError
+from vit_jax.platform import chips
 
 AXES = ('data', 'fsdp', 'model')
 DEFAULT_TIMEOUT_S = 300
@@ -47,14 +49,76 @@ def make_mesh(mesh_config, devices: Optional[Sequence[jax.Device]] = None) -> ja
   return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
 
 
+def describe_run(devices) -> str:
+  """The run's shape for its first line: '8 x cpu' (one process), '2 processes x 4 x cpu' (the
+  devices of each process, alike on every one), '3 processes, 8 x cpu' otherwise."""
+  devices = list(devices)
+  per_process = {}
+  for d in devices:
+    per_process.setdefault(d.process_index, []).append(d)
+  if len(per_process) <= 1:
+    return chips.describe_devices(devices)
+  first = per_process[min(per_process)]
+  if any(len(local) != len(first) for local in per_process.values()):
+    return f'{len(per_process)} processes, {chips.describe_devices(devices)}'
+  return f'{len(per_process)} processes x {chips.describe_devices(first)}'
+
+
+def _cluster_types() -> list:
+  """JAX's own cluster environments (jax._src.clusters), or [] where that private API moved."""
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+    return list(clusters.ClusterEnv._cluster_types)  # pylint: disable=protected-access
+  except Exception:  # pylint: disable=broad-except  # private API moved: no auto-detection
+    return []
+
+
 def _on_cloud_tpu_vm() -> bool:
   """True on a Cloud TPU VM (jax's own cluster detection; False wherever it cannot tell)."""
   try:
-    from jax._src import clusters  # pylint: disable=g-import-not-at-top
-    return any(c.is_env_present() for c in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
-               if 'Tpu' in c.__name__)
-  except Exception:  # pylint: disable=broad-except  # private API moved: no auto-detection
+    return any(c.is_env_present() for c in _cluster_types() if 'Tpu' in c.__name__)
+  except Exception:  # pylint: disable=broad-except
     return False
+
+
+# The schedulers that start every process of a run themselves and tell each one its place through
+# environment variables JAX reads (its cluster name -> how messages name it): SLURM's srun
+# (SLURM_NTASKS, SLURM_PROCID, SLURM_STEP_NODELIST: the coordinator is the step's first node, on
+# a port derived from the job id) and Open MPI's mpirun.
+SCHEDULERS = {'slurm': 'SLURM', 'ompi': 'Open MPI'}
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerTask:
+  """This process as one task of a run a scheduler started."""
+  scheduler: str  # 'SLURM', 'Open MPI'
+  coordinator_address: str
+  num_processes: int
+  process_id: int
+
+  def describe(self) -> str:
+    job = os.environ.get('SLURM_JOB_ID') if self.scheduler == 'SLURM' else None
+    where = f'job {job}, ' if job else ''
+    return (f"{self.scheduler}'s task variables ({where}task {self.process_id} of "
+            f'{self.num_processes}, coordinator {self.coordinator_address})')
+
+
+def scheduler_task() -> Optional[SchedulerTask]:
+  """This process's place in a run started by srun or mpirun (JAX's cluster detection), or None
+  (no such scheduler, or its variables cannot be read)."""
+  for cluster in _cluster_types():
+    if getattr(cluster, 'name', None) not in SCHEDULERS:
+      continue
+    try:
+      if not cluster.is_env_present():
+        continue
+      port = os.environ.get('JAX_COORDINATOR_PORT')  # JAX's own override of the derived port
+      return SchedulerTask(SCHEDULERS[cluster.name],
+                           cluster.get_coordinator_address(None, port),
+                           int(cluster.get_process_count()), int(cluster.get_process_id()))
+    except (KeyError, ValueError, RuntimeError):  # a variable missing or malformed
+      continue
+  return None
 
 
 # The flags' values from the environment, when no flag is given (a cluster's launcher sets them
@@ -75,19 +139,30 @@ def init_distributed(coordinator_address: str | None = None, num_processes: int 
                      timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
   """Starts the JAX distributed runtime when more than one process takes part.
 
-  With --coordinator_address/--num_processes/--process_id (or, when none is given, the
-  environment variables VIT_JAX_COORDINATOR_ADDRESS, VIT_JAX_NUM_PROCESSES, VIT_JAX_PROCESS_ID)
-  it joins that run; with none of them it auto-detects a Cloud TPU VM (every worker of a pod slice) and is a no-op elsewhere. If the
-  other processes do not arrive within `timeout_s`, it fails with a UserError saying so.
+  In order: --coordinator_address/--num_processes/--process_id; else the environment variables
+  VIT_JAX_COORDINATOR_ADDRESS, VIT_JAX_NUM_PROCESSES, VIT_JAX_PROCESS_ID; else the task
+  variables of a scheduler that started several processes (SLURM's srun, Open MPI's mpirun:
+  `scheduler_task`); else a Cloud TPU VM (every worker of a pod slice) is detected. Elsewhere, or
+  with VIT_JAX_NO_AUTO_DISTRIBUTED set and nothing given, it is a no-op. If the other processes
+  do not arrive within `timeout_s`, it fails with one line saying so.
   """
   given = [v is not None for v in (coordinator_address, num_processes, process_id)]
   if not any(given) and any(os.environ.get(k) for k in ENV_VARS):
     coordinator_address, num_processes, process_id = _from_environment()
     given = [v is not None for v in (coordinator_address, num_processes, process_id)]
   if not any(given):
-    if os.environ.get('VIT_JAX_NO_AUTO_DISTRIBUTED') or not _on_cloud_tpu_vm():
+    if os.environ.get('VIT_JAX_NO_AUTO_DISTRIBUTED'):
       return
-    _initialize({}, 'the Cloud TPU coordinator', timeout_s)
+    task = scheduler_task()
+    if task is not None:
+      if task.num_processes > 1:
+        _use_gloo_on_cpu()
+        _initialize(dict(coordinator_address=task.coordinator_address,
+                         num_processes=task.num_processes, process_id=task.process_id),
+                    task.describe(), timeout_s, task.num_processes, SCHEDULER_HINT)
+      return
+    if _on_cloud_tpu_vm():
+      _initialize({}, 'the Cloud TPU coordinator', timeout_s)
     return
   if num_processes is not None and num_processes <= 1 and coordinator_address is None:
     return
@@ -100,14 +175,23 @@ def init_distributed(coordinator_address: str | None = None, num_processes: int 
   if ':' not in coordinator_address:
     raise UserError(f'--coordinator_address={coordinator_address} has no port: use HOST:PORT '
                     f'(the address of process 0), e.g. 10.0.0.2:8476')
-  # CPU processes talk through gloo (only CPU collectives use this; TPUs and GPUs ignore it).
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  _use_gloo_on_cpu()
   _initialize(dict(coordinator_address=coordinator_address, num_processes=num_processes,
                    process_id=process_id),
               f'the coordinator at {coordinator_address}', timeout_s, num_processes)
 
 
-def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | None = None):
+def _use_gloo_on_cpu() -> None:
+  """CPU processes talk through gloo (only CPU collectives use this; TPUs and GPUs ignore it)."""
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+
+
+TPU_HINT = 'on a TPU VM: gcloud ... ssh --worker=all'
+SCHEDULER_HINT = "srun and mpirun start it once per task: the job's log says why others did not"
+
+
+def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | None = None,
+                hint: str = TPU_HINT):
   """jax.distributed.initialize, but a timeout is one clear line and exit status 2.
 
   When peers do not arrive, JAX's client terminates the process with a C++ fatal log and a stack
@@ -117,7 +201,7 @@ def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | No
   """
   others = f'all {num_processes} processes' if num_processes else 'every worker'
   message = (f'error: the distributed runtime did not start within {timeout_s} s through {what}: '
-             f'start the same command on {others} (on a TPU VM: gcloud ... ssh --worker=all), '
+             f'start the same command on {others} ({hint}), '
              f'check that process 0 runs and that its port is reachable, or raise '
              f'--distributed_timeout\n')
   started = threading.Event()
@@ -142,4 +226,5 @@ def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | No
     watchdog.cancel()
 
 
-__all__ = ['AXES', 'mesh_shape', 'make_mesh', 'init_distributed', 'DEFAULT_TIMEOUT_S']
+__all__ = ['AXES', 'mesh_shape', 'make_mesh', 'init_distributed', 'scheduler_task', 'SchedulerTask',
+           'describe_run', 'SCHEDULERS', 'DEFAULT_TIMEOUT_S']

@@ -10,31 +10,21 @@ compile options and the backend, so a hit is the same executable.
   VIT_JAX_COMPILATION_CACHE=off     no persistent cache (also 0, false, no)
 
 JAX's own JAX_COMPILATION_CACHE_DIR, when set, wins. <host> names the processor (machine type and
-a hash of the CPU model and feature flags): XLA:CPU compiles for the host's vector extensions, so
-a home directory shared by machines with different processors must not share CPU executables.
+a hash of the CPU model and feature flags, `cpus.fingerprint`): XLA:CPU compiles for the host's
+vector extensions, so a home directory shared by machines with different processors must not
+share CPU executables.
 JAX's own settings decide which programs are stored (by default those that took a second or more
 to compile: JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS).
 """
 
-import hashlib
 import os
-import platform
 from typing import Mapping, Optional
+
+from vit_jax.platform import cpus
 
 ENV = 'VIT_JAX_COMPILATION_CACHE'
 OFF = ('0', 'off', 'false', 'no')
 MAX_BYTES = 4 * 2 ** 30  # least recently used entries are evicted beyond this
-
-
-def _host_key(cpuinfo: str = '/proc/cpuinfo') -> str:
-  """'x86_64-1a2b3c4d': the machine type and a hash of the CPU model and flags."""
-  try:
-    with open(cpuinfo) as f:
-      lines = [l for l in f if l.startswith(('model name', 'flags', 'Features', 'CPU part'))]
-  except OSError:
-    lines = [platform.processor()]
-  digest = hashlib.sha256(''.join(sorted(set(lines))).encode()).hexdigest()[:8]
-  return f'{platform.machine() or "unknown"}-{digest}'
 
 
 def cache_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -46,7 +36,7 @@ def cache_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
   if value is not None:
     return None if value.strip().lower() in OFF or not value.strip() else value
   base = env.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(base, 'vit_jax', 'xla', _host_key())
+  return os.path.join(base, 'vit_jax', 'xla', cpus.fingerprint())
 
 
 def enable() -> Optional[str]:

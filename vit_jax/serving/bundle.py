@@ -30,6 +30,7 @@ from vit_jax.models import posemb_resize
 from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options, input_channels
 from vit_jax import tasks
 from vit_jax.data import config_pp
+from vit_jax.data import specs
 from vit_jax.errors import UserError
 
 FORMAT = 'vit_jax.bundle'
@@ -54,7 +55,6 @@ class Bundle:
   source: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def eval_spec(self):
-    from vit_jax.data import specs  # pylint: disable=g-import-not-at-top
     return specs.eval_spec(dict(crop=self.crop, image_size=self.spec.image_size,
                                 resize=self.resize or self.spec.image_size,
                                 channels=self.spec.channels))
@@ -79,7 +79,7 @@ def _index_names(num_classes: int) -> Tuple[str, ...]:
 
 def dataset_class_names(dataset: str, data_dir: Optional[str]) -> Tuple[str, ...]:
   """Class names of a dataset (a folder's are read from its listing, without preparing it)."""
-  from vit_jax.data import folder, info  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import folder, info  # pylint: disable=g-import-not-at-top  # imports tfds
   if dataset.startswith(folder.PREFIX):
     return folder.list_folder(os.path.abspath(dataset[len(folder.PREFIX):])).classes
   ds_info = info.get_info(dataset, data_dir)
@@ -113,7 +113,7 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
 def _from_step_dir(step_dir, data_dir: Optional[str]) -> Bundle:
   params, config = restore.load_checkpoint(step_dir)
   task = tasks.get_task(config)
-  spec = tasks.model_spec(config, params)
+  spec = task.model_spec(params)
   source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
   names, source['class_names'] = _class_names(config, step_dir, spec.num_classes, data_dir)
   pp = config_pp.eval_pp(config)  # the eval preprocessing policy

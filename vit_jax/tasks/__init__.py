@@ -4,10 +4,13 @@
   mpp                           masked patch prediction (tasks/mpp.py): self-supervised, the
                                 labels are not used; the model gets a per-token colour head
 
-`get_task(config)` is asked once; training (the program and its steps), bundles and exports (the
-model a checkpoint needs), predict and the analyses use the same object, so the model a task
-trains is the model that serves it. This package sits below `train` and `serving`: it imports
-only `models` and its own modules.
+`get_task(config)` resolves it once per run (the config's one validation,
+vit_jax/train/validate.py, returns it) and the run passes that object on: the program and its
+steps, the loop's log lines and the train command. Bundles and exports (the model a checkpoint
+needs), predict and the analyses resolve it once from the checkpoint's config and build through
+the same methods (`Task.build_model`, `Task.model_spec`), so the model a task trains is the model
+that serves it. This package sits below `train` and `serving`: it imports only `models` and its
+own modules.
 """
 
 import dataclasses
@@ -92,27 +95,27 @@ class Task:
     return classification.make_eval_step(apply_fn=model.apply, loss_fn=self.loss_fn,
                                          num_classes=num_classes)
 
+  def build_model(self, num_classes: int):
+    """The one rule from a config to its model: the variant, `config.model` and the task's
+    overrides (training builds its model with it, `model_spec` describes it for serving)."""
+    c = self.config
+    return models.create_model(c.model_name, num_classes=num_classes,
+                               **self.model_options(c.model.to_dict()))
 
-def build_model(config, num_classes: int):
-  """The one rule from a config to its model: the variant, `config.model` and the task's
-  overrides (training builds its model with it, `model_spec` describes it for serving)."""
-  return models.create_model(config.model_name, num_classes=num_classes,
-                             **get_task(config).model_options(config.model.to_dict()))
-
-
-def model_spec(config, params) -> ModelSpec:
-  """The `ModelSpec` of a training run's checkpoint: the model `build_model` trained, with the
-  class count and input channels read from `params`."""
-  num_classes = int(np.shape(params['head']['kernel'])[-1])
-  if config.num_classes and config.num_classes != num_classes:
-    raise UserError(f'config.num_classes={config.num_classes} but the checkpoint head has '
-                    f'{num_classes} outputs: the checkpoint and its config do not match')
-  options = get_task(config).model_options(config.model.to_dict())
-  # The attention kernel is picked where the model runs, not stored: a TPU run's 'flash' could
-  # not run on a CPU host (the spec builds 'auto').
-  options.pop('attention', None)
-  return ModelSpec(model_name=config.model_name, num_classes=num_classes, options=options,
-                   image_size=int(config.image_size), channels=input_channels(params))
+  def model_spec(self, params) -> ModelSpec:
+    """The `ModelSpec` of a training run's checkpoint: the model `build_model` trained, with the
+    class count and input channels read from `params`."""
+    c = self.config
+    num_classes = int(np.shape(params['head']['kernel'])[-1])
+    if c.num_classes and c.num_classes != num_classes:
+      raise UserError(f'config.num_classes={c.num_classes} but the checkpoint head has '
+                      f'{num_classes} outputs: the checkpoint and its config do not match')
+    options = self.model_options(c.model.to_dict())
+    # The attention kernel is picked where the model runs, not stored: a TPU run's 'flash' could
+    # not run on a CPU host (the spec builds 'auto').
+    options.pop('attention', None)
+    return ModelSpec(model_name=c.model_name, num_classes=num_classes, options=options,
+                     image_size=int(c.image_size), channels=input_channels(params))
 
 
 def get_task(config) -> Task:
@@ -122,4 +125,4 @@ def get_task(config) -> Task:
   return Task(name=config.loss, config=config)
 
 
-__all__ = ['CHOICES', 'MPP', 'Task', 'build_model', 'get_task', 'model_spec']
+__all__ = ['CHOICES', 'MPP', 'Task', 'get_task']

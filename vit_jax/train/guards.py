@@ -75,6 +75,7 @@ class Preemption:
     self._stopping = False  # the stop step is reached: the run saves, closes and returns
     self._training = False  # until the first step: a Ctrl-C stops the run at once
     self._interrupted = False
+    self._calls = 0  # should_stop calls (JAX's preemption sync point counts them)
     self._previous = {}
     import jax  # pylint: disable=g-import-not-at-top  # a sweep uses PARENT_ENV without JAX
     self._multiprocess = jax.process_count() > 1
@@ -134,10 +135,15 @@ class Preemption:
     return self._requested
 
   def should_stop(self, step: int) -> bool:
-    """True at the step where this run (every process of it) saves and stops."""
+    """True at the step where this run (every process of it) saves and stops; called once per
+    step, from the first step this process trains."""
     if self._multiprocess:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      self._requested = multihost_utils.reached_preemption_sync_point(int(step))
+      # JAX agrees on the stop as the highest count passed so far + 1, counting 0 before the
+      # first call: the count of calls (1, 2, ... on every process alike), not the step, so that
+      # a signal before the first step of a resumed run stops it at that step.
+      self._calls += 1
+      self._requested = multihost_utils.reached_preemption_sync_point(self._calls)
     self._stopping = self._requested
     return self._requested
 

@@ -8,7 +8,10 @@ naming the holder (`WorkdirInUse`). A lock is stale, and taken over with a note 
   same host      the holder's process is not running (killed, crashed), its PID now belongs to
                  another process (other start time), or the host restarted since (other boot id);
   another host   the heartbeat is older than `STALE_AFTER_S` (10 minutes: the holder writes one
-                 every minute, so its host is lost, or its file system has hung for 10 minutes).
+                 every minute, so its host is lost, or its file system has hung for 10 minutes);
+  a SLURM job    the holder ran in this SLURM job before it was requeued (the record's job id is
+                 this one's, its restart count lower): SLURM starts a requeued job only once the
+                 earlier run has ended, on whichever node it ran.
 
 Creating the lock is atomic where the storage allows it: on a local (or NFS) disk the record is
 written to a temporary file and hard-linked to the lock's name, which fails if the name exists.
@@ -31,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Optional
+from typing import Optional, Tuple
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import gfile, is_remote
@@ -56,12 +59,16 @@ class Holder:
   token: str
   pid_start: Optional[int] = None  # /proc/<pid>/stat start time (clock ticks after boot)
   boot_id: Optional[str] = None
+  slurm_job: Optional[str] = None  # SLURM_JOB_ID, in a SLURM job
+  slurm_restart: Optional[int] = None  # SLURM_RESTART_COUNT (times the job was requeued)
 
   @classmethod
   def of_this_process(cls) -> 'Holder':
     now = time.time()
+    job, restart = _slurm_run()
     return cls(host=socket.gethostname(), pid=os.getpid(), started=now, heartbeat=now,
-               token=uuid.uuid4().hex, pid_start=_process_start(os.getpid()), boot_id=_boot_id())
+               token=uuid.uuid4().hex, pid_start=_process_start(os.getpid()), boot_id=_boot_id(),
+               slurm_job=job, slurm_restart=restart)
 
   def to_bytes(self) -> bytes:
     return json.dumps(dataclasses.asdict(self)).encode()
@@ -81,6 +88,9 @@ class Holder:
   def stale_reason(self, now: Optional[float] = None) -> Optional[str]:
     """Why this holder is gone (see the module docstring), or None if it may still be running."""
     now = time.time() if now is None else now
+    job, restart = _slurm_run()
+    if job is not None and self.slurm_job == job and (self.slurm_restart or 0) < restart:
+      return f'its SLURM job {job} was requeued since'
     if self.host == socket.gethostname():
       this_boot = _boot_id()
       if self.boot_id and this_boot and self.boot_id != this_boot:
@@ -91,6 +101,17 @@ class Holder:
     if now - self.heartbeat > STALE_AFTER_S:
       return f'no heartbeat for {(now - self.heartbeat) / 60:.0f} minutes'
     return None
+
+
+def _slurm_run() -> Tuple[Optional[str], Optional[int]]:
+  """(SLURM job id, times it was requeued) of this process, or (None, None) outside SLURM."""
+  job = os.environ.get('SLURM_JOB_ID') or None
+  if job is None:
+    return None, None
+  try:
+    return job, int(os.environ.get('SLURM_RESTART_COUNT') or 0)
+  except ValueError:
+    return job, 0
 
 
 def _process_start(pid: int) -> Optional[int]:

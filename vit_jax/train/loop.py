@@ -33,7 +33,6 @@ from vit_jax.data import identity
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
-from vit_jax.platform import chips
 from vit_jax.train import guards
 from vit_jax.train import lock as lock_lib
 from vit_jax.train import logs
@@ -41,7 +40,6 @@ from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
 from vit_jax.train import workdir as workdir_lib
 from vit_jax.data.config_pp import eval_pp, train_pp
-from vit_jax import tasks
 
 
 def evaluate(eval_fn, params, eval_data, mesh) -> dict:
@@ -208,7 +206,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
       eval_pp=eval_pp(config))
-  metric_name = tasks.get_task(config).metric_name
+  metric_name = prog.task.metric_name
   result = None
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
@@ -221,7 +219,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
         sharding=config.data_sharding, pipeline=config.input_pipeline)
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
-         f'{chips.describe_devices(mesh.devices.flat)}: {prog.describe()}')
+         f'{parallel.describe_run(mesh.devices.flat)}: {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)
     pending = _PendingLog(logger, progress, guard)
     t_start = time.perf_counter()

@@ -3,6 +3,7 @@
 `build_program(config, devices)` resolves the dataset facts and the step count, builds the mesh,
 the model, the optimizer, the abstract train state and its shardings (parameters
 are born sharded from `init_fn`), and the jitted train and eval steps of the chosen parallel path.
+The run's task (`tasks.Task`) comes from the config's one validation and rides on the program.
 The training loop runs it; `compile_only` and the benchmarks compile it without training.
 """
 
@@ -25,7 +26,7 @@ from vit_jax.models import vit
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
-from vit_jax.parallel import targets
+from vit_jax.platform import targets
 from vit_jax import tasks
 from vit_jax.train import optim, step as step_lib, validate
 
@@ -36,6 +37,7 @@ class Program:
   config: Any
   mesh: jax.sharding.Mesh
   model: Any
+  task: tasks.Task           # what the run optimises and how it is scored
   tx: Any                    # the optax transformation (its state is part of the train state)
   num_classes: int           # outputs of the head (masked patch prediction: colour classes)
   num_train: int             # train examples (0 if the dataset is absent in compile-only mode)
@@ -49,7 +51,7 @@ class Program:
   state_shardings: Any
   train_fn: Callable         # jitted (state, global batch, rng, hyper) -> (state, metrics)
   eval_fn: Callable          # jitted (params, global batch) -> sums
-  target: Optional[targets.TpuSlice] = None  # the TPU slice compiled for (config.compile_for)
+  target: Optional[targets.Target] = None  # the TPU slice or GPU compiled for (compile_for)
 
   @property
   def local_batch(self) -> int:
@@ -70,8 +72,11 @@ class Program:
     return future
 
   def abstract_train_args(self) -> tuple:
-    """The train step's arguments, the state and batch as shapes (to lower it)."""
-    return self.abstract_state, self.abstract_batch(), self.dropout_rng, self.hyper
+    """The train step's arguments as shapes (to lower it): the rng and hyperparameters take the
+    step's replicated shardings, so it lowers for devices that are not here too."""
+    shape = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+    return (self.abstract_state, self.abstract_batch(), shape(self.dropout_rng),
+            jax.tree.map(shape, self.hyper))
 
   def abstract_batch(self) -> dict:
     sh = sharding.batch_sharding(self.mesh)
@@ -96,13 +101,16 @@ class Program:
 
   def memory_report(self) -> dict:
     """Per-device bytes, FLOPs and compile times of the compiled train and eval steps, by the
-    compiler of the mesh's devices (nothing is run or allocated). FLOPs are None for a scanned
-    encoder."""
+    compiler of the mesh's devices (nothing is run or allocated). FLOPs are None where XLA's
+    count would be short (`flops_missing` says why, `memory.FLOPS_MISSING`)."""
     report = memory.program_report(self)
-    if self.config.model.get('scan'):
-      # XLA's cost analysis counts a loop's body once, so a scanned encoder's figure would be a
-      # fraction of the step's.
+    # XLA's cost analysis counts a loop's body once, so a scanned encoder's figure would be a
+    # fraction of the step's; on a GPU it misses the library calls (the GEMMs).
+    missing = 'scan' if self.config.model.get('scan') else (
+        'gpu' if report['platform'] == 'gpu' else None)
+    if missing:
       report['flops'] = report['eval']['flops'] = None
+      report['flops_missing'] = missing
     if self.target is not None:
       report['target'] = self.target.describe()
     return report
@@ -121,8 +129,8 @@ def resolve_steps(config, num_train_examples: int) -> int:
   return steps
 
 
-def dataset_facts(config, require_dataset: bool = True):
-  """(num_classes, train examples, input channels) of the configured dataset.
+def dataset_facts(config, task: tasks.Task, require_dataset: bool = True):
+  """(num_classes, train examples, input channels) of the configured dataset for `task`.
 
   An embedded dataset's split (a name or an expression) is answered without TensorFlow
   (`data.catalog`); any other through tfds. Without `require_dataset` (compile-only, benchmarks)
@@ -139,11 +147,11 @@ def dataset_facts(config, require_dataset: bool = True):
       return config.num_classes, 0, config.pp.channels or 3
     facts = catalog.SplitFacts(info.num_classes, info.image_shape,
                                info.num_examples(config.train_split))
-  return (head_width(config, facts.num_classes), facts.num_examples,
+  return (head_width(config, facts.num_classes, task), facts.num_examples,
           config.pp.channels or facts.image_shape[-1])
 
 
-def head_width(config, dataset_classes: int) -> int:
+def head_width(config, dataset_classes: int, task: tasks.Task) -> int:
   """The classifier's outputs: the dataset's class count, or `num_classes` where it is meaningful.
 
   Fewer outputs than classes would leave labels without an output (a silently wrong run): a
@@ -151,7 +159,7 @@ def head_width(config, dataset_classes: int) -> int:
   model's), and said on stderr: the extra outputs are never a target.
   """
   n = config.num_classes
-  if not n or n == dataset_classes or not tasks.get_task(config).uses_labels:
+  if not n or n == dataset_classes or not task.uses_labels:
     return n or dataset_classes
   if n < dataset_classes:
     raise UserError(f'config.num_classes={n} is fewer than the {dataset_classes} classes of '
@@ -218,10 +226,10 @@ def _check_tensor_parallel(model, mesh) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """Where a program runs: its mesh, and the TPU slice it is compiled for (`config.compile_for`)
-  or None."""
+  """Where a program runs: its mesh, and the TPU slice or GPU it is compiled for
+  (`config.compile_for`) or None."""
   mesh: jax.sharding.Mesh
-  target: Optional[targets.TpuSlice] = None
+  target: Optional[targets.Target] = None
 
 
 def _check_input_size(config) -> None:
@@ -234,12 +242,12 @@ def _check_input_size(config) -> None:
 
 def check_placement(config, devices: Optional[list] = None) -> Placement:
   """The mesh of a validated config over `devices` (default: all; with `config.compile_for`, that
-  TPU slice's), checked against the batch sizes and micro-batches, and the image size checked
-  against the variant: every mistake found without the dataset, so before TensorFlow is
+  TPU slice's or GPU's), checked against the batch sizes and micro-batches, and the image size
+  checked against the variant: every mistake found without the dataset, so before TensorFlow is
   imported. `build_program` starts with it."""
-  target = targets.tpu_slice(config.compile_for) if config.compile_for else None
+  target = targets.parse(config.compile_for) if config.compile_for else None
   if target is not None:
-    devices = targets.slice_devices(target)
+    devices = targets.devices(target)
   mesh = parallel.make_mesh(config.mesh, devices)
   _check_mesh(config, mesh)
   _check_input_size(config)
@@ -247,30 +255,30 @@ def check_placement(config, devices: Optional[list] = None) -> Placement:
 
 
 def build_program(config, devices: Optional[list] = None, *,
-                  require_dataset: Optional[bool] = None, validated: bool = False) -> Program:
+                  require_dataset: Optional[bool] = None,
+                  task: Optional[tasks.Task] = None) -> Program:
   """Resolves and compiles (lazily, at first call) everything a config describes, building the
   mesh and the model once.
 
-  The config is validated first (`validate.check_config`) unless `validated` says its caller did
-  (the train command, before it joins a distributed run). `require_dataset` (default: not in
-  compile-only mode) says whether the dataset must exist. With `config.compile_for` the devices
-  are that TPU slice's, described by the TPU compiler (`vit_jax/parallel/targets.py`): the
-  program can be compiled, not run.
+  The config is validated first (`validate.check_config`, which resolves the run's task) unless
+  the caller did and passes its `task` (the train command, before it joins a distributed run).
+  `require_dataset` (default: not in compile-only mode) says whether the dataset must exist. With
+  `config.compile_for` the devices are that TPU slice's or GPU's, described by its compiler
+  (`vit_jax/platform/targets.py`): the program can be compiled, not run.
   """
-  if not validated:
-    validate.check_config(config)
-  task = tasks.get_task(config)
+  if task is None:
+    task = validate.check_config(config)
   placement = check_placement(config, devices)
   mesh = placement.mesh
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
-  num_classes, num_train, channels = dataset_facts(config, require_dataset)
+  num_classes, num_train, channels = dataset_facts(config, task, require_dataset)
   num_classes = task.num_outputs(num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count is only an
   # argument of the compiled step (the learning-rate schedule's length).
   total_steps = (resolve_steps(config, num_train) if num_train or config.total_steps
                  else config.warmup_steps + 1)
-  model = tasks.build_model(config, num_classes)
+  model = task.build_model(num_classes)
   _check_tensor_parallel(model, mesh)
   optim.check_warmup(config.warmup_steps, total_steps)
   hyper = optim.hyperparameters(config, total_steps)
@@ -290,9 +298,9 @@ def build_program(config, devices: Optional[list] = None, *,
   train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
   eval_fn = steps_lib.compile_eval_step(task.eval_step(model, num_classes), mesh,
                                         state_shardings.params)
-  return Program(config=config, mesh=mesh, model=model, tx=tx, num_classes=num_classes,
-                 num_train=num_train, total_steps=total_steps, image_shape=image_shape,
-                 hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
+  return Program(config=config, mesh=mesh, model=model, task=task, tx=tx,
+                 num_classes=num_classes, num_train=num_train, total_steps=total_steps,
+                 image_shape=image_shape, hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
                  eval_fn=eval_fn, target=placement.target)
 

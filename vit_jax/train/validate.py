@@ -1,9 +1,11 @@
 """The one validation of a training config, before anything is built: tables, one line per mistake.
 
 Types are enforced by the locked ConfigDict. This checks, in order, every key of `CHOICES` (the
-valid values come from the module that uses them, so the table cannot drift from the code), the
-variant name, then every range of `RANGES`, then the combinations that no single key shows. It
-runs once per run: in the train command right after parsing flags, else in `build_program`.
+valid values come from the module that uses them, so the table cannot drift from the code), every
+range of `RANGES`, the variant and its `config.model` options (the one check of model options,
+`models.check_options`, with the task's own options applied), then the combinations that no
+single key shows. It runs once per run, in the train command right after parsing flags, else in
+`build_program`, and returns the run's task (`tasks.get_task`), which the run passes on.
 
 Messages name the key as `config.<key>`; the command line spells it as the flag `config.<key>`
 (vit_jax/cli.py).
@@ -13,6 +15,7 @@ import importlib
 from typing import Any, Callable, Tuple
 
 from vit_jax import models
+from vit_jax import tasks
 from vit_jax.errors import UserError
 
 _POSITIVE = (lambda v: v > 0, 'a number > 0')
@@ -40,9 +43,6 @@ RANGES: Tuple[Tuple[str, Tuple[Callable[[Any], bool], str]], ...] = (
     ('weight_decay', _NON_NEGATIVE),
     ('grad_clip_norm', _NON_NEGATIVE),
     ('label_smoothing', _FRACTION),
-    ('model.dropout_rate', _FRACTION),
-    ('model.attention_dropout_rate', _FRACTION),
-    ('model.stochastic_depth', _FRACTION),
     ('log_every', _AT_LEAST_ONE),
     ('eval_every', _AT_LEAST_ONE),
     ('checkpoint_every', _AT_LEAST_ONE),
@@ -70,9 +70,6 @@ CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('input_pipeline', _from('data.choices', 'INPUT_PIPELINES')),
     ('pp.train_crop', _from('data.choices', 'TRAIN_CROPS')),
     ('pp.eval_crop', _from('data.choices', 'EVAL_CROPS')),
-    ('model.attention', _from('models.attention', 'ATTENTIONS')),
-    ('model.posemb', _from('models.vit', 'POSEMBS')),
-    ('model.remat', _from('models.vit', 'REMAT_POLICIES')),
     ('init_posemb_resize', _from('models.posemb_resize', 'METHODS')),
 )
 
@@ -106,14 +103,19 @@ def check_choices(config) -> None:
                       f'{", ".join(map(str, valid))}')
 
 
-def check_config(config) -> None:
-  """Every mistake a config alone shows, found before devices or data are touched."""
+def check_config(config) -> tasks.Task:
+  """Every mistake a config alone shows, found before devices or data are touched; the run's
+  task."""
   check_choices(config)
-  models.decode_variant(config.model_name)  # an unknown variant: one line, listing the valid ones
   check_values(config)
+  task = tasks.get_task(config)
+  # An unknown variant: one line listing the valid ones; a bad model option: one naming its key.
+  models.check_options(config.model_name, task.model_options(config.model.to_dict()),
+                       prefix='config.model.')
   if config.model.classifier == 'unpooled':
     raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
                     'cannot score: train with config.model.classifier=token or gap')
+  return task
 
 
 __all__ = ['CHOICES', 'RANGES', 'check_choices', 'check_config', 'check_values']

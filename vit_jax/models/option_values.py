@@ -1,0 +1,71 @@
+"""The valid values of the model options, and the one check of them (`check_values`).
+
+The tables the modules dispatch on live here (classifiers, position embeddings, remat policies;
+the attention kernels in vit_jax/models/attention.py), so the check reads the very tables the
+code uses. `check_values` runs where a model is made (`create_model`, through
+vit_jax/models/options.py), before anything is built (the config's one validation, naming the
+keys `config.model.*`), and in the ViT module itself (one built without `create_model`).
+"""
+
+from typing import Any, Callable, Dict, Mapping, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax.errors import UserError
+from vit_jax.models import attention as attention_lib
+
+CLASSIFIERS = ('token', 'gap', 'unpooled')
+POSEMBS = ('learned', 'sincos2d', 'none')
+# Rematerialisation of each encoder block: nothing saved ('full'), or only the outputs of the
+# matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).
+# 'gelu' rematerialises no block: only the MLP's GELU, whose output the backward pass recomputes
+# from the first Dense's output (one [B, N, mlp_dim] tensor per block fewer kept for it).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'gelu': None,
+}
+
+# option -> its valid values.
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    'classifier': CLASSIFIERS,
+    'posemb': POSEMBS,
+    'remat': tuple(REMAT_POLICIES),
+    'attention': attention_lib.ATTENTIONS,
+}
+# option -> (predicate, what the value must be). A drop-path rate of 1 drops the last block for
+# every example (vit.drop_path); a dropout rate of 1 would drop every activation.
+RANGES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    'dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
+    'attention_dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
+    'stochastic_depth': (lambda v: 0 <= v <= 1, 'in [0, 1]'),
+}
+DTYPES = ('dtype', 'param_dtype')
+CHECKED = (*CHOICES, *RANGES, *DTYPES)  # every option `check_values` checks
+
+
+def check_values(options: Mapping[str, Any], prefix: str = 'model.') -> None:
+  """A one-line UserError for the first option of `options` whose value is not valid, naming it
+  as `prefix + name`; an attention kernel without dropout must get no attention dropout."""
+  for key, value in options.items():
+    name = prefix + key
+    remat_bool = key == 'remat' and isinstance(value, bool)  # True = 'full', False = 'none'
+    if key in CHOICES and not remat_bool and value not in CHOICES[key]:
+      raise UserError(f'unknown {key} {value!r}: use {name}= one of {", ".join(CHOICES[key])}')
+    if key in RANGES and value is not None:
+      ok, what = RANGES[key]
+      if not ok(value):
+        raise UserError(f'{name}={value!r} is out of range: it must be {what}')
+    if key in DTYPES:
+      try:
+        jnp.dtype(value)
+      except TypeError:
+        raise UserError(f'{name}={value!r} is not a dtype: use e.g. float32 or bfloat16') from None
+  if 'attention' in options:
+    attention_lib.check(options['attention'], options.get('attention_dropout_rate', 0.))
+
+
+__all__ = ['CHECKED', 'CHOICES', 'CLASSIFIERS', 'DTYPES', 'POSEMBS', 'RANGES', 'REMAT_POLICIES',
+           'check_values']
