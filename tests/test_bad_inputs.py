@@ -98,6 +98,15 @@ CASES = [
          ['no_such_run']),
     Case('init from a checkpoint of another model',
          _main('--config.model_name=ViT-Mu/4', '--config.init={ze_npz}'), ['ze.npz']),
+    Case('init by name from a mirror serving another model',  # a Ze/4 file that would fit
+         _main('--config.init=ViT-B/16@imagenet21k'),
+         ['mirror_cache/imagenet21k/ViT-B_16.npz holds another model (width 32, 2 blocks), not '
+          'ViT-B/16@imagenet21k (ViT-B/16: width 768, 12 blocks): delete it and fix the mirror'],
+         env=lambda r: {'VIT_JAX_WEIGHTS_URL': f'file://{r["mirror"]}',
+                        'VIT_JAX_WEIGHTS_DIR': f'{r["tmp"]}/mirror_cache'}),
+    Case('init of an RGB run into a 1-channel run', _main('--config.init={ze_rgb_npz}'),
+         ['--config.init=', 'ze_rgb.npz was trained on 3-channel images and this run feeds '
+          '1-channel ones: set --config.pp.channels=3']),
     # Image folders.
     Case('image folder empty', _main('--config.dataset=folder:{empty_folder}'), ['empty_folder']),
     Case('image folder with one class', _main('--config.dataset=folder:{one_class_folder}'),
@@ -120,6 +129,15 @@ CASES = [
     Case('convert: not an npz', _cli('convert', '--checkpoint={text_file}',
                                      '--model=ViT-Ze/4', '--out={tmp}/out.safetensors'),
          ['--checkpoint=', 'notes.txt is neither a params file']),
+    Case('convert: out under a regular file',
+         _cli('convert', '--checkpoint={ze_npz}', '--out={text_file}/x.npz'),
+         ['cannot save', 'notes.txt/x.npz:', 'notes.txt is a file, not a directory: pass a path '
+          'under a directory']),
+    Case('bench: unknown config key', _cli('bench', '--config.no_such_key=1', '--model=ViT-Ze/4'),
+         ['unknown config key in --config.no_such_key=1', 'configs/README.md']),
+    Case('bench: mistyped nested config key',
+         _cli('bench', '--config.model.remats=full', '--model=ViT-Ze/4'),
+         ['unknown config key in --config.model.remats=full', 'did you mean model.remat']),
     Case('export: workdir without checkpoints',
          _cli('export', '--workdir={workdir}', '--out={tmp}/bundle'), ['checkpoints']),
     Case('analyze: workdir without checkpoints',
@@ -186,6 +204,13 @@ def resources(tmp_path_factory, data_dir):
                       train=False)['params']
   ze = base / 'ze.npz'
   npz.save_npz(str(ze), params)
+  mirror = base / 'mirror' / 'imagenet21k'  # a mirror that serves ze.npz as ViT-B/16's file
+  mirror.mkdir(parents=True)
+  (mirror / 'ViT-B_16.npz').write_bytes(ze.read_bytes())
+  rgb = model.init(jax.random.PRNGKey(0), np.zeros((1, 28, 28, 3), np.float32),
+                   train=False)['params']
+  ze_rgb = base / 'ze_rgb.npz'
+  npz.save_npz(str(ze_rgb), rgb)
   truncated = base / 'truncated.npz'
   truncated.write_bytes(ze.read_bytes()[:ze.stat().st_size // 2])
   bad_sweep = base / 'bad_sweep.py'
@@ -197,7 +222,8 @@ def resources(tmp_path_factory, data_dir):
   return dict(data_dir=data_dir, tmp=str(base), bad_sweep=str(bad_sweep), empty_folder=str(empty),
               syntax_config=str(syntax), no_get_config=str(no_get),
               one_class_folder=str(one.parent), corrupt_folder=str(corrupt), image=str(image),
-              text_file=str(text), ze_npz=str(ze), truncated_npz=str(truncated))
+              text_file=str(text), ze_npz=str(ze), truncated_npz=str(truncated),
+              mirror=str(base / 'mirror'), ze_rgb_npz=str(ze_rgb))
 
 
 def _snapshot(directory) -> Dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from vit_jax.configs import mnist5k
-from helpers import file_tree
+from helpers import ROOT, file_tree
 from vit_jax import data as data_lib
 from vit_jax.data import archive_index, config_pp, folder, image_files, specs
 from vit_jax.errors import UserError
@@ -305,3 +305,78 @@ def test_every_format_tf_decodes_passes_the_first_bytes_check_and_others_do_not(
     with pytest.raises(UserError, match=f'^cannot decode image {tmp_path / name}: not a readable '
                                         'PNG or JPEG file$'):
       image_files.load_one(str(tmp_path / name), spec, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# `none` is a value; only `None` unsets a key (vit_jax/cli.py, vit_jax/configs/common.py).
+
+
+def _parsed_overrides(monkeypatch, *overrides):
+  """The config the command line `--config=configs/default.py *overrides` gives (flags parsed
+  as the commands parse them, into flag values of their own)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from vit_jax import cli  # pylint: disable=g-import-not-at-top
+  argv = ['vit_jax.main', '--config=configs/default.py', *overrides]
+  fresh = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'config', lock_config=True, flag_values=fresh)
+  monkeypatch.setattr(flags, 'FLAGS', fresh)
+  monkeypatch.setattr('sys.argv', argv)  # ml_collections finds the overrides to define there
+  monkeypatch.chdir(ROOT)
+  cli._parse_flags(argv)  # pylint: disable=protected-access
+  return fresh.config
+
+
+def _keys_with_the_value_none():
+  from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
+  return [key for key, choices in validate.CHOICES if 'none' in choices()]
+
+
+def test_the_keys_with_the_value_none_are_found():
+  assert {'model.remat', 'model.posemb'} <= set(_keys_with_the_value_none())
+
+
+@pytest.mark.parametrize('key', _keys_with_the_value_none())
+def test_none_is_a_value_of_the_keys_that_have_it(monkeypatch, key):
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
+  config = _parsed_overrides(monkeypatch, f'--config.{key}=none')
+  assert common.get_value(config, key) == 'none'
+  validate.check_choices(config)  # a valid value
+
+
+@pytest.mark.parametrize('key', _keys_with_the_value_none())
+def test_None_cannot_unset_the_keys_that_have_the_value_none(monkeypatch, capsys, key):
+  with pytest.raises(SystemExit) as stop:
+    _parsed_overrides(monkeypatch, f'--config.{key}=None')
+  assert stop.value.code == 2
+  assert capsys.readouterr().err == (
+      f'error: --config.{key}=None: {key} always has a value (only the keys whose default is None '
+      'can be unset): give it a value, see configs/README.md\n')
+
+
+def test_None_unsets_a_key_whose_default_is_None(monkeypatch):
+  config = _parsed_overrides(monkeypatch, '--config.total_steps=None', '--config.total_epochs=2')
+  assert config.total_steps is None and config.total_epochs == 2.0
+
+
+@pytest.mark.parametrize('spelling', ['none', 'null'])
+def test_other_spellings_of_unset_are_values_with_a_hint(monkeypatch, capsys, spelling):
+  with pytest.raises(SystemExit):
+    _parsed_overrides(monkeypatch, f'--config.total_steps={spelling}')
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: flag --config.total_steps={spelling}: ') and err.endswith(
+      '(to unset total_steps, spell it --config.total_steps=None)\n') and err.count('\n') == 1
+  config = _parsed_overrides(monkeypatch, f'--config.data_dir={spelling}')
+  assert config.data_dir == spelling  # a string key takes the text as it is
+
+
+def test_a_config_argument_none_is_that_value_and_None_unsets():
+  from vit_jax.configs import common, pretrain  # pylint: disable=g-import-not-at-top
+  plain = pretrain.get_config('model=S/16,dataset=imagenet21k,augreg=true,aug=none')
+  recommended = pretrain.get_config('model=S/16,dataset=imagenet21k,augreg=true')
+  assert (plain.randaug.num_layers, plain.mixup) == (0, 0.0)  # the level `none`
+  assert recommended.randaug.num_layers == 2  # S/16's recommendation, light1
+  assert common.parse_arg('x=none', x=None) == {'x': 'none'}
+  assert common.parse_arg('x=None', x='a') == {'x': 'None'}
+  assert common.parse_arg('x=None', x=None) == {'x': None}

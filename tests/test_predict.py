@@ -249,3 +249,53 @@ def test_image_size_is_inferred_from_the_position_embedding():
     x = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
     params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
     assert infer_image_size(params['params'], name) == size, name
+
+
+def test_predict_beside_a_run_that_removes_each_checkpoint_as_it_saves_the_next(tmp_path,
+                                                                                 data_dir):
+  """A real run keeping one checkpoint and saving every step: reading its newest step races
+  with its removal. Every read in process gives a whole bundle or the one-line error, and the
+  command line the same (its exit 0, or 2 with one line; never a traceback)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from helpers import xla_flags  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'live'
+  trainer = subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main',
+       '--config=configs/default.py:model_name=ViT-Ze/4,steps=5000,batch_size=16',
+       '--config.warmup_steps=1', '--config.progress=False', f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', '--config.checkpoint_every=1',
+       '--config.keep_checkpoints=1', '--config.eval_every=100000'],
+      cwd=ROOT, env=dict(os.environ, XLA_FLAGS=xla_flags(1), VIT_JAX_HUGEPAGES='0'),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 300
+    while not (workdir / 'checkpoints').is_dir() or not any(
+        n.isdigit() for n in os.listdir(workdir / 'checkpoints')):
+      assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()
+      time.sleep(0.1)
+    read = 0
+    for _ in range(6):
+      try:
+        bundle = bundle_lib.from_workdir(str(workdir))
+      except UserError as e:
+        assert str(e).startswith(f'the newest checkpoint in {workdir}/checkpoints was removed '
+                                 'while it was read, 10 times in a row'), e
+        continue
+      assert bundle.spec.model_name == 'ViT-Ze/4' and bundle.params['head']['kernel'].shape == (
+          32, 10)
+      read += 1
+    image = tmp_path / 'gray.png'
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+    Image.fromarray(np.full((28, 28), 128, np.uint8)).save(image)
+    proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'predict', f'--workdir={workdir}',
+                           str(image)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert (proc.returncode == 0 and proc.stdout.startswith(str(image))) or (
+        proc.returncode == 2 and len(lines) == 1 and 'removed while it was read' in lines[0]), \
+        proc.stderr[-3000:]
+    assert trainer.poll() is None  # the run went on throughout
+    assert read >= 1, 'no read in process succeeded'
+  finally:
+    trainer.send_signal(signal.SIGTERM)
+    trainer.communicate(timeout=300)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from vit_jax.configs import mnist5k
@@ -20,7 +22,7 @@ from vit_jax.serving import bundle as bundle_lib
 from vit_jax.serving import inference
 from vit_jax.train import logs
 from vit_jax.train import loop
-from helpers import ROOT, file_tree
+from helpers import ROOT, file_tree, xla_flags
 
 pytestmark = pytest.mark.xdist_group('reliability')
 
@@ -89,6 +91,71 @@ def test_a_flipped_byte_is_damage_and_a_bad_metadata_file_without_manifest_too(
   assert integrity.damage(step_dir) == '_CHECKPOINT_METADATA is not valid JSON'
 
 
+def _flip_a_byte_of_the_largest_array_file(step_dir) -> str:
+  """Flips one byte in the middle of the step's largest array data file (its size unchanged);
+  returns the file's path relative to the step directory."""
+  files = json.loads((step_dir / integrity.MANIFEST).read_text())['files']
+  name = max((n for n in files if '/d/' in n), key=lambda n: files[n][0])
+  path = step_dir / name
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  path.write_bytes(bytes(data))
+  return name
+
+
+@pytest.mark.parametrize('when', ['before_reading', 'while_reading'])
+def test_a_flipped_byte_sets_the_step_aside_at_restore_and_the_run_resumes_from_the_previous(
+    tmp_path, data_dir, finished_run, capfd, monkeypatch, when):
+  """One byte flipped in a step's array data (orbax reads it without complaint): the restore
+  checks the step against its manifest, sets it aside and resumes from the previous step, which
+  trains on to the same parameters as the intact run. The check runs before the arrays are read
+  for files up to integrity.SMALL bytes (all of this tiny run's), beside the read above."""
+  from vit_jax.checkpoint import restore, train_ckpt  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  name = _flip_a_byte_of_the_largest_array_file(workdir / 'checkpoints' / '4')
+  restored = []
+  if when == 'while_reading':
+    monkeypatch.setattr(integrity, 'SMALL', 0)  # every checksum on the verification thread
+    original = train_ckpt.Checkpointer.restore
+    monkeypatch.setattr(train_ckpt.Checkpointer, 'restore',
+                        lambda self, step, *a: restored.append(step) or original(self, step, *a))
+  capfd.readouterr()
+  loop.train_and_evaluate(_config(data_dir, total_steps=4, checkpoint_every=2), str(workdir))
+  err = capfd.readouterr().err
+  assert restored == ([4, 2] if when == 'while_reading' else [])
+  (aside,) = os.listdir(workdir / 'corrupt_checkpoints')
+  assert (f'checkpoint 4 in {workdir}/checkpoints is damaged ({name} does not match its '
+          f'checksum); moved it to {workdir}/corrupt_checkpoints/{aside} and trying the previous '
+          'one') in err, err
+  assert f'note: starting from step 2 while the newer checkpoint(s) 4 sit in' in err, err
+  assert 'resumed from' in err and 'at step 2' in err, err
+  assert _train_steps(workdir) == [4]  # step 4 trained again (logged every 4 steps)
+  params, _ = restore.load_checkpoint(workdir / 'checkpoints' / '4')
+  intact, _ = restore.load_checkpoint(finished_run / 'checkpoints' / '4')
+  assert jax.tree.all(jax.tree.map(np.array_equal, params, intact))
+
+
+def test_predict_reads_the_newest_healthy_step_and_refuses_a_named_damaged_one(
+    tmp_path, finished_run, capfd):
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  name = _flip_a_byte_of_the_largest_array_file(workdir / 'checkpoints' / '4')
+  before = file_tree(workdir)
+  capfd.readouterr()
+  bundle = bundle_lib.from_workdir(str(workdir))
+  assert bundle.source['checkpoint'] == str(workdir / 'checkpoints' / '2')
+  assert capfd.readouterr().err == (
+      f'note: checkpoint {workdir}/checkpoints/4 is damaged ({name} does not match its '
+      'checksum); reading the newest healthy one\n')
+  with pytest.raises(restore.Damaged, match=rf'^checkpoint {workdir}/checkpoints/4 is damaged '
+                                            rf'\({name} does not match its checksum\): use '
+                                            r'another step \(--checkpoint=STEP; '):
+    bundle_lib.from_workdir(str(workdir), '4')
+  assert file_tree(workdir) == before  # a reader moves nothing
+
+
 def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path, data_dir):
   """The restore runs with its address space capped 200 MB above what the process maps: room for
   its threads, not for the 25.6 MB head (200,000 classes) on each of the 8 devices. XLA's
@@ -112,6 +179,42 @@ def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path,
                             'rerun the same command'), lines[-1]
   assert file_tree(workdir / 'checkpoints') == before
   assert not (workdir / 'corrupt_checkpoints').exists()
+
+
+@pytest.fixture(scope='module')
+def wide_run(tmp_path_factory, data_dir):
+  """A finished 2-step run whose head (200,000 classes) takes 25.6 MB on each of 8 devices."""
+  workdir = tmp_path_factory.mktemp('wide') / 'work'
+  loop.train_and_evaluate(_config(data_dir, total_steps=2, num_classes=200_000,
+                                  eval_batch_size=64, eval_every=2), str(workdir))
+  return workdir
+
+
+@pytest.mark.parametrize('margin_mb', [50])
+def test_a_restore_out_of_memory_is_its_line_and_nothing_after_it(tmp_path, data_dir, wide_run,
+                                                                  margin_mb):
+  """Tighter limits than above: the restore fails in tensorstore's reads or in starting its
+  threads, and its background tasks fail after the error line (asyncio's 'exception was never
+  retrieved', 'Exception ignored in: <coroutine ...>'): none of that is printed, and the lock
+  is released."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(wide_run, workdir)
+  before = file_tree(workdir / 'checkpoints')
+  proc = subprocess.run(
+      _command(workdir, data_dir, '--config.total_steps=3', '--config.eval_every=3',
+               '--config.num_classes=200000', '--config.eval_batch_size=64',
+               '--allow_config_change', tool='tests/tools/memory_limit_main.py'),
+      cwd=ROOT, env=_env(MEMORY_LIMIT_MARGIN=str(margin_mb << 20)), capture_output=True,
+      text=True, timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert len(lines) == 2 and lines[0].startswith('note: the head has num_classes=200000'), lines
+  assert lines[1].startswith(f'error: cannot read checkpoint 2 in {workdir}/checkpoints (')
+  assert lines[1].endswith('free memory (or raise the memory limit: ulimit -v) for the restore, '
+                           'then rerun the same command'), lines[1]
+  assert 'bound method' not in lines[1]
+  assert file_tree(workdir / 'checkpoints') == before
+  assert not (workdir / 'run.lock').exists()
 
 
 def test_a_run_that_starts_below_a_set_aside_checkpoint_says_so(tmp_path, data_dir, finished_run,
@@ -166,6 +269,37 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary_folder(
   assert _train_steps(workdir)[-1] == 6  # the log of what was trained is whole
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+  mount = tmp_path / 'tiny'
+  mount.mkdir()
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3m', 'tmpfs', str(mount)], check=True)
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=True)
+
+
+def test_a_disk_that_fills_during_a_save_is_one_line_and_nothing_else(tiny_disk, data_dir):
+  """A real 3 MB disk that a checkpoint a step fills (one device: the save of step 2 fails while
+  tensorstore still writes): the run's line, then the error line; none of the tracebacks of
+  tensorstore's callbacks into orbax's closed event loops; the checkpoint of step 1 stands."""
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  workdir = tiny_disk / 'work'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main',
+       '--config=configs/default.py:model_name=ViT-Mu/4,steps=40,batch_size=16',
+       '--config.warmup_steps=1', '--config.progress=False', f'--workdir={workdir}',
+       f'--config.data_dir={data_dir}', '--config.checkpoint_every=1', '--config.eval_every=100'],
+      cwd=ROOT, env=_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True, timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert len(lines) == 2 and lines[0].startswith('training on mnist5k'), proc.stderr[-3000:]
+  assert lines[1] == (f'error: cannot write a checkpoint to {workdir}/checkpoints (No space left '
+                      'on device): free space or fix permissions there, then rerun the same '
+                      'command to resume from the checkpoint of step 1'), lines
+  assert os.listdir(workdir / 'checkpoints') == ['1']
+  restore.load_checkpoint(workdir / 'checkpoints' / '1')
+
+
 # ---------------------------------------------------------------------------------------------
 # SIGHUP, closed pipes, and the stop save's train metrics.
 
@@ -218,6 +352,42 @@ def test_a_closed_stdout_alone_never_stops_the_run(tmp_path, data_dir):
   os.close(write)
   assert proc.returncode == 0 and 'Traceback' not in proc.stderr, proc.stderr
   assert os.listdir(workdir / 'checkpoints') == ['2']
+
+
+@pytest.mark.parametrize('redirect', ['>&-', '2>&-', '>&- 2>&-'],
+                         ids=['stdout', 'stderr', 'both'])
+def test_a_standard_stream_closed_at_start_never_stops_the_run(tmp_path, data_dir, redirect):
+  """Real closed descriptors, through the huge-page restart (huge pages left on): the run trains
+  and saves, its output is dropped, and no file of the run receives the run's output (a file
+  opened while fd 1 or 2 was closed would take that number)."""
+  workdir = tmp_path / 'work'
+  command = ' '.join(_command(workdir, data_dir, '--config.total_steps=2'))
+  env = {k: v for k, v in os.environ.items() if k != 'VIT_JAX_HUGEPAGES'}
+  proc = subprocess.run(['bash', '-c', f'exec {command} {redirect}'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert (proc.stderr == '') == ('2>&-' in redirect), proc.stderr
+  assert os.listdir(workdir / 'checkpoints') == ['2']
+  assert integrity.damage(workdir / 'checkpoints' / '2') is None
+  assert _train_steps(workdir) == [2]
+  for path, content in file_tree(workdir).items():
+    assert b'training on mnist5k' not in content and b'final test' not in content, path
+
+
+def test_stdout_to_a_full_device_trains_saves_and_ends_with_one_line_naming_it(tmp_path,
+                                                                               data_dir):
+  workdir = tmp_path / 'work'
+  with open('/dev/full', 'w') as full:
+    proc = subprocess.run(_command(workdir, data_dir, '--config.total_steps=2'), cwd=ROOT,
+                          env=_env(), stdout=full, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr
+  assert lines[-1] == ('error: cannot write standard output (/dev/full: No space left on device): '
+                       'the command ran to its end, and what it printed from then on was '
+                       'dropped; free space there, or send its output elsewhere'), lines
+  assert os.listdir(workdir / 'checkpoints') == ['2']  # trained and saved all the same
+  assert _train_steps(workdir) == [2]
 
 
 # ---------------------------------------------------------------------------------------------

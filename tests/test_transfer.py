@@ -86,8 +86,8 @@ def _abstract(model, size, channels=1):
   return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False)['params'], x)
 
 
-def _numpy_params(model, size, seed=0):
-  x = np.zeros((1, size, size, 1), np.float32)
+def _numpy_params(model, size, seed=0, channels=1):
+  x = np.zeros((1, size, size, channels), np.float32)
   params = jax.jit(lambda x: model.init(jax.random.key(seed), x, train=False))(x)['params']
   return jax.tree.map(np.array, params)  # writable copies
 
@@ -198,3 +198,42 @@ def test_trained_grid_comes_from_the_stored_config():
   assert transfer._trained_grid(config) == (9, 9)  # pylint: disable=protected-access
   unknown = ml_collections.ConfigDict({'model_name': 'x'})
   assert transfer._trained_grid(unknown) is None  # pylint: disable=protected-access
+
+
+def test_an_rgb_checkpoint_for_a_one_channel_run_names_the_channels():
+  rgb = models.create_model('ViT-Ze/4', num_classes=10)
+  loaded = jax.tree.map(np.asarray, jax.jit(lambda x: rgb.init(jax.random.key(0), x,
+                                                               train=False))(
+      np.zeros((1, 28, 28, 3), np.float32))['params'])
+  target = models.create_model('ViT-Ze/4', num_classes=3)
+  with pytest.raises(UserError, match=r'^config.init=x.npz was trained on 3-channel images and '
+                                      r'this run feeds 1-channel ones: set config.pp.channels=3 '
+                                      r'\(images are converted: .*\), or start from a checkpoint '
+                                      r'trained on 1-channel images$'):
+    transfer.transfer_params(loaded, _abstract(target, 28, channels=1), has_cls=True,
+                             old_grid=(7, 7), new_grid=(7, 7), what='config.init=x.npz')
+  values = transfer.transfer_params(loaded, _abstract(target, 28, channels=3), has_cls=True,
+                                    old_grid=(7, 7), new_grid=(7, 7))
+  np.testing.assert_array_equal(values['embedding/kernel'], loaded['embedding']['kernel'])
+
+
+@pytest.mark.slow
+def test_a_refused_init_leaves_no_workdir_and_no_checkpoints_folder(tmp_path, data_dir):
+  """The init is read once the run has created its workdir (a resume ignores it): refused, the
+  run removes the folders it created and leaves an existing workdir as it was."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  rgb = tmp_path / 'rgb.npz'
+  npz_lib.save_npz(str(rgb), _numpy_params(models.create_model('ViT-Ze/4', num_classes=10), 28,
+                                           channels=3))
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=6,batch_size=16')
+  config.data_dir, config.warmup_steps, config.init = data_dir, 1, str(rgb)
+  with pytest.raises(UserError, match='was trained on 3-channel images'):
+    loop.train_and_evaluate(config, str(tmp_path / 'new'))
+  assert not (tmp_path / 'new').exists()
+  existing = tmp_path / 'existing'
+  existing.mkdir()
+  (existing / 'notes.txt').write_text('keep me')
+  with pytest.raises(UserError, match='was trained on 3-channel images'):
+    loop.train_and_evaluate(config, str(existing))
+  assert sorted(p.name for p in existing.iterdir()) == ['notes.txt']

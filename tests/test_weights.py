@@ -83,10 +83,10 @@ def test_downloaded_once_then_used_offline(mirror, tmp_path):
   assert _cache_files(tmp_path) == ['imagenet21k/ViT-B_16.npz']  # no temporary file left
   os.rename(mirror, tmp_path / 'gone')  # offline from now on
   assert weights.fetch(B16) == path
-  # --config.init=NAME reads it; predict/export/convert (bundle.resolve) and analyze too.
-  loaded = transfer.load_pretrained(B16)
-  np.testing.assert_array_equal(loaded.params['head']['kernel'], np.float32(0.01))
-  assert loaded.source == f'{B16} ({path})'
+  # --config.init=NAME reads it (and refuses it: the stand-in is not a ViT-B/16, which the name
+  # promises); predict/export/convert (bundle.resolve) and analyze read it as --model says.
+  with pytest.raises(UserError, match=f'^{path} holds another model'):
+    transfer.load_pretrained(B16)
   bundle = bundle_lib.resolve(checkpoint=B16, model='ViT-Ze/4')
   assert (bundle.spec.model_name, bundle.spec.num_classes, bundle.spec.image_size) == \
       ('ViT-Ze/4', 3, 28)
@@ -215,3 +215,37 @@ def test_analyze_official_weights_by_name_on_image_files(mirror, tmp_path):
   assert (summary['checkpoint'], summary['model_name'], summary['grid']) == \
       (B16, 'ViT-Ze/4', [8, 8])
   assert (tmp_path / 'f' / 'attention_rollout.png').stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_init_by_name_refuses_a_file_of_another_model_as_predict_does(mirror, tmp_path,
+                                                                      data_dir):
+  """The mirror serves a ViT-Ze/4 file as ViT-B/16's: a ViT-Ze/4 run could load it, and must
+  not (the name promises ViT-B/16); predict refuses the same file with the same check."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  line = (r'imagenet21k/ViT-B_16.npz holds another model \(width 32, 2 blocks\), not '
+          r'ViT-B/16@imagenet21k \(ViT-B/16: width 768, 12 blocks\): delete it and fix the mirror '
+          rf'at \${weights.URL_VAR} \(file://.*\)')
+  with pytest.raises(UserError, match=line + '$'):
+    transfer.load_pretrained(B16)
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=6,batch_size=16')
+  config.data_dir, config.warmup_steps, config.init = data_dir, 1, B16
+  with pytest.raises(UserError, match=line + '$'):
+    loop.train_and_evaluate(config, str(tmp_path / 'work'))
+  assert not (tmp_path / 'work').exists()
+  with pytest.raises(UserError, match=line + ', or pass --model with the variant the file holds$'):
+    bundle_lib.resolve(checkpoint=B16)
+  assert bundle_lib.resolve(checkpoint=B16, model='ViT-Ze/4').spec.model_name == 'ViT-Ze/4'
+  # The name's own model (the smallest released one) is read.
+  ti = 'ViT-Ti/16@augreg-i21k'
+  model = create_model('ViT-Ti/16', num_classes=5)
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False)['params'],
+                          jax.ShapeDtypeStruct((1, 32, 32, 3), np.float32))
+  path = mirror / weights.lookup(ti).path
+  path.parent.mkdir(parents=True)
+  npz.save_npz(str(path), jax.tree.map(lambda s: np.full(s.shape, 0.5, s.dtype), shapes))
+  loaded = transfer.load_pretrained(ti)
+  assert loaded.source == f'{ti} ({weights.local_path(weights.lookup(ti))})'
+  np.testing.assert_array_equal(loaded.params['Transformer']['encoder_norm']['scale'],
+                                np.full(192, 0.5, np.float32))

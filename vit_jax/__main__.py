@@ -5,7 +5,10 @@ Runs vit_jax/commands/<command>.py as the main module with the flags after the c
 module is imported. `python -m vit_jax --help` lists the commands.
 """
 
-from vit_jax import interrupt  # pylint: disable=g-bad-import-order
+import _signal  # pylint: disable=g-bad-import-order  # built in and already loaded
+_signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})  # held until interrupt.install()
+
+from vit_jax import interrupt  # pylint: disable=g-bad-import-order,wrong-import-position
 interrupt.install()  # first: a Ctrl-C while the command's modules load is one line, no traceback
 
 import runpy  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -23,6 +23,7 @@ from vit_jax.platform import hostmem  # pylint: disable=g-import-not-at-top
 from vit_jax.platform import tf_import  # pylint: disable=g-import-not-at-top
 from vit_jax import interrupt  # pylint: disable=g-import-not-at-top
 from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+from vit_jax.configs.common import UNSET_SPELLINGS  # pylint: disable=g-import-not-at-top
 
 EXIT_USER_ERROR = 2
 # The flags that ask for a command's usage: absl's (it prints the usage, then exits with status 1,
@@ -40,8 +41,12 @@ def as_flags(message: str) -> str:
   return _CONFIG_KEY.sub('--config.', message)
 
 
-def fail(message: str) -> None:
+def fail(message: str, *, quiet_after: bool = False) -> None:
+  """Prints the one error line and exits 2. `quiet_after`: nothing printed after it (what the
+  command's background threads would still say about the failure; `interrupt.silence`)."""
   print(f'error: {as_flags(message)}', file=sys.stderr, flush=True)
+  if quiet_after:
+    interrupt.silence()
   sys.exit(EXIT_USER_ERROR)
 
 
@@ -58,7 +63,7 @@ def _parse_flags(argv):
   try:
     parsed = flags.FLAGS([arg for arg in argv if arg not in unset])
   except flags.Error as e:
-    fail(_user_message(e) or _one_line(str(e)))
+    fail(_with_unset_hint(_user_message(e) or _one_line(str(e)), argv))
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no config key
     fail(_unknown_key_message(_key_of(e), argv))
   except Exception as e:  # pylint: disable=broad-except  # raised by the config file's code
@@ -70,8 +75,20 @@ def _parse_flags(argv):
 
 
 # `--config.KEY=None`: the key unset (ml_collections would parse None as the key's type), e.g.
-# `--config.total_steps=None --config.total_epochs=10` to switch a recipe to epochs.
-_UNSET = re.compile(r'^--config\.([A-Za-z_][\w.]*)=(None|none|null)$')
+# `--config.total_steps=None --config.total_epochs=10` to switch a recipe to epochs. Only Python's
+# spelling unsets: `none` is a value of several keys (model.remat, model.posemb).
+_UNSET = re.compile(rf'^--config\.([A-Za-z_][\w.]*)=({"|".join(UNSET_SPELLINGS)})$')
+
+
+def _with_unset_hint(message: str, argv) -> str:
+  """A value refused for its type that looks like a try at unsetting the key (`none`, `null`)
+  gets the spelling that does unset it."""
+  for arg in argv:
+    match = re.match(r'^--config\.([A-Za-z_][\w.]*)=(none|null|NULL|NONE|nil)$', arg)
+    if match and arg in message:
+      return (f'{message} (to unset {match.group(1)}, spell it '
+              f'--config.{match.group(1)}={UNSET_SPELLINGS[0]})')
+  return message
 
 
 def _unset_key(arg: str, argv) -> None:
@@ -253,14 +270,21 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   command line that asks for its usage (--help) ending with exit code 0 (absl's is 1).
 
   First, once per process, it restarts with huge-page malloc where that helps
-  (vit_jax/platform/hostmem.py). TensorFlow is imported quietly where a command needs it
+  (vit_jax/platform/hostmem.py), SIGINT held across the restart (vit_jax/interrupt.py). Output
+  that meets a closed reader is dropped; output that meets a full file is dropped too, and a
+  command that otherwise succeeded then ends with one error line naming the file (exit 2). TensorFlow is imported quietly where a command needs it
   (platform/tf_import.py), and the persistent XLA compilation cache is on
   (platform/compile_cache.py) unless `compilation_cache=False` (the benchmark, which times cold
   compiles).
   """
-  hostmem.restart_with_hugepages()
-  interrupt.install()
-  interrupt.survive_closed_output()  # `... | head -1` or a closed terminal never stops a run
+  try:
+    interrupt.install()  # (again: for entry points that did not) streams closed at start opened
+    with interrupt.held():  # a Ctrl-C from here on outlives the restart
+      hostmem.restart_with_hugepages()
+  except KeyboardInterrupt:
+    fail('interrupted (Ctrl-C): rerun the same command')
+  interrupt.survive_closed_output()  # `... | head -1`, a closed terminal or a full disk never
+  #                                    stops a run
   for name in required_flags:
     flags.mark_flag_as_required(name)
 
@@ -277,12 +301,12 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
     try:
       return fn(argv)
     except UserError as e:
-      fail(str(e))
+      fail(str(e), quiet_after=True)
     except Exception as e:  # a full disk, a missing permission, ...: one line; a bug: traceback
       line = errors.environment_failure(e)
       if line is None:
         raise
-      fail(line)
+      fail(line, quiet_after=True)
 
   try:
     app.run(guarded, flags_parser=_parse_flags)
@@ -291,6 +315,10 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   except SystemExit as e:
     if e.code == 1 and asks_for_help(sys.argv):  # absl printed the usage asked for: not a failure
       raise SystemExit(0) from None
+    lost = interrupt.lost_output()
+    if lost and e.code in (0, None):  # the command ran to its end; what it printed did not
+      fail(f'cannot write {lost}: the command ran to its end, and what it printed from then on '
+           'was dropped; free space there, or send its output elsewhere')
     raise
 
 

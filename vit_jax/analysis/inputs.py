@@ -38,8 +38,7 @@ def load_params_file(source: str, model_name: Optional[str] = None):
   """(model, params, ModelSpec) of an .npz params file or official weights by name (downloaded
   once): the variant from the name or `model_name`, options and size from the params."""
   if weights.is_name(source):
-    model_name = model_name or weights.lookup(source).model_name
-    source = weights.fetch(source)
+    source, model_name = weights.fetch_as(source, model_name)
   if not model_name:
     raise UserError(f'--checkpoint={source} holds params only: pass the model it was trained as '
                     '(--model, e.g. ViT-B/16)')

@@ -7,17 +7,25 @@ a checkpoint aside. A restore that fails for any other reason (out of memory, a 
 permissions, an I/O error) leaves the checkpoint where it is. A step without a manifest (written
 by an older version, or by a run killed between the rename and the manifest) is checked on its
 orbax metadata files alone.
+
+Every restore is checked, not only a failed one, in two parts so that it costs little time:
+`damage(step_dir, large=False)` before anything is read (every file's presence and size, the
+checksums of the files up to `SMALL` bytes: metadata, config, facts), and a `Verification` of the
+larger files' checksums on a thread while the arrays are read (a streaming CRC-32 in large chunks;
+zlib releases the GIL, so it runs beside orbax's own reading).
 """
 
 import json
 import os
+import threading
 import zlib
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from etils import epath
 
 MANIFEST = 'manifest.json'
-_CHUNK = 1 << 22
+_CHUNK = 8 << 20
+SMALL = 1 << 20  # files up to this size are checked before a restore, larger ones beside it
 # orbax's JSON metadata files (the step's, each item's, the PyTree's array index).
 _METADATA_NAMES = ('_CHECKPOINT_METADATA', '_METADATA', 'metadata', '_sharding')
 
@@ -38,10 +46,29 @@ def _files(step_dir: epath.Path) -> Dict[str, epath.Path]:
   return out
 
 
-def _checksum(path: epath.Path) -> str:
+class _Stopped(Exception):
+  """A Verification cancelled while it read."""
+
+
+def _checksum(path: epath.Path, buffer: Optional[bytearray] = None,
+              stop: Optional[threading.Event] = None) -> str:
+  """The CRC-32 of a file, read in chunks into `buffer` (one allocation for all the files)."""
+  buffer = buffer if buffer is not None else bytearray(_CHUNK)
+  view = memoryview(buffer)
   crc = 0
   with path.open('rb') as f:
-    while chunk := f.read(_CHUNK):
+    readinto = getattr(f, 'readinto', None)
+    while True:
+      if stop is not None and stop.is_set():
+        raise _Stopped()
+      if readinto is not None:
+        count = readinto(view)
+        chunk = view[:count]
+      else:  # a remote file without readinto
+        chunk = f.read(_CHUNK)
+        count = len(chunk)
+      if not count:
+        break
       crc = zlib.crc32(chunk, crc)
   return f'{crc:08x}'
 
@@ -49,7 +76,8 @@ def _checksum(path: epath.Path) -> str:
 def describe(step_dir) -> dict:
   """{relative path: [size, crc32]} of the files of a step directory (its manifest's content)."""
   step_dir = epath.Path(step_dir)
-  return {rel: [path.stat().length, _checksum(path)]
+  buffer = bytearray(_CHUNK)
+  return {rel: [path.stat().length, _checksum(path, buffer)]
           for rel, path in sorted(_files(step_dir).items())}
 
 
@@ -64,17 +92,35 @@ def write_manifest(step_dir) -> None:
   tmp.rename(step_dir / MANIFEST)
 
 
-def damage(step_dir) -> Optional[str]:
-  """What is wrong with the files of a step directory, or None. OSError (permissions, I/O) is
-  raised, not taken for damage: it says nothing about the files themselves."""
-  step_dir = epath.Path(step_dir)
+class _Invalid(Exception):
+  pass
+
+
+def _recorded(step_dir: epath.Path) -> Optional[Dict[str, Tuple[int, str]]]:
+  """The manifest's {relative path: (size, crc)}, None without a manifest; _Invalid if it is not
+  a manifest."""
   manifest = step_dir / MANIFEST
-  if manifest.exists():
-    try:
-      recorded = json.loads(manifest.read_text())['files']
-    except (ValueError, KeyError, TypeError):
-      return f'its {MANIFEST} is not valid'
+  if not manifest.exists():
+    return None
+  try:
+    files = json.loads(manifest.read_text())['files']
+    return {str(rel): (int(size), str(crc)) for rel, (size, crc) in files.items()}
+  except (ValueError, KeyError, TypeError, AttributeError):
+    raise _Invalid() from None
+
+
+def damage(step_dir, *, large: bool = True) -> Optional[str]:
+  """What is wrong with the files of a step directory, or None. OSError (permissions, I/O) is
+  raised, not taken for damage: it says nothing about the files themselves. `large=False` leaves
+  out the checksums of the files above SMALL bytes (a `Verification` computes them)."""
+  step_dir = epath.Path(step_dir)
+  try:
+    recorded = _recorded(step_dir)
+  except _Invalid:
+    return f'its {MANIFEST} is not valid'
+  if recorded is not None:
     present = _files(step_dir)
+    buffer = None
     for rel, (size, crc) in sorted(recorded.items()):
       path = present.get(rel)
       if path is None:
@@ -82,8 +128,10 @@ def damage(step_dir) -> Optional[str]:
       actual = path.stat().length
       if actual != size:
         return f'{rel} has {actual} bytes, {size} were written'
-      if _checksum(path) != crc:
-        return f'{rel} does not match its checksum'
+      if large or size <= SMALL:
+        buffer = buffer if buffer is not None else bytearray(_CHUNK if large else SMALL)
+        if _checksum(path, buffer) != crc:
+          return _mismatch(rel)
     return None
   for rel, path in sorted(_files(step_dir).items()):
     if os.path.basename(rel) in _METADATA_NAMES or rel.endswith('.json'):
@@ -94,4 +142,56 @@ def damage(step_dir) -> Optional[str]:
   return None
 
 
-__all__ = ['MANIFEST', 'damage', 'describe', 'write_manifest']
+def _mismatch(rel: str) -> str:
+  return f'{rel} does not match its checksum'
+
+
+class Verification:
+  """The checksums of a step's files above SMALL bytes, computed on a thread from construction
+  (a step without a manifest has none to compute). `result()` waits for them: the damage found,
+  or None; what reading raised (OSError, MemoryError) is raised there. `cancel()` stops it."""
+
+  def __init__(self, step_dir):
+    step_dir = epath.Path(step_dir)
+    try:
+      recorded = _recorded(step_dir) or {}
+    except _Invalid:  # `damage` says so before a Verification is made
+      recorded = {}
+    self._todo: List[Tuple[str, epath.Path, str]] = [
+        (rel, step_dir / rel, crc) for rel, (size, crc) in sorted(recorded.items())
+        if size > SMALL]
+    self._stop = threading.Event()
+    self._found: Optional[str] = None
+    self._error: Optional[BaseException] = None
+    self._thread = None
+    if self._todo:
+      buffer = bytearray(_CHUNK)  # allocated here, by the caller, before the restore starts
+      self._thread = threading.Thread(target=self._run, args=(buffer,), daemon=True,
+                                      name='checkpoint-verification')
+      self._thread.start()
+
+  def _run(self, buffer: bytearray) -> None:
+    try:
+      for rel, path, crc in self._todo:
+        if _checksum(path, buffer, self._stop) != crc:
+          self._found = _mismatch(rel)
+          return
+    except _Stopped:
+      pass
+    except BaseException as e:  # pylint: disable=broad-except  # handed to result()
+      self._error = e
+
+  def result(self) -> Optional[str]:
+    if self._thread is not None:
+      self._thread.join()
+    if self._error is not None:
+      raise self._error
+    return self._found
+
+  def cancel(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+
+
+__all__ = ['MANIFEST', 'SMALL', 'Verification', 'damage', 'describe', 'write_manifest']

@@ -7,23 +7,28 @@ Used by the analyses, the few-shot CLI and `config.init` (vit_jax.train.transfer
 """
 
 import os
-from typing import Optional, Tuple
+import sys
+import time
+from typing import Callable, Optional, Sequence, Tuple, TypeVar
 
 import jax
 import ml_collections
 import numpy as np
 from etils import epath
 
+from vit_jax.checkpoint import integrity
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
 from vit_jax.models import layout
 
 
-def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None) -> epath.Path:
+def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None,
+                       passed: Sequence[int] = ()) -> epath.Path:
   """The step directory (holding `state/` and `config/`) named by --workdir/--checkpoint.
 
-  `checkpoint` is None (the newest step in `<workdir>/checkpoints`), a step number, or the path
-  of a step directory (`<workdir>/checkpoints/<step>`, or its `state` subdirectory).
+  `checkpoint` is None (the newest step in `<workdir>/checkpoints`, leaving out the steps
+  `passed`), a step number, or the path of a step directory (`<workdir>/checkpoints/<step>`, or
+  its `state` subdirectory).
   """
   checkpoint = None if checkpoint in (None, '') else str(checkpoint)
   if checkpoint is not None and not checkpoint.isdigit():
@@ -46,11 +51,72 @@ def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None)
     raise UserError(f'no checkpoints in {root / "checkpoints"}: train first (python -m '
                     f'vit_jax.main --workdir={workdir} ...) or pass another --workdir')
   if checkpoint is None:
-    return root / 'checkpoints' / str(steps[-1])
+    healthy = [s for s in steps if s not in passed]
+    if not healthy:
+      raise UserError(f'every checkpoint in {root / "checkpoints"} is damaged (steps '
+                      f'{", ".join(map(str, steps))}): pass another --workdir')
+    return root / 'checkpoints' / str(healthy[-1])
   if int(checkpoint) not in steps:
     raise UserError(f'no checkpoint for step {int(checkpoint)} in {root / "checkpoints"}: '
                     f'available steps are {", ".join(map(str, steps))}')
   return root / 'checkpoints' / str(int(checkpoint))
+
+
+T = TypeVar('T')
+_TRIES = 10  # reads of the newest step of a run that removes each one as it is read
+_REMOVAL_WAIT_S = 5.0  # how long a step that a newer one replaced may take to vanish
+
+
+def read_step(workdir: Optional[str], checkpoint: Optional[str],
+              read: Callable[[epath.Path], T]) -> T:
+  """`read(step_dir)` of the step that --workdir/--checkpoint name (`resolve_checkpoint`), safe
+  beside the run that writes them. Such a run removes its older checkpoints (it keeps the newest
+  `keep_checkpoints`), possibly while one is read: then the newest step is read again (up to
+  _TRIES times); a step named by --checkpoint that is removed while read is one line. Without
+  --checkpoint, a newest step whose files are damaged is passed over, with a note, for the
+  newest healthy one."""
+  passed, tries = [], 0
+  while True:
+    step_dir = resolve_checkpoint(workdir, checkpoint, passed)
+    try:
+      result = read(step_dir)
+      if step_dir.exists():
+        return result
+      raise FileNotFoundError(f'{step_dir} was removed while it was read')  # (a part may be)
+    except Damaged as e:
+      if checkpoint not in (None, ''):
+        raise
+      print(f'note: {e.args[0].split(": use another step")[0]}; reading the newest healthy '
+            'one', file=sys.stderr, flush=True)
+      passed.append(int(step_dir.name))
+    except Exception:  # pylint: disable=broad-except  # a removed step: read another
+      if not _removed(step_dir):
+        raise
+      if checkpoint not in (None, ''):
+        raise UserError(f'checkpoint {step_dir} was removed while it was read (its run keeps '
+                        f'only its newest checkpoints): pass a step it keeps, or leave out '
+                        f'--checkpoint for the newest') from None
+      tries += 1
+      if tries == _TRIES:
+        raise UserError(f'the newest checkpoint in {step_dir.parent} was removed while it was '
+                        f'read, {_TRIES} times in a row (its run saves and removes checkpoints '
+                        f'faster than they are read): rerun once the run has stopped, or give it '
+                        f'a larger keep_checkpoints') from None
+
+
+def _removed(step_dir: epath.Path) -> bool:
+  """Whether a step that failed to read is gone or going: a run removes a step only once a
+  newer one is complete, and its removal takes a moment."""
+  deadline = time.monotonic() + _REMOVAL_WAIT_S
+  while step_dir.exists():
+    try:
+      newest = available_steps(step_dir.parent.parent)
+    except OSError:
+      newest = []
+    if not newest or newest[-1] <= int(step_dir.name) or time.monotonic() > deadline:
+      return False  # nothing replaced it: its failure is its own
+    time.sleep(0.05)
+  return True
 
 
 def available_steps(workdir) -> list[int]:
@@ -62,15 +128,49 @@ def available_steps(workdir) -> list[int]:
                 if p.name.isdigit() and (p / 'state').is_dir() and (p / 'config').is_dir())
 
 
+class Damaged(UserError):
+  """A checkpoint whose files do not match its manifest (vit_jax/checkpoint/integrity.py)."""
+
+
 def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_collections.ConfigDict]:
   """(params as numpy arrays, the run's config) of one checkpoint step directory. The params
   have the official unrolled names (encoderblock_{i}) whether or not the run scanned its encoder.
 
   averaged=True returns the Polyak average of the params instead (vit_jax/train/polyak.py: what
-  the run's evaluations scored) when the run kept one.
+  the run's evaluations scored) when the run kept one. The step's files are checked against its
+  manifest as they are read (`integrity`): damaged ones raise `Damaged`.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   step_dir = _absolute(step_dir)  # orbax finds no metadata under a relative path
+  damaged = integrity.damage(step_dir, large=False)
+  if damaged:
+    raise _damaged(step_dir, damaged)
+  verification = integrity.Verification(step_dir)  # the array data, beside the read
+  try:
+    try:
+      loaded = _read_params(step_dir, averaged)
+    except Exception:  # pylint: disable=broad-except  # damaged files say so, anything else raises
+      try:
+        damaged = verification.result()
+      except Exception:  # pylint: disable=broad-except  # cannot tell: the read's own error
+        damaged = None
+      if damaged:
+        raise _damaged(step_dir, damaged) from None
+      raise
+    damaged = verification.result()
+  finally:
+    verification.cancel()
+  if damaged:
+    raise _damaged(step_dir, damaged)
+  return loaded
+
+
+def _damaged(step_dir, what: str) -> Damaged:
+  return Damaged(f'checkpoint {step_dir} is damaged ({what}): use another step '
+                 f'(--checkpoint=STEP; the training run sets it aside when it resumes)')
+
+
+def _read_params(step_dir: epath.Path, averaged: bool) -> Tuple[dict, ml_collections.ConfigDict]:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
     config = ml_collections.ConfigDict(ckptr.restore(step_dir / 'config'))
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
@@ -114,4 +214,5 @@ def _average_index(opt_state) -> Optional[int]:
   return found[0] if found else None
 
 
-__all__ = ['resolve_checkpoint', 'available_steps', 'load_checkpoint', 'load_facts']
+__all__ = ['Damaged', 'available_steps', 'load_checkpoint', 'load_facts', 'read_step',
+           'resolve_checkpoint']

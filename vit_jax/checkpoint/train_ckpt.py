@@ -11,11 +11,12 @@ the stored layout (`shape_changes`), so a change of `model.scan` alone is not a 
 Crash safety: orbax writes each step into a temporary directory and renames it when complete, so
 a process killed mid-write leaves only a temporary directory, which is ignored (and cleaned up on
 the next start). Once a step is complete its `manifest.json` records each file's size and
-checksum (`integrity.py`). A step that cannot be read back is set aside (moved to
-`<workdir>/corrupt_checkpoints/<step>-<time>`, kept, not deleted) only when its own files fail
-that check (disk damage, a truncated copy), and the previous step is used; any other failure
-(out of memory, disk, permissions, I/O) stops the run with one UserError line and leaves every
-checkpoint in place. Before its arrays are read, `restore_latest` reads a step's config, facts
+checksum (`integrity.py`), and every restore checks the files against it (the array data's
+checksums on a thread while the arrays are read). A step whose own files fail that check (disk
+damage, a truncated copy, a flipped bit) is set aside (moved to
+`<workdir>/corrupt_checkpoints/<step>-<time>`, kept, not deleted), whether or not orbax could read
+it, and the previous step is used; any other failure (out of memory, disk, permissions, I/O)
+stops the run with one UserError line and leaves every checkpoint in place. Before its arrays are read, `restore_latest` reads a step's config, facts
 and array shapes (`inspect`) and lets the caller refuse a run that does not match (another
 config, other shapes, other data), which also leaves every checkpoint where it is. A failed write
 (disk full, permissions) is one UserError line; the half-written temporary directory is removed
@@ -26,6 +27,7 @@ import dataclasses
 import errno
 import functools
 import os
+import re
 import shutil
 import sys
 import time
@@ -67,6 +69,8 @@ class Checkpointer:
     self.workdir = workdir
     self._keep = keep
     self._saved = set()  # steps saved by this run that have no manifest yet
+    # A run refused at start-up (config.init of another model) leaves no empty folder behind.
+    self._created = not is_remote(directory) and not os.path.exists(self.directory)
     self._manager = self._open()
 
   def _open(self) -> ocp.CheckpointManager:
@@ -167,12 +171,15 @@ class Checkpointer:
 
   def restore_latest(self, abstract_state, check: Optional[Callable[[Stored], None]] = None
                      ) -> Tuple[Optional[int], Any, Optional[dict]]:
-    """(step, state, config) of the newest readable checkpoint, or (None, None, None).
+    """(step, state, config) of the newest healthy checkpoint, or (None, None, None).
 
+    Each candidate's files are checked against its manifest (`integrity`) as it is restored:
+    sizes and small files before anything is read, the checksums of the array data on a thread
+    while the arrays are read. A step whose files are damaged is set aside (moved, with a line
+    saying so) and the next older one is tried, whether or not orbax could read it.
     `check(stored)` sees each candidate before its arrays are read, and raises to refuse it
-    (nothing is moved). A step that cannot be read is set aside only when its files fail the
-    integrity check (`integrity.damage`), and the next older one is tried; otherwise the failure
-    is one UserError line and nothing is moved. Checkpoints newer than the one used that sit in
+    (nothing is moved). A restore that fails while the files are intact is one UserError line
+    and nothing is moved. Checkpoints newer than the one used that sit in
     `corrupt_checkpoints/` are named in a note.
     """
     while True:
@@ -180,32 +187,66 @@ class Checkpointer:
       if step is None:
         self._note_set_aside_newer(None)
         return None, None, None
+      restored = self._restore_verified(step, abstract_state, check)
+      if restored is not None:
+        self._note_set_aside_newer(step)
+        return (step, *restored)
+
+  def _restore_verified(self, step: int, abstract_state, check) -> Optional[Tuple[Any, dict]]:
+    """(state, config) of checkpoint `step` once its files are verified, or None when it was
+    set aside as damaged."""
+    step_dir = epath.Path(self.directory) / str(step)
+    try:
+      damaged = integrity.damage(step_dir, large=False)  # before anything is read
+    except Exception as e:  # pylint: disable=broad-except  # I/O: the restore's error line
+      self._unreadable(step, e)
+      return None
+    if damaged:
+      self._set_aside(step, damaged)
+      return None
+    verification = integrity.Verification(step_dir)  # the array data, beside the restore
+    try:
       try:
         stored = self.inspect(step)
       except Exception as e:  # pylint: disable=broad-except  # whatever reading it raised
-        self._unreadable(step, e)
-        continue
+        self._unreadable(step, e, verification)
+        return None
       if check is not None:
         check(stored)
       try:
         state, config = self.restore(step, abstract_state)
       except Exception as e:  # pylint: disable=broad-except  # whatever reading it raised
-        self._unreadable(step, e)
-        continue
-      self._note_set_aside_newer(step)
-      return step, state, config
+        self._unreadable(step, e, verification)
+        return None
+      try:
+        damaged = verification.result()
+      except Exception as e:  # pylint: disable=broad-except  # I/O, memory: not the files
+        _delete(state)
+        raise UserError(f'cannot check the files of checkpoint {step} in {self.directory} '
+                        f'({_reason(e)}); it stays where it is: {restore_failure_fix(e)}, then '
+                        f'rerun the same command') from None
+      if damaged:
+        _delete(state)  # read, but not what was written: never used
+        self._set_aside(step, damaged)
+        return None
+      return state, config
+    finally:
+      verification.cancel()  # (finished by now, unless the step was refused or failed)
 
-  def _unreadable(self, step: int, error: Exception) -> None:
+  def _unreadable(self, step: int, error: Exception,
+                  verification: Optional[integrity.Verification] = None) -> None:
     """Sets step `step` aside if its own files are damaged; otherwise a UserError naming the
     failure, every checkpoint left in place."""
     step_dir = epath.Path(self.directory) / str(step)
-    failure = f'{type(error).__name__}: {_one_line(error)}'
+    failure = _failure(error)
     try:
-      damaged = integrity.damage(step_dir)
+      if verification is None:
+        damaged = integrity.damage(step_dir)
+      else:  # the large files' checksums: the verification's
+        damaged = integrity.damage(step_dir, large=False) or verification.result()
     except Exception as e:  # pylint: disable=broad-except  # I/O, memory: says nothing of the files
       damaged = None
-      failure = (f'{failure}; checking its files: '
-                 f'{getattr(e, "strerror", None) or _one_line(e) or type(e).__name__}')
+      failure = f'{failure}; checking its files: {_reason(e)}'
     if damaged is None:
       raise UserError(f'cannot read checkpoint {step} in {self.directory} ({failure}); its files '
                       f'pass the integrity check, so it stays where it is: '
@@ -218,8 +259,7 @@ class Checkpointer:
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)
       source.rename(target)
-      print(f'checkpoint {step} in {self.directory} is unreadable, its files damaged '
-            f'({reason[:240]}); moved it to '
+      print(f'checkpoint {step} in {self.directory} is damaged ({reason[:240]}); moved it to '
             f'{target} and trying the previous one', file=sys.stderr, flush=True)
     _sync(f'set_aside_{step}')
     self._manager.close()
@@ -246,6 +286,11 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
+      if self._created and jax.process_index() == 0:
+        try:
+          os.rmdir(self.directory)  # only while empty: nothing was saved
+        except OSError:
+          pass
 
 
 CORRUPT_DIR = 'corrupt_checkpoints'
@@ -265,8 +310,32 @@ def set_aside_after(workdir: str, step: int) -> List[Tuple[int, str]]:
   return sorted(found)
 
 
+def _delete(state) -> None:
+  """Frees the device memory of a restored state that is not used."""
+  for leaf in jax.tree_util.tree_leaves(state):
+    if isinstance(leaf, jax.Array):
+      leaf.delete()
+
+
+def _failure(error: BaseException) -> str:
+  """'Type: message' of a failed read: of the error in its chain that says it ran out of memory
+  (orbax wraps tensorstore's and XLA's), else of the error itself."""
+  described = [f'{type(e).__name__}: {_one_line(e)}' for e in errors.chain(error)]
+  memory = [d for d in described if any(w in d for w in _OUT_OF_MEMORY_WORDS)]
+  return (memory or described)[0]
+
+
+def _reason(error: BaseException) -> str:
+  return getattr(error, 'strerror', None) or _one_line(error) or type(error).__name__
+
+
+# orbax's wrapper of a tensorstore error ends with the repr of a bound method, not its text.
+_TENSORSTORE_DETAILS = re.compile(r'\.? See full TensorStore details: <bound method .*$')
+
+
 def _one_line(error: BaseException) -> str:
-  return ' '.join(str(error).split())[:200] or type(error).__name__
+  text = _TENSORSTORE_DETAILS.sub('', ' '.join(str(error).split()))
+  return text[:200] or type(error).__name__
 
 
 def write_failure_reason(error: BaseException) -> Optional[str]:

@@ -72,9 +72,12 @@ _SUITE_PROFILE = flags.DEFINE_bool('suite_profile', False, 'Each suite run also 
                                    'step; prints ms per step by kernel class (GEMM, attention, '
                                    'LayerNorm, ...), ours against timm.')
 
+# The base config when --config is not given: passed as if it were, so that its overrides
+# (`--config.KEY=VALUE`) are parsed, and refused in one line, as the trainer's are.
+DEFAULT_CONFIG = 'configs/mnist5k.py'
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
-    'config': ('configs/mnist5k.py', 'Base config file.'),
+    'config': (None, f'Base config file (default {DEFAULT_CONFIG}).'),
     'model': ('ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.'),
     'batch_size': (8, 'Batch size.'),
     'image_size': (224, 'Input resolution (pixels).'),
@@ -160,6 +163,9 @@ def run(argv) -> int:
 def main():
   for name, (default, text) in _ADAPTED.items():
     flag_groups.adapt(name, default=default, help=text)
+  flags_given = sys.argv[1:sys.argv.index('--')] if '--' in sys.argv else sys.argv[1:]
+  if not any(a == '--config' or a.startswith('--config=') for a in flags_given):
+    sys.argv.insert(1, f'--config={DEFAULT_CONFIG}')
   cli.run_main(run, compilation_cache=False)  # it times cold compiles
 
 

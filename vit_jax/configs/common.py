@@ -139,8 +139,9 @@ def base_config() -> config_dict.ConfigDict:
 
 
 # How a config argument or a `--config.KEY=...` override says "no value" (vit_jax/cli.py reads
-# the same spellings for overrides).
-UNSET_SPELLINGS = ('None', 'none', 'null')
+# the same spelling for overrides): Python's None only, since `none` is a value of several keys
+# (model.remat, model.posemb, the `aug` argument of configs/pretrain.py).
+UNSET_SPELLINGS = ('None',)
 
 
 def parse_arg(arg: str | None, **defaults):

@@ -74,6 +74,12 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     return
   directory = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(directory):
+    existing = directory
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+      existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):  # a part of the path is a file
+      raise UserError(f'cannot save {path}: {existing} is a file, not a directory: pass a path '
+                      f'under a directory')
     raise UserError(f'cannot save {path}: directory {directory} does not exist; create it first')
   # A hidden temp file in the same directory (same filesystem: the rename is atomic).
   tmp = os.path.join(directory, f'{_temp_prefix(path)}{uuid.uuid4().hex}.tmp')

@@ -25,7 +25,7 @@ import sys
 import urllib.error
 import urllib.request
 import zipfile
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -206,11 +206,12 @@ def _copy_checked(response, f, expected: Optional[str], address: str) -> None:
     raise UserError(f'{address} is not an .npz (zip) file ({got} bytes): check {URL_VAR}')
 
 
-def check_model(name: str, path: str) -> None:
+def check_model(name: str, path: str, *, other_fix: str = '') -> None:
   """A UserError unless the .npz at `path` (the file of the weights `name`) has the width and
   depth of the name's own variant (the released files' `Transformer/encoder_norm/scale` and
   `encoderblock_{i}` names): a mirror serving another model's file under the name is said so,
-  not taken for an image-size question."""
+  not taken for an image-size question or a checkpoint of another model. `other_fix` is the
+  caller's other way out (predict: pass --model)."""
   from vit_jax.models import variants  # pylint: disable=g-import-not-at-top
   weights = lookup(name)
   want = variants.decode_variant(weights.model_name)
@@ -226,7 +227,24 @@ def check_model(name: str, path: str) -> None:
     raise UserError(f'{path} holds another model (width {width}, {depth} blocks), not '
                     f'{weights.name} ({weights.model_name}: width {want["hidden_size"]}, '
                     f'{want["num_layers"]} blocks): delete it and fix the mirror at ${URL_VAR} '
-                    f'({base_url()}), or pass --model with the variant the file holds')
+                    f'({base_url()}){other_fix}')
+
+
+def fetch_checked(name: str, *, other_fix: str = '') -> str:
+  """`fetch(name)`, the file checked to hold the name's own model (`check_model`): what a caller
+  that takes the model from the name uses (config.init, and `fetch_as`)."""
+  path = fetch(name)
+  check_model(name, path, other_fix=other_fix)
+  return path
+
+
+def fetch_as(name: str, model_name: Optional[str] = None) -> Tuple[str, str]:
+  """(local file, variant) of the weights `name` read as `model_name` (--model of predict,
+  convert, analyze); without one, as the name's own variant, which the file must hold."""
+  if model_name:
+    return fetch(name), model_name
+  return (fetch_checked(name, other_fix=', or pass --model with the variant the file holds'),
+          lookup(name).model_name)
 
 
 def resolve(text: Optional[str]) -> Optional[str]:
@@ -249,5 +267,6 @@ def listing() -> str:
   return '\n'.join(lines)
 
 
-__all__ = ['KNOWN', 'Weights', 'base_url', 'cache_dir', 'check_model', 'fetch', 'is_name', 'listing',
-           'local_path', 'lookup', 'model_name', 'resolve', 'url']
+__all__ = ['KNOWN', 'Weights', 'base_url', 'cache_dir', 'check_model', 'fetch', 'fetch_as',
+           'fetch_checked', 'is_name', 'listing', 'local_path', 'lookup', 'model_name', 'resolve',
+           'url']

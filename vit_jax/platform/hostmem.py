@@ -9,7 +9,8 @@ glibc reads tunables only when a process starts, so the command-line entry point
 restart themselves once, same PID, same arguments, with the tunable added to GLIBC_TUNABLES. This
 happens only on Linux with glibc >= 2.35 and THP in 'madvise' mode ('always' needs nothing;
 'never' gives nothing). VIT_JAX_HUGEPAGES=0 turns it off. Programs that import vit_jax as a
-library can start Python with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` themselves.
+library can start Python with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` themselves. The caller holds
+SIGINT blocked across the restart (`vit_jax.interrupt.held`), so that a Ctrl-C is not lost in it.
 """
 
 import os
@@ -62,8 +63,11 @@ def restart_with_hugepages() -> None:
   if value is None or not getattr(sys, 'orig_argv', None):
     return
   env = dict(os.environ, GLIBC_TUNABLES=value)
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):  # None when closed at start (`>&-`)
+    try:
+      stream.flush()
+    except (AttributeError, OSError, ValueError):
+      pass
   try:
     os.execve(sys.executable, sys.orig_argv, env)
   except OSError:  # cannot restart (unusual interpreter setup): run on without huge pages

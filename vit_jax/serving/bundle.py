@@ -103,8 +103,13 @@ def _class_names(config, step_dir, num_classes: int, data_dir: Optional[str]):
 
 def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
                  data_dir: Optional[str] = None) -> Bundle:
-  """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one)."""
-  step_dir = restore.resolve_checkpoint(workdir, checkpoint)
+  """The bundle of a training run's checkpoint (newest step unless `checkpoint` names one), read
+  safely beside the run that writes it (`restore.read_step`)."""
+  return restore.read_step(workdir, checkpoint,
+                           lambda step_dir: _from_step_dir(step_dir, data_dir))
+
+
+def _from_step_dir(step_dir, data_dir: Optional[str]) -> Bundle:
   params, config = restore.load_checkpoint(step_dir)
   task = tasks.get_task(config)
   spec = task.model_spec(params)
@@ -251,10 +256,7 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
     raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
                     '--checkpoint=FILE.npz --model=NAME')
   if weights.is_name(checkpoint):  # official weights by name: their file, their variant
-    name, checkpoint = checkpoint, weights.fetch(checkpoint)
-    if model is None:
-      model = weights.lookup(name).model_name
-      weights.check_model(name, checkpoint)
+    checkpoint, model = weights.fetch_as(checkpoint, model)
   names = read_class_names(class_names) if class_names else None
   is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)
   if bundle:

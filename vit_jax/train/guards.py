@@ -2,7 +2,8 @@
 
   Preemption         SIGTERM, SIGHUP (a closed terminal or SSH connection) or SIGINT sets a flag;
                      the loop finishes the current step, saves a checkpoint (with the train
-                     metrics of the steps since the last record) and exits 0. With several
+                     metrics of the steps since the last record) and exits 0. A SIGINT before
+                     the first step (`begin_training`) stops the run at once, nothing trained. With several
                      processes, JAX's preemption sync point makes every process stop at the
                      same step (SIGINT and SIGHUP are turned into the SIGTERM that JAX's
                      preemption notifier listens for). A second SIGINT on a single process stops
@@ -72,6 +73,8 @@ class Preemption:
     self._requested = False
     self._saving = False
     self._stopping = False  # the stop step is reached: the run saves, closes and returns
+    self._training = False  # until the first step: a Ctrl-C stops the run at once
+    self._interrupted = False
     self._calls = 0  # should_stop calls (JAX's preemption sync point counts them)
     self._previous = {}
     import jax  # pylint: disable=g-import-not-at-top  # a sweep uses PARENT_ENV without JAX
@@ -98,6 +101,9 @@ class Preemption:
     if self._multiprocess:
       os.kill(os.getpid(), signal.SIGTERM)  # let JAX's preemption notifier see it
       return
+    if signum == signal.SIGINT and not self._training:  # still starting: stop, train nothing
+      self._interrupted = True
+      raise KeyboardInterrupt
     if self._requested and signum == signal.SIGINT:
       if self._saving:
         print('\nstill writing a checkpoint: the run stops once it is complete', file=sys.stderr,
@@ -106,6 +112,13 @@ class Preemption:
         return
       raise KeyboardInterrupt
     self._requested = True
+
+  def begin_training(self) -> None:
+    """From here a Ctrl-C saves and stops at a step boundary; one that came before (even if the
+    code it interrupted swallowed the KeyboardInterrupt) stops the run now."""
+    if self._interrupted:
+      raise KeyboardInterrupt
+    self._training = True
 
   @contextlib.contextmanager
   def saving(self):

@@ -81,6 +81,7 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
                       f'{memory.MEMORY_FIXES}')
     return report
   workdir_lib.check(workdir)  # the workdir's layout, before anything is created
+  created = not workdir_lib.exists(workdir)
   workdir_lib.prepare(workdir)
   held = lock_lib.hold(workdir)  # a second run on the same workdir stops here
   ckpt = None
@@ -107,6 +108,8 @@ def train_and_evaluate(config, workdir: str, *, devices=None,
     raise UserError(_stopped(e, ckpt)) from None
   finally:
     held.release()
+    if created and jax.process_index() == 0:  # refused before it wrote anything: nothing left
+      workdir_lib.remove_if_empty(workdir)
 
 
 def _stopped(error: BaseException, ckpt) -> str:
@@ -223,6 +226,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
     t_start = time.perf_counter()
     if isinstance(train_fn, concurrent.futures.Future):
       train_fn = train_fn.result()
+    run.preemption.begin_training()  # a Ctrl-C until here stops the run, nothing trained
     history = []
     feed = feed_lib.Feed(train_data)
     for step in range(start_step + 1, total_steps + 1):

@@ -27,6 +27,7 @@ from etils import epath
 
 from vit_jax import models
 from vit_jax.models import layout
+from vit_jax.models import spec as model_spec
 from vit_jax.models.posemb_resize import Grid, resize_posemb, square_grid
 from vit_jax.formats import npz as npz_lib
 from vit_jax.formats import weights
@@ -57,6 +58,7 @@ def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has
   caller keeps its fresh values for those. `old_grid` None means: infer a square grid. `what`
   names the checkpoint in errors.
   """
+  _check_channels(loaded, target, what)
   got = npz_lib._flatten(loaded)  # pylint: disable=protected-access
   want = npz_lib._flatten(target)  # pylint: disable=protected-access
   fresh = {k for k in want if k.startswith(HEAD)}
@@ -90,6 +92,24 @@ def transfer_params(loaded: Mapping[str, Any], target: Mapping[str, Any], *, has
   return out
 
 
+def _input_channels(params) -> Optional[int]:
+  try:
+    return model_spec.input_channels(params)
+  except UserError:  # no input kernel: the other checks name what is missing
+    return None
+
+
+def _check_channels(loaded, target, what: str) -> None:
+  """Same model, other image channels (an RGB checkpoint for a grayscale dataset): said as such,
+  with the setting that converts this run's images."""
+  have, want = _input_channels(loaded), _input_channels(target)
+  if have is not None and want is not None and have != want:
+    raise UserError(f'{what} was trained on {have}-channel images and this run feeds '
+                    f'{want}-channel ones: set config.pp.channels={have} (images are converted: '
+                    f'grayscale tiled to RGB, RGB to its luma), or start from a checkpoint '
+                    f'trained on {want}-channel images')
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading the checkpoint that config.init names.
 
@@ -104,8 +124,8 @@ class Pretrained:
 def load_pretrained(init: str) -> Pretrained:
   """Reads the params of an .npz, official weights by name (`ViT-B/16@imagenet21k`: downloaded
   once, formats/weights.py), a checkpoint step directory or a workdir's newest checkpoint."""
-  if weights.is_name(init):
-    path = weights.fetch(init)
+  if weights.is_name(init):  # the file must hold the name's model, as for predict
+    path = weights.fetch_checked(init)
     return Pretrained(npz_lib.load_npz(path), None, f'{init} ({path})')
   if init.endswith('.npz'):
     return Pretrained(npz_lib.load_npz(init), None, init)

@@ -7,6 +7,8 @@ UserError at start-up, not a failed write after some steps of training. `check` 
 run refused at start-up leaves no empty workdir behind); `prepare` creates the workdir.
 """
 
+import os
+
 from vit_jax import fileio
 from vit_jax.errors import UserError
 
@@ -24,6 +26,15 @@ def prepare(workdir: str) -> None:
     raise UserError(f'cannot create --workdir={workdir} ({fileio.error_reason(e)}): pass a '
                     f'writable directory') from None
   check(workdir)
+
+
+def remove_if_empty(workdir: str) -> None:
+  """Removes a local workdir that holds nothing (a run refused once it had created it)."""
+  if not fileio.is_remote(workdir):
+    try:
+      os.rmdir(workdir)
+    except OSError:  # not empty, or gone
+      pass
 
 
 def exists(workdir: str) -> bool:
@@ -44,4 +55,4 @@ def check(workdir: str) -> None:
                         f'away or use another --workdir')
 
 
-__all__ = ['check', 'exists', 'prepare', 'DIRECTORIES', 'FILES']
+__all__ = ['check', 'exists', 'prepare', 'remove_if_empty', 'DIRECTORIES', 'FILES']
