@@ -79,11 +79,7 @@ def test_a_flipped_byte_is_damage_and_a_bad_metadata_file_without_manifest_too(
     tmp_path, finished_run):
   step_dir = tmp_path / '4'
   shutil.copytree(finished_run / 'checkpoints' / '4', step_dir)
-  files = json.loads((step_dir / integrity.MANIFEST).read_text())['files']
-  name = max(files, key=lambda n: files[n][0])  # the largest file: array data
-  data = bytearray((step_dir / name).read_bytes())
-  data[len(data) // 2] ^= 0xFF
-  (step_dir / name).write_bytes(bytes(data))
+  name = _flip_a_byte_of_the_largest_array_file(step_dir)
   assert integrity.damage(step_dir) == f'{name} does not match its checksum'
   (step_dir / integrity.MANIFEST).unlink()  # an older checkpoint: only its metadata is checked
   assert integrity.damage(step_dir) is None
