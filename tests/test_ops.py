@@ -2,15 +2,10 @@
 registry and op lists (parsed and checked without TensorFlow), the per-op seeds, and the
 registry's table in docs/data.md."""
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import ROOT
 from vit_jax import registry
 from vit_jax.data import ops, preprocess, specs
 from vit_jax.errors import UserError
@@ -352,3 +347,20 @@ def test_a_registered_op_runs_seeded_in_the_streams_and_resumes_exactly(tmp_path
     assert not np.array_equal(next(stream(seed=4))['image'], batches[0]['image'])
   finally:
     ops.OPS.unregister('brighten_test')
+
+
+def test_the_model_input_channels_are_the_train_ops_and_the_eval_ops_must_agree():
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config()
+  assert config_pp.input_channels(config, 1) == 1
+  config.pp.channels = 3  # both composed lists end with channels(3)
+  assert config_pp.input_channels(config, 1) == 3
+  config.pp.channels = None
+  config.pp.train = 'pad_crop(pad=2)|channels(3)'
+  with pytest.raises(UserError, match=r'^the train preprocessing gives 3-channel images and the '
+                                      r'eval preprocessing 1-channel ones: end both with'):
+    config_pp.input_channels(config, 1)
+  config.pp.eval = 'resize|channels(3)'
+  assert config_pp.input_channels(config, 1) == 3
+  assert config_pp.input_channels(config, 3) == 3  # RGB stored: channels(3) keeps them

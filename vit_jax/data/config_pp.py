@@ -9,6 +9,7 @@ analyses and few-shot evaluation all call these. `input_channels` is what the mo
 from typing import Optional
 
 from vit_jax.data import specs
+from vit_jax.errors import UserError
 
 
 def _ops_text(config, which: str) -> str:
@@ -38,8 +39,16 @@ def eval_pp(config) -> dict:
 
 def input_channels(config, stored_channels: Optional[int]) -> int:
   """The channels of the model's input: what the train ops give (a `channels(n)` op, or
-  `pp.channels`), else the stored images' (3 when unknown)."""
-  return specs.train_spec(train_pp(config)).channels or stored_channels or 3
+  `pp.channels`), else the stored images' (3 when unknown); UserError when the eval ops give
+  another count."""
+  stored = stored_channels or 3
+  train = specs.train_spec(train_pp(config)).channels or stored
+  evaluated = specs.eval_spec(eval_pp(config)).channels or stored
+  if train != evaluated:
+    raise UserError(f'the train preprocessing gives {train}-channel images and the eval '
+                    f'preprocessing {evaluated}-channel ones: end both with the same channels(n) '
+                    f'(config.pp.train, config.pp.eval, or config.pp.channels for both)')
+  return train
 
 
 __all__ = ['eval_pp', 'input_channels', 'train_pp']

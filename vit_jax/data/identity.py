@@ -17,7 +17,6 @@ import os
 from typing import List, Optional
 
 
-
 def _class_names(info) -> Optional[List[str]]:
   try:
     names = info.class_names
