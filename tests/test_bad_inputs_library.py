@@ -64,15 +64,14 @@ def test_num_classes_larger_than_the_dataset_is_allowed_and_said(data_dir, capfd
 def test_fewshot_shots_above_the_class_size_are_refused(data_dir):
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from vit_jax import models, parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import FewShotEvaluator  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
-  builder = data_lib.info.load_builder('mnist5k', data_dir)
-  labels = [int(ex['label']) for ex in tfds.as_numpy(builder.as_dataset(split='train'))]
+  _, labels = catalog.in_read_order('mnist5k', 'train')
   counts = np.bincount(labels)
   smallest = int(counts.min())
-  name = builder.info.features['label'].int2str(int(np.argmin(counts)))
+  name = str(int(np.argmin(counts)))  # mnist5k's class names are its labels
   mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
   with pytest.raises(UserError, match=f"^{smallest + 1}-shot needs {smallest + 1} images of every "
                                       f"class, but class '{name}' of 'mnist5k' split 'train' has "
@@ -272,7 +271,7 @@ def test_cmyk_jpeg_decodes_for_a_one_channel_model(tmp_path):
   (tmp_path / 'cmyk.jpg').write_bytes(cmyk.getvalue())
   # The reference: the same JPEG decoded to RGB by Pillow, stored losslessly.
   Image.open(io.BytesIO(cmyk.getvalue())).convert('RGB').save(tmp_path / 'reference.png')
-  spec = specs.EvalSpec('resize', 32)
+  spec = specs.eval_spec({'crop': 'resize', 'image_size': 32})
   gray = image_files.load_one(str(tmp_path / 'cmyk.jpg'), spec, 1)
   expected = image_files.load_one(str(tmp_path / 'reference.png'), spec, 1)
   assert gray.shape == (32, 32, 1)
@@ -290,7 +289,7 @@ def test_every_format_tf_decodes_passes_the_first_bytes_check_and_others_do_not(
   the one-line decode error, an empty file too."""
   rng = np.random.default_rng(0)
   rgb = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-  spec = specs.EvalSpec('resize', 8)
+  spec = specs.eval_spec({'crop': 'resize', 'image_size': 8})
   for fmt in ('PNG', 'JPEG', 'GIF', 'BMP'):
     path = tmp_path / f'image.{fmt.lower()}'
     Image.fromarray(rgb).save(path, fmt)
@@ -328,8 +327,10 @@ def _parsed_overrides(monkeypatch, *overrides):
 
 
 def _keys_with_the_value_none():
+  from vit_jax.models import option_values  # pylint: disable=g-import-not-at-top
   from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
-  return [key for key, choices in validate.CHOICES if 'none' in choices()]
+  return ([key for key, choices in validate.CHOICES if 'none' in choices()] +
+          [f'model.{key}' for key, choices in option_values.CHOICES.items() if 'none' in choices])
 
 
 def test_the_keys_with_the_value_none_are_found():

@@ -441,8 +441,7 @@ def test_main_trains_a_bit(tmp_path, data_dir):
   assert [r['step'] for r in train] == [3, 6]
   assert train[1]['loss'] < train[0]['loss'] < math.log(10) + 0.1  # zero head: starts at ln 10
   (final,) = [r for r in rows if r['split'] == 'eval']
-  # Chance is 0.1 (loss ln 10 = 2.30); measured after these 6 steps: 0.271, loss 2.12 (NumPy
-  # streams, with or without XLA's optimisations; 0.20 and 2.20 on tf.data's).
+  # Chance is 0.1 (loss ln 10 = 2.30); measured after these 6 steps: 0.20, loss 2.20.
   assert final['accuracy'] > 0.15 and final['loss'] < math.log(10) - 0.05
   # The analysis figures need a ViT: a BiT run gets one line, not a traceback.
   from vit_jax.analysis import report  # pylint: disable=g-import-not-at-top

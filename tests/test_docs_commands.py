@@ -127,6 +127,9 @@ COMMANDS = {
     'W=runs/recipes python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
     'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet2012 --workdir':
         Fails(_NO_DATA),
+    # docs/data.md, docs/recipes.md: an op and an evaluator of a config file's own
+    'python -m vit_jax.main --config=configs/extending.py --workdir=runs/extending':
+        Run(_FAST_TRAIN),
     # docs/data.md
     'python -m vit_jax bench --mode=input --input_data=archive':
         Run(replace=(('--batch_size=32', '--batch_size=8 --steps=2 --input_size=64 '

@@ -136,17 +136,83 @@ def test_real_evaluator_on_a_tiny_builder(data_dir):
 
 
 @pytest.mark.parametrize('split', ['train', 'train[:90%]'])
-def test_fewshot_pool_of_an_embedded_dataset_is_the_tf_data_pool(data_dir, split):
-  """The few-shot training images of mnist5k come from its arrays (no TensorFlow): the first 5
-  of each class in the order tfds reads the split, the very images, labels and order of the
-  tf.data pool."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  images, labels = fewshot._pool_arrays('mnist5k', split, 5)  # pylint: disable=protected-access
-  records, _, _ = pipeline.split_records('mnist5k', data_dir, split, cache=False)
-  pool = fewshot._pool_records(records, 5, 10)  # pylint: disable=protected-access
-  records = list(pool.as_numpy_iterator())
-  assert len(records) == len(labels) == 50
-  np.testing.assert_array_equal(labels, [label for _, label in records])
-  np.testing.assert_array_equal(
-      images, np.stack([tf.io.decode_png(encoded).numpy() for encoded, _ in records]))
+def test_fewshot_pool_is_the_first_images_of_each_class_in_read_order(split):
+  """The few-shot training images of mnist5k, read in place like every source: the first 5 of
+  each class in the order tfds reads the split (catalog.py), in that order."""
+  from vit_jax import data  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import catalog, pipeline  # pylint: disable=g-import-not-at-top
+  images, labels = catalog.in_read_order('mnist5k', split)
+  keep = fewshot.first_per_class(labels, 5)
+  records = pipeline.source_records(data.get_info('mnist5k', None), split, cache=False)
+  pool = list(fewshot._pool_records(records, 5, 10).as_numpy_iterator())  # pylint: disable=protected-access
+  assert len(pool) == len(keep) == 50
+  np.testing.assert_array_equal(labels[keep], [label for _, label in pool])
+  np.testing.assert_array_equal(images[keep], np.stack([image for image, _ in pool]))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _config(**values):
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
+  config.update(values)
+  return config
+
+
+def test_config_evaluators_are_checked_before_anything_is_built():
+  """An unknown name lists the registered evaluators; arguments must fit; a key that turns an
+  evaluator on needs it listed; no name twice. Each is one line naming the key."""
+  from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
+  validate.check_config(_config())
+  cases = [
+      (dict(evaluators=('fewshot', 'rael')), r"^unknown evaluator 'rael' in config.evaluators: "
+       r'use one of fewshot, real \(or register one: docs/recipes.md\)$'),
+      (dict(evaluators=('fewshot(5)',)), r'^config.evaluators: fewshot\(5\) does not fit '
+       r'evaluator fewshot\(\): too many positional arguments$'),
+      (dict(evaluators=('real',), fewshot=dict(every=100)),
+       r"^config.fewshot.every=100 turns on the fewshot evaluator, which "
+       r"config.evaluators=\('real',\) does not list: add 'fewshot' to it"),
+      (dict(evaluators=('fewshot', 'fewshot')), r'^config.evaluators names fewshot twice'),
+      (dict(evaluators=('fewshot|',)), r"^config.evaluators='fewshot\|' is not a list of calls"),
+  ]
+  for values, message in cases:
+    with pytest.raises(UserError, match=message):
+      validate.check_config(_config(**values))
+  validate.check_config(_config(evaluators=(), fewshot=dict(every=0)))  # none: fine
+
+
+def test_a_registered_evaluator_is_built_with_its_arguments_and_run_when_due():
+  """A test's own evaluator: registered, named with an argument, built once with the run's
+  context, called at its steps and the last; one that returns None is off."""
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  built = []
+
+  @registry.register('count_test')
+  def count_test(run, every=3, off=False):  # pylint: disable=unused-variable
+    """Counts its calls."""
+    built.append((run.config.dataset, run.data))
+    if off:
+      return None
+    calls = []
+    return registry.Periodic(every, lambda params: {'calls': float(len(calls.append(params) or
+                                                                       calls))})
+
+  try:
+    config = _config(evaluators=('count_test(every=2)',))
+    registry.check(config)
+    evaluators = registry.periodic_evaluators(config, model=None, mesh=None, param_shardings=None,
+                                              eval_pp={}, data='info')
+    assert built == [('mnist5k', 'info')] and [(n, e) for n, e, _ in evaluators] == [
+        ('count_test', 2)]
+    due = [(step, name, metrics) for step in range(1, 6) for name, metrics in
+           registry.run_due(evaluators, step, step == 5, lambda: 'params')]
+    assert due == [(2, 'count_test', {'calls': 1.0}), (4, 'count_test', {'calls': 2.0}),
+                   (5, 'count_test', {'calls': 3.0})]
+    assert registry.periodic_evaluators(
+        _config(evaluators=('count_test(off=True)',)), model=None, mesh=None,
+        param_shardings=None, eval_pp={}) == []
+  finally:
+    registry.EVALUATORS.unregister('count_test')
+  with pytest.raises(UserError, match="unknown evaluator 'count_test'"):
+    registry.check(config)

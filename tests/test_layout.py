@@ -10,7 +10,7 @@ from helpers import ROOT
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
     ('errors', 'quiet'),
-    ('interrupt', 'fileio', 'lazy', 'platform'),
+    ('interrupt', 'fileio', 'lazy', 'platform', 'registry'),
     ('parallel',),
     ('models',),
     ('tasks', 'data', 'formats', 'checkpoint', 'configs'),

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 
 from vit_jax.configs import mnist5k as mnist5k_config
 from vit_jax.data import mnist5k
+from vit_jax.errors import UserError
 from vit_jax.train import loop
 from vit_jax import tasks
 from helpers import ROOT, cut_run, train_losses
@@ -80,27 +80,48 @@ def test_train_resume_is_exact_and_does_not_rerun_steps(tmp_path, data_dir):
   assert _steps_logged(full, 'train') == [3, 6, 9, 12]
 
 
-def test_a_run_recorded_before_input_pipeline_existed_resumes_on_its_streams(tmp_path, data_dir,
-                                                                            capsys):
-  """A checkpoint written before `config.input_pipeline` existed (its config lacks the key) was
-  fed by tf.data: resumed by today's code with the default ('auto', which would pick the NumPy
-  streams for mnist5k), it continues on tf.data's and ends bitwise where the uninterrupted run
-  did."""
-  full = str(tmp_path / 'full')
-  loop.train_and_evaluate(_config(data_dir, input_pipeline='tf.data'), full)
-  cut = str(tmp_path / 'cut')
-  shutil.copytree(full, cut)
-  shutil.rmtree(os.path.join(cut, 'checkpoints', '12'))
+def _recorded_with(full, cut, input_pipeline):
+  """`cut`: `full` cut back to its step-6 checkpoint, whose stored config says `input_pipeline`
+  as earlier versions wrote it (None: before the key existed)."""
+  cut_run(full, cut, keep_step=6, drop_step=12)
   stored = os.path.join(cut, 'checkpoints', '6', 'config', 'metadata')
   with open(stored) as f:
     config_json = json.load(f)
-  del config_json['input_pipeline']  # as written before the key existed
+  if input_pipeline is not None:
+    config_json['input_pipeline'] = input_pipeline
   with open(stored, 'w') as f:
     json.dump(config_json, f)
-  capsys.readouterr()
-  loop.train_and_evaluate(_config(data_dir), cut)
-  assert ("input_pipeline='tf.data': the value this run was recorded with, before the key "
-          "existed") in capsys.readouterr().err
+
+
+def test_runs_recorded_on_tf_data_resume_and_on_the_numpy_streams_are_refused(tmp_path, data_dir):
+  """Earlier versions fed the embedded datasets through NumPy streams (input_pipeline='auto',
+  their own crops and orders) or tf.data ('tf.data', and every run before the key existed). A
+  tf.data run resumes on today's streams, which give its batches (tests/test_data.py), and ends
+  bitwise where the uninterrupted run does; a NumPy one is refused in one line before anything
+  is read, its checkpoints kept."""
+  full = str(tmp_path / 'full')
+  loop.train_and_evaluate(_config(data_dir), full)
+  for name, recorded in (('tf_data', 'tf.data'), ('before', None)):
+    cut = str(tmp_path / name)
+    _recorded_with(full, cut, recorded)
+    loop.train_and_evaluate(_config(data_dir), cut)
+    jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
+  cut = str(tmp_path / 'numpy')
+  _recorded_with(full, cut, 'auto')
+  with pytest.raises(UserError, match=rf"^{cut} holds a run \(step 6\) recorded on the NumPy "
+                                      r"streams of mnist5k \(input_pipeline='auto'\), which no "
+                                      r'longer exist: its batches cannot be continued; use a new '
+                                      r'--workdir'):
+    loop.train_and_evaluate(_config(data_dir), cut)
+  assert sorted(os.listdir(os.path.join(cut, 'checkpoints'))) == ['6']
+  # 'auto' with a crop the NumPy streams never took (inception) was on tf.data: it resumes.
+  inception = _config(data_dir)
+  inception.pp.train_crop = 'inception'
+  full = str(tmp_path / 'full_inception')
+  loop.train_and_evaluate(inception, full)
+  cut = str(tmp_path / 'auto_inception')
+  _recorded_with(full, cut, 'auto')
+  loop.train_and_evaluate(inception, cut)
   jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
 
 

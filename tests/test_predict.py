@@ -80,7 +80,8 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
     probs = [t['probability'] for t in r['top']]
     assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-5
   # The numbers are the model's on the eval preprocessing (here resize_small + central crop).
-  images = image_files.load(paths, specs.EvalSpec('central', 28, resize=28), 3)
+  images = image_files.load(
+      paths, specs.eval_spec({'crop': 'central', 'image_size': 28, 'resize': 28}), 3)
   assert images.shape == (3, 28, 28, 3)
   logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, images, train=False),
                       np.float64)

@@ -51,8 +51,7 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
   ft.log_every, ft.eval_every, ft.checkpoint_every = 30, 30, 30
   ft_dir = str(tmp_path / 'ft')
   result = loop.train_and_evaluate(ft, ft_dir)
-  # Chance is 0.1; with mixup and the lagging average this short run measured 0.289 (NumPy
-  # streams; 0.263 on tf.data's).
+  # Chance is 0.1; with mixup and the lagging average this short run measured 0.263.
   assert result['count'] == 1000 and result['accuracy'] > 0.15, result
   first, _ = restore.load_checkpoint(restore.resolve_checkpoint(ft_dir, '30'))
   assert not {'mask_token', 'pre_logits'} & set(first)

@@ -74,11 +74,9 @@ def test_the_validation_resolves_the_runs_task():
 
 def test_choices_come_from_the_modules_that_use_them():
   from vit_jax import tasks  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
   from vit_jax.models import attention, vit  # pylint: disable=g-import-not-at-top
   choices = {key: tuple(fn()) for key, fn in validate.CHOICES}
   assert choices['loss'] == tasks.CHOICES == ('sigmoid_xent', 'softmax_xent', 'mpp')
-  assert choices['pp.train_crop'] == preprocess.TRAIN_CROPS
   # The model's tables are the modules' own: remat policies and attention kernels.
   assert option_values.CHOICES['remat'] == ('none', 'full', 'dots', 'gelu')
   assert vit.REMAT_POLICIES is option_values.REMAT_POLICIES
@@ -87,7 +85,28 @@ def test_choices_come_from_the_modules_that_use_them():
   assert choices['optimizer'] == ('adam', 'sgd')
   from vit_jax.data import streams  # pylint: disable=g-import-not-at-top
   assert choices['data_sharding'] == streams.SHARDINGS == ('process', 'global')
-  assert choices['pp.eval_crop'] == preprocess.EVAL_CROPS
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('pp.train_crop', 'nope', r"^unknown preprocessing op 'nope' in config.pp.train_crop: use "
+                              r'one of central_crop, channels, flip, inception_crop, pad_crop, '),
+    ('pp.eval_crop', 'inception', r'^config.pp.eval_crop: inception_crop draws at random'),
+    ('pp.pad', -2, r'^config.pp.train_crop: pad_crop\(pad=-2\): pad '),
+    ('randaug.num_layers', -1, r'^config.randaug.num_layers: randaug\(num_layers=-1, '
+                               r'magnitude=10\): num_layers=-1 must be an int >= 0'),
+    ('pp.train', 'inception_crop|flipp', r"^unknown preprocessing op 'flipp' in config.pp.train"),
+    ('pp.eval', 'central_crop(resize=2)', r'^config.pp.eval: central_crop\(resize=2\): resize '),
+    ('evaluators', ('fewshot', 'real', 'nope'), r"^unknown evaluator 'nope' in config.evaluators"),
+])
+def test_registered_names_and_their_arguments_are_checked(key, value, message):
+  """The preprocessing ops and evaluators a config names, in either spelling, against their
+  registries: one line naming the key, before anything is built."""
+  config = common.base_config()
+  if key == 'pp.pad':
+    config.pp.train_crop = 'pad_crop'
+  _set(config, key, value)
+  with pytest.raises(UserError, match=message):
+    validate.check_config(config)
 
 
 @pytest.mark.slow
@@ -133,7 +152,8 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           # Nor does a file that is no image, given to predict or the analyses.
           'from vit_jax.data import image_files, specs\n'
           'try:\n'
-          '  image_files.load_one("README.md", specs.EvalSpec("resize", 8), 3)\n'
+          '  spec = specs.eval_spec({"ops": "resize", "image_size": 8})\n'
+          '  image_files.load_one("README.md", spec, 3)\n'
           'except Exception as e:\n'
           '  print(type(e).__name__, str(e).split(":")[0], end="; ")\n'
           'print("tensorflow" in sys.modules)\n'

@@ -20,4 +20,16 @@ def attributes(package: str, homes: dict):
   return getattr_
 
 
-__all__ = ['attributes']
+class Module:
+  """A module imported on its first attribute (`tf = lazy.Module('tensorflow')`), for a module
+  whose functions use a heavy optional dependency only when they run: importing the module that
+  holds them (to read their names and signatures, as config validation does) stays cheap."""
+
+  def __init__(self, name: str):
+    self._name = name
+
+  def __getattr__(self, attr: str):
+    return getattr(importlib.import_module(self._name), attr)
+
+
+__all__ = ['Module', 'attributes']

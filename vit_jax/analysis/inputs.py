@@ -13,7 +13,7 @@ from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve
 from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
 from vit_jax import data as data_lib
 from vit_jax import tasks
-from vit_jax.data import choices, config_pp, image_files, specs
+from vit_jax.data import config_pp, image_files, specs
 from vit_jax.errors import UserError
 from vit_jax.formats import npz, weights
 from vit_jax.models import layout
@@ -56,7 +56,7 @@ def load_params_file(source: str, model_name: Optional[str] = None):
 
 def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np.ndarray:
   """PNG/JPEG files -> [B, S, S, channels] float32 in [-1, 1], resized like the eval images."""
-  spec = specs.EvalSpec(crop='resize', image_size=image_size)
+  spec = specs.eval_spec({'ops': 'resize', 'image_size': image_size})
   return image_files.load(paths, spec, channels)
 
 
@@ -66,11 +66,12 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None,
   at `image_size` if given, a resize before the crop scaled with it)."""
   pp = config_pp.eval_pp(config)
   if image_size and image_size != pp['image_size']:
-    pp = dict(pp, image_size=image_size, resize=round(pp['resize'] * image_size / pp['image_size']))
+    pp = dict(pp, image_size=image_size)
+    if pp.get('resize'):  # the older keys' resize before the crop, scaled with the image
+      pp['resize'] = round(pp['resize'] * image_size / config.image_size)
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
-      batch_size=num_images, pp=pp, cache=False,
-      pipeline=config.get('input_pipeline', choices.RECORDED_INPUT_PIPELINE))
+      batch_size=num_images, pp=pp, cache=False)
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

@@ -77,7 +77,7 @@ def stream_rate(dataset: str, split: str, data_dir: str, batch_size: int, count:
   """img/s of the train stream of `dataset` after a warm-up of one epoch (`count` images)."""
   it = data_lib.train_iterator(dataset=dataset, split=split, data_dir=data_dir,
                                batch_size=batch_size, pp=PP, seed=0, shuffle_buffer=count,
-                               cache=True, pipeline='tf.data')
+                               cache=True)
   for _ in range(-(-count // batch_size) + 1):
     next(it)
   start = time.perf_counter()

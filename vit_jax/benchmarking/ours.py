@@ -226,7 +226,7 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
   it = data_lib.train_iterator(
       dataset=dataset, split='train', data_dir=data_dir, batch_size=config.batch_size,
       pp=config_pp.train_pp(config), seed=0, shuffle_buffer=config.shuffle_buffer,
-      cache=True, prefetch=config.prefetch, pipeline=config.input_pipeline)
+      cache=True, prefetch=config.prefetch)
   next(it)
   first_s = time.perf_counter() - start
   for _ in range(3):  # fill caches and autotuned buffers

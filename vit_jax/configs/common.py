@@ -45,7 +45,7 @@ def base_config() -> config_dict.ConfigDict:
                                           # (NVIDIA GPUs of compute capability >= 8.9 only);
                                           # evaluation and exported weights run them in dtype
 
-  # Data: any tensorflow-datasets name; mnist5k is embedded and prepared offline on first use.
+  # Data: any tensorflow-datasets name; mnist5k and digits are embedded, read from their arrays.
   c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)
   c.data_dir = placeholder(str)           # tfds data_dir (local or gs://); None = tfds default
   c.train_split = 'train'
@@ -53,17 +53,20 @@ def base_config() -> config_dict.ConfigDict:
   c.num_classes = placeholder(int)        # None = read from the dataset's metadata
   c.image_size = 224                      # side of the square model input, pixels
   c.pp = config_dict.ConfigDict()
-  c.pp.train_crop = 'inception'           # inception | resize_crop | pad_crop | resize
-  c.pp.eval_crop = 'central'              # central (resize_small + central crop) | resize
+  c.pp.train = ''                         # train ops by name, 'op|op(arg, k=v)|...' (docs/data.md);
+                                          # '' = composed from train_crop, pad, resize, flip,
+                                          # channels and randaug.*
+  c.pp.eval = ''                          # eval ops (deterministic); '' = from eval_crop, resize,
+                                          # channels
+  c.pp.train_crop = 'inception'           # inception | resize_crop | pad_crop | resize | any op
+  c.pp.eval_crop = 'central'              # central (resize_small + central crop) | resize | any op
   c.pp.resize = placeholder(int)          # resize_small side for resize_crop/central; None = image_size
   c.pp.pad = 0                            # padding for pad_crop, pixels
   c.pp.flip = True                        # random horizontal flip (off for digits)
   c.pp.channels = placeholder(int)        # None = the dataset's own; 3 tiles grayscale to RGB
   c.shuffle_buffer = 50_000
-  c.cache = True                          # cache undecoded examples in memory (small datasets)
+  c.cache = True                          # cache undecoded tfds records in memory (small datasets)
   c.prefetch = 2                          # batches prefetched by tf.data
-  c.input_pipeline = 'auto'               # auto: NumPy streams for mnist5k/digits at their stored
-                                          # size (no TensorFlow), else tf.data | tf.data: always
 
   # Schedule: give total_steps or total_epochs (exactly one); warmup in steps.
   c.batch_size = 4096                     # global batch over all processes and devices
@@ -100,6 +103,8 @@ def base_config() -> config_dict.ConfigDict:
   c.mpp.ratio = 0.5                       # fraction of patch embeddings corrupted per image
   c.mpp.mask_prob = 0.8                   # of those: replaced by the learnable [mask] embedding
   c.mpp.random_prob = 0.1                 # of those: another patch's embedding (the rest: kept)
+  c.evaluators = ('fewshot', 'real')      # evaluators by name (docs/recipes.md); fewshot and real
+                                          # run when their keys below turn them on
   c.fewshot = config_dict.ConfigDict()    # few-shot linear evaluation of pre-logit features
   c.fewshot.every = 0                     # steps between few-shot evals (and at the end); 0 = off
   c.fewshot.dataset = placeholder(str)    # tfds name; None = the run's dataset

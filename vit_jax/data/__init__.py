@@ -1,26 +1,28 @@
 """Input data: where images come from, how they are preprocessed, and the per-process streams.
 
-  get_info(dataset, data_dir)       -> DatasetInfo (num_classes, image_shape, num_examples(split))
-  train_iterator(dataset=..., ...)  -> infinite, exactly resumable iterator of numpy batches
-  eval_iterator(dataset=..., ...)   -> (re-iterable padded + masked batches, num_batches)
+  get_info(dataset, data_dir)       -> DatasetInfo (num_classes, image_shape, num_examples(split)),
+                                       resolved once per run and passed on
+  train_iterator(info=..., ...)     -> infinite, exactly resumable iterator of numpy batches
+  eval_iterator(info=..., ...)      -> (re-iterable padded + masked batches, num_batches)
 
 Modules, by role:
-  sources        `embedded` with `mnist5k` and `digits` (datasets inside installed packages),
-                 `folder` (a folder of class folders) and `releases` (ImageNet-21k and
-                 ILSVRC2012), both read in place over `archive_index` (the index of an archive
-                 or folder), `image_files` (single image files, for prediction);
-  catalog/info   `catalog` (the embedded datasets' facts and split expressions, no TensorFlow),
+  sources        `embedded` with `mnist5k` and `digits` (datasets inside installed packages, read
+                 from their arrays), `folder` (a folder of class folders) and `releases`
+                 (ImageNet-21k and ILSVRC2012), both read in place over `archive_index` (the
+                 index of an archive or folder), `image_files` (single image files, for
+                 prediction);
+  catalog/info   `catalog` (the embedded datasets' arrays and split expressions, no TensorFlow),
                  `info` (which source serves a name; tfds datasets, never downloading),
                  `offline_info` (tfds info of the datasets built here);
-  preprocessing  `choices` (the data keys' valid values), `specs` (what preprocessing is asked
-                 for), `config_pp` (a config's specs), `preprocess` and `randaug` (TF ops);
-  streams        `streams` (which pipeline serves a dataset), `pipeline` (tf.data train/eval
-                 streams), `arrays` (NumPy streams of the embedded datasets, no TensorFlow).
+  preprocessing  `ops` (the preprocessing ops, registered by name), `randaug` (RandAugment's
+                 ops), `specs` (what preprocessing is asked for, checked), `config_pp` (a
+                 config's), `preprocess` (the ops run on one image), `choices` (valid values);
+  streams        `streams` (the arguments checked), `pipeline` (the tf.data train/eval streams
+                 every source feeds).
 
 Importing this package imports neither tfds nor TensorFlow: the names load their module on first
-use, so `vit_jax.data.choices` (what config validation reads) and a run on the NumPy streams do
-not import them. The embedded datasets' tfds builders are defined (and registered with tfds) on
-first use (`mnist5k.prepare`, `mnist5k.Mnist5k`; embedded.py).
+use, so config validation (which reads `choices`, `specs` and the op registry) does not import
+them.
 """
 
 from vit_jax import lazy

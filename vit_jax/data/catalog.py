@@ -1,57 +1,34 @@
-"""The embedded datasets by name, what the trainer needs to know of one, and the examples a
-split expression reads, all without TensorFlow or tfds, so a run on them starts compiling before
-TensorFlow is imported.
+"""The embedded datasets by name, their arrays (`source`, read once per process), and the examples
+a split expression reads (`in_read_order`), all without TensorFlow.
 
-Split expressions ('train[:90%]', 'train[1000:]+test'; `parts`, `num_examples`, `rows`): tfds
-stores a split's examples in ascending order of the md5 hash of the split's name followed by the
-example's key (`tensorflow_datasets.core.hashing`; fixed within a major version of a
+Split expressions ('train[:90%]', 'train[1000:]+test'; `parts`, `num_examples`, `read_order`):
+tfds stores a split's examples in ascending order of the md5 hash of the split's name followed by
+the example's key (`tensorflow_datasets.core.hashing`; fixed within a major version of a
 dataset's format, so that a slice names the same examples everywhere), and a slice of a split is a
-range of that stored order. The embedded datasets' keys are their source rows (embedded.py), so
-`rows` picks the rows tfds would read; tfds's own parser gives the ranges, rounding included.
+range of that stored order. The embedded datasets are read in the order tfds would store a copy
+of them keyed by source row (the copies earlier versions prepared were), so a slice names the
+same examples and a stream reads them in the same order; tfds's own parser gives the ranges,
+rounding included.
 """
 
-import dataclasses
+import functools
 import hashlib
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
 from vit_jax.data import digits
+from vit_jax.data import embedded
 from vit_jax.data import mnist5k
 
-# Built offline from installed packages on first use (vit_jax/data/embedded.py).
+# Read in place from installed packages (vit_jax/data/embedded.py).
 EMBEDDED = {module.NAME: module for module in (mnist5k, digits)}
 # 'folder:PATH' names a folder of class sub-folders of images (vit_jax/data/folder.py).
 FOLDER_PREFIX = 'folder:'
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitFacts:
-  """A dataset's class count and stored image shape, and the size of one of its splits."""
-  num_classes: int
-  image_shape: tuple
-  num_examples: int
-
-
-def embedded_facts(dataset: str, split: str) -> Optional[SplitFacts]:
-  """The facts of split `split` (a name or an expression: 'train[:90%]', 'train+test') of an
-  embedded dataset named plainly ('mnist5k', 'digits'); None for any other dataset, and for an
-  expression that reads nothing or that tfds cannot read, which `info.get_info` answers (and
-  words the error of). The sizes are the ones the builders check when they build the dataset."""
-  module = EMBEDDED.get(dataset)
-  if module is None:
-    return None
-  try:
-    n = num_examples(split, module.SPLIT_SIZES)
-  except (ValueError, KeyError, AssertionError):
-    return None
-  return SplitFacts(module.NUM_CLASSES, module.IMAGE_SHAPE, n) if n else None
-
-
 # ---------------------------------------------------------------------------------------------
 # Split expressions.
-
-
 
 
 def parts(expression: str, sizes: Dict[str, int]) -> List[Tuple[str, int, int]]:
@@ -94,11 +71,25 @@ def read_order(expression: str, splits: Dict[str, np.ndarray]) -> np.ndarray:
                          for split, start, stop in parts(expression, sizes)])
 
 
-def rows(expression: str, splits: Dict[str, np.ndarray]) -> np.ndarray:
-  """The source rows `expression` reads of `splits`, ascending (a row read twice, as by
-  'train+train', is there twice)."""
-  return np.sort(read_order(expression, splits))
+@functools.lru_cache(maxsize=None)
+def source(name: str) -> Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]:
+  """(images, labels, {split: rows}) of an embedded dataset, its splits checked; read once per
+  process (read-only), not once per split (a run reads a train and an eval split)."""
+  module = EMBEDDED[name]
+  images, labels = module.load_arrays()
+  splits = embedded.checked_splits(name, module.split_indices(labels), module.SPLIT_SIZES)
+  for array in (images, labels):
+    array.flags.writeable = False
+  return images, labels, splits
 
 
-__all__ = ['EMBEDDED', 'FOLDER_PREFIX', 'SplitFacts', 'embedded_facts', 'num_examples', 'parts',
-           'read_order', 'rows', 'stored_order']
+def in_read_order(name: str, expression) -> Tuple[np.ndarray, np.ndarray]:
+  """(images uint8 [n, H, W, C], labels int32 [n]) of a split expression (a name, 'train[:90%]',
+  a tfds even split) of an embedded dataset, in the order tfds reads it."""
+  images, labels, splits = source(name)
+  order = read_order(expression, splits)
+  return images[order], labels[order].astype(np.int32)
+
+
+__all__ = ['EMBEDDED', 'FOLDER_PREFIX', 'in_read_order', 'num_examples', 'parts', 'read_order',
+           'source', 'stored_order']

@@ -1,4 +1,4 @@
-"""`digits`: scikit-learn's 1,797 handwritten digits (8x8, grey), as a tfds dataset.
+"""`digits`: scikit-learn's 1,797 handwritten digits (8x8, grey), read in place from their arrays.
 
 Source: `sklearn.datasets.load_digits()` (UCI optical recognition of handwritten digits; pixel
 values 0..16, stored here as round(v * 255 / 16) in uint8). Nothing is downloaded: the data ships
@@ -11,9 +11,6 @@ Used at higher resolution (`pp.eval_crop='resize'`, `image_size=32`: bilinear up
 second small dataset, e.g. to fine-tune a model pre-trained on mnist5k at another resolution.
 """
 
-import sys
-from typing import Any, Optional
-
 import numpy as np
 
 from vit_jax.data import embedded
@@ -21,10 +18,8 @@ from vit_jax.data import embedded
 NAME = 'digits'
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 1)
-SPLIT_SIZES = {'train': 1438, 'test': 359}  # checked when the dataset is built
-RELEASE_NOTES = {'1.0.0': 'First release: 1,438 train / 359 test.'}
+SPLIT_SIZES = {'train': 1438, 'test': 359}  # checked when the arrays are read
 HOMEPAGE = 'https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html'
-BUILDER_NAME = 'Digits'  # `Digits`: its tfds builder class, defined on first use
 DESCRIPTION = "scikit-learn's 8x8 digits; 80/20 per class in file order (see module docstring)."
 TRAIN_FRACTION = 0.8
 
@@ -40,12 +35,3 @@ def load_arrays() -> tuple[np.ndarray, np.ndarray]:
 def split_indices(labels: np.ndarray) -> dict[str, np.ndarray]:
   """{'train': rows, 'test': rows} of `load_arrays()`, ascending (the rule of the docstring)."""
   return embedded.split_per_class(labels, NUM_CLASSES, lambda n: int(round(TRAIN_FRACTION * n)))
-
-
-def prepare(data_dir: Optional[str]) -> Any:
-  """Builds digits in `data_dir` if needed (offline) and returns the prepared builder."""
-  return embedded.prepare(sys.modules[__name__], data_dir)
-
-
-# `digits.Digits`, the tfds builder, is defined on first use (embedded.py).
-__getattr__ = embedded.builder_attribute(__name__)

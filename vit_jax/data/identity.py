@@ -1,9 +1,9 @@
 """What a run records of its dataset with each checkpoint: the class names, the split sizes and a
-fingerprint of the prepared files, read through the data package's public entry point
-(`vit_jax.data.get_info`), so that a resume on changed data is noticed and a checkpoint's
+fingerprint of the prepared files, read from the dataset's info (`vit_jax.data.get_info`, which
+the run resolves once), so that a resume on changed data is noticed and a checkpoint's
 predictions carry the names it was trained with (not the names the folder has now).
 
-  identify(dataset, data_dir) -> {'class_names', 'split_sizes', 'fingerprint'} or None
+  identify(info) -> {'class_names', 'split_sizes', 'fingerprint'} or None
   changes(recorded, current)  -> what differs, in words ("class 'apple' renamed to 'zucchini'")
 
 The fingerprint hashes the class names, the split sizes and, for a tfds dataset, the name and size
@@ -20,10 +20,6 @@ import hashlib
 import json
 import os
 from typing import List, Optional
-
-from vit_jax import data as data_lib
-from vit_jax.data import catalog
-from vit_jax.errors import UserError
 
 
 def _class_names(info) -> Optional[List[str]]:
@@ -44,15 +40,11 @@ def _prepared_files(directory: str) -> List[list]:
                 if p.is_file() and not p.name.endswith('.json'))
 
 
-def identify(dataset: str, data_dir: Optional[str]) -> Optional[dict]:
-  """The identity of a prepared dataset, or None when it cannot be read (a run that needs no
-  data: compile-only, a dataset named only by its class count) or cannot change (an embedded
-  dataset, which installed packages carry: identifying it would import TensorFlow for nothing)."""
-  if dataset in catalog.EMBEDDED:
-    return None
-  try:
-    info = data_lib.get_info(dataset, data_dir)
-  except UserError:
+def identify(info) -> Optional[dict]:
+  """The identity of a dataset from its info (`vit_jax.data.DatasetInfo`), or None when there is
+  none (a run that needs no data: compile-only, a dataset named only by its class count) or it
+  cannot change (an embedded dataset, which installed packages carry)."""
+  if info is None or info.embedded is not None:
     return None
   names = _class_names(info)
   sizes = {str(k): int(v) for k, v in sorted(info.split_sizes.items())}

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from vit_jax import quiet
+from vit_jax.data import ops
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
 
@@ -57,7 +58,7 @@ def decode(encoded: bytes, channels: int):
   except tf.errors.InvalidArgumentError:
     if channels != 1 or not bool(tf.io.is_jpeg(data)):
       raise
-    return preprocess.to_channels(preprocess.decode(data, 3), 1)
+    return ops.to_channels(preprocess.decode(data, 3), 1)
 
 
 # The first bytes by which tf.io.decode_image tells its formats apart (JPEG, PNG, GIF, BMP): a file
@@ -66,7 +67,7 @@ _DECODABLE_STARTS = (b'\xff\xd8\xff', b'\x89PN', b'GIF', b'BM')
 
 
 def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
-  """[S, S, C] float32 in [-1, 1] (`spec`: a `specs.EvalSpec`); UserError naming the file."""
+  """[S, S, C] float32 in [-1, 1] (`spec`: a `specs.eval_spec`); UserError naming the file."""
   encoded = read_bytes(path)
   if not encoded.startswith(_DECODABLE_STARTS):
     raise _undecodable(path)

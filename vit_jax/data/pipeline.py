@@ -1,16 +1,21 @@
 """tf.data input pipelines: an infinite, exactly resumable train stream and padded eval batches.
 
-Both read this process's share of the split, `tfds.even_splits(split, process_count)[index]`,
-and return host-local numpy batches of PER-PROCESS size.
+Every source feeds the same streams, given by its `info.DatasetInfo` (resolved once per run):
+`source_records` reads a tfds dataset's records undecoded (the image stays encoded bytes,
+optionally cached in memory) and an embedded dataset's uint8 arrays in place (nothing encoded or
+decoded), each in the order tfds reads it; `preprocess.decode` takes either. Both streams read
+this process's share of the split, `tfds.even_splits(split, process_count)[index]`, run the
+spec's preprocessing ops (vit_jax/data/ops.py) and return host-local numpy batches of
+PER-PROCESS size.
 
-Train stream (`train_iterator`). Records are read undecoded (the image stays encoded bytes) and
-optionally cached in memory. Epoch e is a shuffle of the share with a seed derived from (seed, e)
-(`reshuffle_each_iteration=False`), so the stream is a pure function of the seed: the example at
-position p (= step * batch_size + i) is example p % N of epoch p // N (N = share size). Its
-augmentation seed is derived from (seed, process_index, p). Resuming at `start_step` opens epoch
-start // N and skips start % N undecoded records (at most one epoch of cheap skipping); later
-epochs follow through `Dataset.range(epoch + 1, ...).flat_map`. Decoding and augmentation run in a
-parallel but order-preserving map, then batches drop their remainder (the stream is infinite).
+Train stream (`train_iterator`). Epoch e is a shuffle of the share with a seed derived from
+(seed, e) (`reshuffle_each_iteration=False`), so the stream is a pure function of the seed: the
+example at position p (= step * batch_size + i) is example p % N of epoch p // N (N = share
+size). Its augmentation seed is derived from (seed, process_index, p), each random op's from its
+slot of that (`ops.op_seed`). Resuming at `start_step` opens epoch start // N and skips start % N
+undecoded records (at most one epoch of cheap skipping); later epochs follow through
+`Dataset.range(epoch + 1, ...).flat_map`. Decoding and augmentation run in a parallel but
+order-preserving map, then batches drop their remainder (the stream is infinite).
 (tf.data's shuffle also mixes in TF's global seed: code that calls `tf.random.set_seed` must use
 the same value in the run and in its resumption.)
 
@@ -18,8 +23,8 @@ Eval batches (`eval_iterator`). Every example of the split is yielded exactly on
 processes; the last batch is padded with zero images whose `mask` is 0, and every process yields
 the same number of batches, ceil(max share size / batch_size), adding all-padding batches if its
 share is smaller. The result can be iterated again for each evaluation. `padded_eval_batches`
-does the same for any (encoded image, label) records (`encoded_records`), e.g. the few-shot
-training images or the ReaL label sets (vit_jax/evaluate/).
+does the same for any (stored image, label) records (`source_records`, `encoded_records`), e.g.
+the few-shot training images or the ReaL label sets (vit_jax/evaluate/).
 
 TensorFlow is kept off accelerators: the pipelines hide GPUs from TF before building.
 
@@ -49,6 +54,7 @@ from absl import logging
 
 from vit_jax.platform import cpus
 from vit_jax.data import archive_index
+from vit_jax.data import catalog
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import releases
@@ -62,15 +68,16 @@ _FOREVER = np.iinfo(np.int64).max  # end of the epoch counter / position ranges
 PARALLEL_CALLS = min(16, cpus.usable())
 
 
-def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
-                   spec: specs.TrainSpec, seed: int, start_step: int = 0, process_index: int = 0,
+def train_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
+                   spec: specs.Spec, seed: int, start_step: int = 0, process_index: int = 0,
                    process_count: int = 1, shuffle_buffer: int = 50_000, cache: bool = True,
                    prefetch: int = 2,
                    sharding: str = 'process') -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]}, B = batch_size.
 
   Batch k of a run started at `start_step` equals batch start_step + k of a run started at 0.
-  The arguments are checked by `streams.train_iterator`, the entry point.
+  `info` is the dataset's (`info.get_info`, resolved once per run). The arguments are checked by
+  `streams.train_iterator`, the entry point.
 
   `sharding='process'`: the stream of this process's share of the split (its own shuffle and
   positions). `sharding='global'`: every process streams the whole split in the same global
@@ -79,10 +86,7 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   the same for any process count (at the price of every process reading all undecoded records).
   """
   hide_accelerators_from_tf()
-  release = info_lib.find_release(dataset, data_dir)
-  builder = None if release else info_lib.load_builder(dataset, data_dir)
-  ds_info = (info_lib.info_from_release(release) if release else
-             info_lib.info_from_builder(builder))
+  ds_info, release = info, info.release
   per_process = sharding == 'process'
   share = tfds.even_splits(split, n=process_count)[process_index] if per_process else split
   stream_id = process_index if per_process else 0
@@ -90,10 +94,10 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   num = ds_info.num_examples(share)
   if num == 0:
     raise UserError(f"process {process_index} of {process_count} gets no example of split "
-                    f"'{split}' of '{dataset}' ({ds_info.num_examples(split)} examples); use a "
-                    f"larger split or fewer processes")
+                    f"'{split}' of '{ds_info.name}' ({ds_info.num_examples(split)} examples); use "
+                    f"a larger split or fewer processes")
   records = (_release_records(release, share) if release else
-             _records(builder, ds_info, share, cache))
+             source_records(ds_info, share, cache))
 
   seed_tensor = tf.constant(seed, tf.int64)
   buffer = min(shuffle_buffer, num)
@@ -112,22 +116,20 @@ def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_s
   stream = stream.concatenate(later)
   positions = tf.data.Dataset.range(start, _FOREVER)
   channels = preprocess.decode_channels(ds_info.image_shape)
-  out_spec = tf.TensorSpec(
-      [spec.image_size, spec.image_size, preprocess.output_channels(ds_info.image_shape,
-                                                                     spec.channels)],
-      tf.float32)
+  out_channels = preprocess.output_channels(ds_info.image_shape, spec.channels)
+  out_spec = tf.TensorSpec([spec.image_size, spec.image_size, out_channels], tf.float32)
 
-  def process_example(encoded, position):
-    image = preprocess.decode(encoded, channels)
+  def process_example(stored, position):
+    image = preprocess.decode(stored, channels)
     example_seed = preprocess.example_seed(seed_tensor, stream_id, position)
-    return preprocess.train_preprocess(image, example_seed, spec)
+    return preprocess.train_preprocess(image, example_seed, spec, out_channels)
 
   def process_batch(records, positions):
     # Batching the undecoded records and looping inside one map call saves tf.data's per-element
     # overhead, which dominates for small images; each example still gets its own seed, so
     # results do not depend on the batching.
-    encoded, labels = records
-    images = _map_examples(process_example, (encoded, positions), out_spec)
+    stored, labels = records
+    images = _map_examples(process_example, (stored, positions), out_spec)
     return {'image': images, 'label': tf.cast(labels, tf.int32)}
 
   ds = tf.data.Dataset.zip((stream, positions)).batch(rows, drop_remainder=True)
@@ -240,7 +242,7 @@ def _release_batch(release, process_example, read: _Reader):
   return batch
 
 
-def real_label_set_batches(release, split, *, batch_size: int, spec: specs.EvalSpec,
+def real_label_set_batches(release, split, *, batch_size: int, spec: specs.Spec,
                            process_index: int, process_count: int) -> 'EvalBatches':
   """Eval batches of a release's validation images with ImageNet ReaL's label sets
   (releases.real_label_sets) as multi-hot 'label' [B, classes]; this process's share of `split`
@@ -306,8 +308,8 @@ class EvalBatches:
     return self.num_batches
 
 
-def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
-                  spec: specs.EvalSpec, process_index: int = 0, process_count: int = 1,
+def eval_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
+                  spec: specs.Spec, process_index: int = 0, process_count: int = 1,
                   cache: bool = True) -> tuple[EvalBatches, int]:
   """Returns (batches, num_batches) of {'image', 'label', 'mask'} for one process.
 
@@ -316,20 +318,17 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
   The arguments are checked by `streams.eval_iterator`, the entry point.
   """
   hide_accelerators_from_tf()
-  release = info_lib.find_release(dataset, data_dir)
-  builder = None if release else info_lib.load_builder(dataset, data_dir)
-  ds_info = (info_lib.info_from_release(release) if release else
-             info_lib.info_from_builder(builder))
+  ds_info, release = info, info.release
   total = ds_info.num_examples(split)
   if total == 0:
-    raise UserError(f"split '{split}' of '{dataset}' is empty; pick a non-empty eval split")
+    raise UserError(f"split '{split}' of '{ds_info.name}' is empty; pick a non-empty eval split")
   shares = tfds.even_splits(split, n=process_count)
   counts = [ds_info.num_examples(s) for s in shares]
   num_batches = -(-max(counts) // batch_size)
   records = None
   if counts[process_index]:
     records = (_release_records(release, shares[process_index]) if release else
-               _records(builder, ds_info, shares[process_index], cache))
+               source_records(ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
                                 batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
                                 read=_Reader(release) if release else None)
@@ -337,10 +336,10 @@ def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_si
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
-                        batch_size: int, spec: specs.EvalSpec, stored_shape,
+                        batch_size: int, spec: specs.Spec, stored_shape,
                         label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
-  """`num_batches` batches {'image', 'label', 'mask'} of `count` (encoded image, label) records
-  (with `read`, a `_Reader`: (key, label) records whose images it reads).
+  """`num_batches` batches {'image', 'label', 'mask'} of `count` (stored image, label) records
+  (`source_records`; with `read`, a `_Reader`: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
@@ -348,15 +347,15 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
   """
   channels = preprocess.decode_channels(stored_shape)
   size = spec.image_size
-  out_spec = tf.TensorSpec(
-      [size, size, preprocess.output_channels(stored_shape, spec.channels)], tf.float32)
+  out_channels = preprocess.output_channels(stored_shape, spec.channels)
+  out_spec = tf.TensorSpec([size, size, out_channels], tf.float32)
   label_pad = [[0, 0]] * len(label_shape)
 
-  def process_example(encoded):
-    return preprocess.eval_preprocess(preprocess.decode(encoded, channels), spec)
+  def process_example(stored):
+    return preprocess.eval_preprocess(preprocess.decode(stored, channels), spec, out_channels)
 
-  def process_batch(encoded, labels):
-    return pad(_map_examples(process_example, encoded, out_spec), labels)
+  def process_batch(stored, labels):
+    return pad(_map_examples(process_example, stored, out_spec), labels)
 
   def pad(images, labels):
     """A possibly partial batch -> a full batch, padded with zero images and mask 0."""
@@ -418,22 +417,25 @@ def _map_examples(fn, elems, out_spec: tf.TensorSpec) -> tf.Tensor:
                    fn_output_signature=out_spec, parallel_iterations=16)
 
 
-def split_records(dataset: str, data_dir: Optional[str], split, *, cache: bool):
-  """(records, read, DatasetInfo) of a split of any source, in a fixed order: (encoded image,
-  label) of a tfds dataset (read None), or (record key, label) of a source read in place, whose
-  images `read` (a `_Reader`, as `padded_eval_batches` takes it) reads."""
-  release = info_lib.find_release(dataset, data_dir)
-  if release is not None:
-    return _release_records(release, split), _Reader(release), info_lib.info_from_release(release)
-  builder = info_lib.load_builder(dataset, data_dir)
-  ds_info = info_lib.info_from_builder(builder)
-  return _records(builder, ds_info, split, cache), None, ds_info
+def split_records(info: info_lib.DatasetInfo, split, *, cache: bool):
+  """(records, read) of a split of any source, in a fixed order: (stored image, label) of a tfds
+  or embedded dataset (`source_records`; read None), or (record key, label) of a source read in
+  place through its index, whose images `read` (a `_Reader`, as `padded_eval_batches` takes it)
+  reads."""
+  if info.release is not None:
+    return _release_records(info.release, split), _Reader(info.release)
+  return source_records(info, split, cache), None
 
 
-def _records(builder, ds_info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
-  """(encoded image bytes, label) of `split` in a fixed order, optionally cached in memory."""
-  return encoded_records(builder, split, ds_info.image_key,
-                         lambda ex: ex[ds_info.label_key], cache=cache)
+def source_records(info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
+  """(stored image, label) of `split` of a tfds dataset or an embedded one, in read order: the
+  encoded bytes of a tfds record (optionally cached in memory), or the uint8 pixels of an
+  embedded dataset's arrays, read in place (`preprocess.decode` takes either)."""
+  if info.embedded is not None:
+    images, labels = catalog.in_read_order(info.name, split)
+    return tf.data.Dataset.from_tensor_slices((images, labels)).with_options(_options())
+  return encoded_records(info.builder, split, info.image_key, lambda ex: ex[info.label_key],
+                         cache=cache)
 
 
 def encoded_records(builder, split, image_key: str, label_fn, *, cache: bool) -> tf.data.Dataset:

@@ -30,10 +30,10 @@ A [2] int64 seed fixes every choice, so a pipeline stays a pure function of its 
 
 import math
 
-import tensorflow as tf
-
-from vit_jax.data import specs
+from vit_jax import lazy
 from vit_jax.errors import UserError
+
+tf = lazy.Module('tensorflow')  # imported when an op runs (config validation reads `check`)
 
 MAX_LEVEL = 10.0
 FILL = 128
@@ -235,9 +235,18 @@ def apply_op(image, index, magnitude: float, seed):
   return tf.ensure_shape(tf.switch_case(tf.cast(index, tf.int32), branches), image.shape)
 
 
+def check(num_layers, magnitude) -> None:
+  """UserError unless num_layers is an int >= 0 and magnitude a number >= 0."""
+  if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 0:
+    raise UserError(f'num_layers={num_layers!r} must be an int >= 0 (0 = off)')
+  if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) or magnitude < 0:
+    raise UserError(f'magnitude={magnitude!r} must be a number >= 0 (10 = each op at '
+                    f'its RandAugment maximum)')
+
+
 def randaugment(image, num_layers: int, magnitude: float, seed):
   """uint8 [H, W, C] (static shape) -> uint8, `num_layers` random ops in sequence."""
-  specs.check_randaug(num_layers, magnitude)
+  check(num_layers, magnitude)
   if not num_layers:
     return image
   seeds = tf.random.experimental.stateless_split(seed, num=2 * num_layers)
@@ -248,7 +257,8 @@ def randaugment(image, num_layers: int, magnitude: float, seed):
   return image
 
 
-__all__ = ['OPS', 'affine', 'apply_op', 'autocontrast', 'blend', 'brightness', 'color', 'contrast',
+__all__ = ['OPS', 'affine', 'apply_op', 'autocontrast', 'blend', 'brightness', 'check', 'color',
+           'contrast',
            'cutout', 'equalize', 'grayscale', 'invert', 'posterize', 'randaugment', 'rotate',
            'sharpness', 'shear_x', 'shear_y', 'solarize', 'solarize_add', 'translate_x',
            'translate_y']

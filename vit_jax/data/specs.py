@@ -1,66 +1,69 @@
-"""What preprocessing a pipeline is asked for, validated, without TensorFlow: `TrainSpec` and
-`EvalSpec` (the crop modes are described in `preprocess`, which implements them in TensorFlow;
-`arrays` implements a subset in NumPy for the embedded datasets)."""
+"""What preprocessing a pipeline is asked for, checked, without TensorFlow.
+
+`train_spec(pp)` and `eval_spec(pp)` read a mapping (or ConfigDict) with 'image_size' and either
+'ops', a list of registered op calls ('pad_crop(pad=2)|flip'; vit_jax/data/ops.py), or the older
+keys that compose one: 'crop', 'resize', 'pad', 'flip', 'channels', 'randaug_layers',
+'randaug_magnitude' (`ops.compose_train`, `ops.compose_eval`). Eval preprocessing has no random
+op. `config_pp` gives a config's two mappings.
+"""
 
 import dataclasses
 from typing import Any, Optional
 
-from vit_jax.data.choices import EVAL_CROPS, TRAIN_CROPS
+from vit_jax.data import ops
 from vit_jax.errors import UserError
 
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-  """Train preprocessing; see the module docstring for the crop modes."""
-  crop: str
-  image_size: int
-  resize: Optional[int] = None  # shorter side before the crop ('resize_crop')
-  pad: Optional[int] = None  # pixels per side ('pad_crop')
-  flip: bool = False  # random horizontal flip, p = 0.5 (leave off for digits)
-  channels: Optional[int] = None  # None: as stored; 3 tiles grayscale; 1 converts RGB to gray
-  randaug_layers: int = 0  # RandAugment ops per image (0 = off)
-  randaug_magnitude: float = 10  # RandAugment magnitude (10 = each op's maximum)
+_TRAIN_KEYS = ('crop', 'resize', 'pad', 'flip', 'channels', 'randaug_layers', 'randaug_magnitude')
+_EVAL_KEYS = ('crop', 'resize', 'channels')
+_ALL_KEYS = frozenset(('ops', 'image_size') + _TRAIN_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSpec:
-  """Eval preprocessing; see the module docstring for the crop modes."""
-  crop: str
-  image_size: int
-  resize: Optional[int] = None  # shorter side before the central crop ('central')
-  channels: Optional[int] = None
+class Spec:
+  """Checked preprocessing: the op list (its output side is `image_size`)."""
+  ops: ops.OpList
+  train: bool
+
+  @property
+  def image_size(self) -> int:
+    return self.ops.size
+
+  @property
+  def channels(self) -> Optional[int]:
+    """The channels the ops give (a `channels(n)` op), or None: those of the stored images."""
+    return self.ops.channels()
 
 
-_ALL_KEYS = frozenset(f.name for f in dataclasses.fields(TrainSpec)) | frozenset(
-    f.name for f in dataclasses.fields(EvalSpec))
+def train_spec(pp: Any) -> Spec:
+  """The train preprocessing of `pp` (module docstring), checked (UserError naming the key)."""
+  values = _read(pp, 'train')
+  if 'ops' in values:
+    return Spec(ops.parse(values['ops'], values['image_size'], 'pp.train'), True)
+  return Spec(ops.compose_train(
+      crop=values.get('crop'), size=values['image_size'], resize=values.get('resize'),
+      pad=values.get('pad'), flip=bool(values.get('flip')), channels=values.get('channels'),
+      randaug_layers=values.get('randaug_layers', 0),
+      randaug_magnitude=values.get('randaug_magnitude', 10)), True)
 
 
-def train_spec(pp: Any) -> TrainSpec:
-  """Validates a train `pp` mapping/ConfigDict (keys of `TrainSpec`) into a `TrainSpec`."""
-  values = _read(pp, TrainSpec, 'train')
-  spec = TrainSpec(**values)
-  _check_choice(spec.crop, TRAIN_CROPS, 'train')
-  if spec.crop == 'resize_crop':
-    _check_int(spec.resize, 'resize', f'the shorter side for resize_crop, >= image_size '
-               f'({spec.image_size})', minimum=spec.image_size)
-  if spec.crop == 'pad_crop':
-    _check_int(spec.pad, 'pad', 'pixels of zero padding per side for pad_crop', minimum=0)
-  check_randaug(spec.randaug_layers, spec.randaug_magnitude)
-  return spec
+def eval_spec(pp: Any) -> Spec:
+  """The eval preprocessing of `pp` (module docstring), checked: deterministic ops only."""
+  values = _read(pp, 'eval')
+  if 'ops' in values:
+    key, op_list = 'pp.eval', ops.parse(values['ops'], values['image_size'], 'pp.eval')
+  else:
+    key, op_list = 'pp.eval_crop', ops.compose_eval(
+        crop=values.get('crop'), size=values['image_size'], resize=values.get('resize'),
+        channels=values.get('channels'))
+  random = [str(c) for c in op_list.calls if ops.OPS.get(c.name).attrs.get('random')]
+  if random:
+    raise UserError(f'config.{key}: {", ".join(random)} draws at random: eval preprocessing is '
+                    f'deterministic; use central_crop or resize')
+  return Spec(op_list, False)
 
 
-def eval_spec(pp: Any) -> EvalSpec:
-  """Validates an eval `pp` mapping/ConfigDict (keys of `EvalSpec`) into an `EvalSpec`."""
-  spec = EvalSpec(**_read(pp, EvalSpec, 'eval'))
-  _check_choice(spec.crop, EVAL_CROPS, 'eval')
-  if spec.crop == 'central':
-    _check_int(spec.resize, 'resize', f'the shorter side before the central crop, >= image_size '
-               f'({spec.image_size})', minimum=spec.image_size)
-  return spec
-
-
-def _read(pp: Any, cls, kind: str) -> dict[str, Any]:
-  """Reads the fields of `cls` from `pp`; keys known to the other spec are ignored."""
+def _read(pp: Any, kind: str) -> dict:
+  """The values of `pp` (a mapping or ConfigDict), the output side checked."""
   if not hasattr(pp, 'keys'):
     raise UserError(f'{kind} preprocessing must be a dict or ConfigDict with keys '
                     f'{sorted(_ALL_KEYS)}, got {type(pp).__name__}')
@@ -68,35 +71,14 @@ def _read(pp: Any, cls, kind: str) -> dict[str, Any]:
   if unknown:
     raise UserError(f'unknown {kind} preprocessing key(s) {unknown}; valid keys: '
                     f'{sorted(_ALL_KEYS)}')
-  values = {f.name: pp[f.name] for f in dataclasses.fields(cls) if f.name in pp.keys()}
-  for required in ('crop', 'image_size'):
-    if values.get(required) is None:
-      raise UserError(f"{kind} preprocessing needs '{required}' (e.g. crop='resize', "
-                      f"image_size=224)")
-  _check_int(values['image_size'], 'image_size', 'the output side in pixels', minimum=1)
-  if values.get('channels') not in (None, 1, 3):
-    raise UserError(f"{kind} preprocessing 'channels' must be None (as stored), 1 or 3, got "
-                    f"{values['channels']!r}")
+  values = {k: pp[k] for k in pp.keys() if pp[k] is not None}
+  size = values.get('image_size')
+  if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    raise UserError(f"{kind} preprocessing 'image_size' (the output side in pixels) must be an "
+                    f'int >= 1, got {size!r}')
+  if 'ops' not in values and values.get('crop') is None:
+    raise UserError(f"{kind} preprocessing needs 'ops' (e.g. 'resize') or 'crop'")
   return values
 
 
-def _check_choice(value, choices, kind):
-  if value not in choices:
-    raise UserError(f"{kind} crop {value!r} is not one of {', '.join(choices)}")
-
-
-def _check_int(value, key, meaning, minimum):
-  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-    raise UserError(f"preprocessing '{key}' ({meaning}) must be an int >= {minimum}, got "
-                    f"{value!r}")
-
-
-def check_randaug(num_layers, magnitude) -> None:
-  if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 0:
-    raise UserError(f'randaug.num_layers={num_layers!r} must be an int >= 0 (0 = off)')
-  if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) or magnitude < 0:
-    raise UserError(f'randaug.magnitude={magnitude!r} must be a number >= 0 (10 = each op at '
-                    f'its RandAugment maximum)')
-
-
-__all__ = ['EvalSpec', 'TrainSpec', 'check_randaug', 'eval_spec', 'train_spec']
+__all__ = ['Spec', 'eval_spec', 'train_spec']

@@ -1,12 +1,11 @@
-"""The trainer's input streams: which pipeline serves a dataset, and the checks both share.
+"""The trainer's input streams: the arguments checked, then the one tf.data pipeline (pipeline.py).
 
-`train_iterator` and `eval_iterator` validate their arguments, then hand the embedded datasets
-(mnist5k, digits) to `arrays` (NumPy, in memory, no TensorFlow) when `arrays.serves` says it
-implements what the preprocessing asks for, and everything else to `pipeline` (tf.data). Both
-keep the same contract (pipeline.py's docstring): an infinite stream that is a pure function of
-the seed and resumes exactly at any step; eval batches padded with mask 0, the same number on
-every process, every example once. A run on an embedded dataset then never imports TensorFlow
-(the quickstart's runs, for one).
+`train_iterator` and `eval_iterator` validate their arguments and hand every source (the
+embedded datasets read from their arrays, tfds datasets, image folders, the releases read in
+place) to the same streams, whose contract pipeline.py's docstring states: an infinite stream
+that is a pure function of the seed and resumes exactly at any step; eval batches padded with
+mask 0, the same number on every process, every example once. A run passes the dataset's info
+(`info.get_info`, resolved once); other callers may name the dataset instead.
 """
 
 from typing import Any, Iterator, Optional
@@ -14,56 +13,52 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from vit_jax.data import specs
-from vit_jax.data.choices import INPUT_PIPELINES, SHARDINGS
+from vit_jax.data.choices import SHARDINGS
 from vit_jax.errors import UserError
 
 
-def train_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
-                   pp: Any, seed: int, start_step: int = 0, process_index: int = 0,
+def train_iterator(*, split: str, batch_size: int, pp: Any, seed: int,
+                   dataset: Optional[str] = None, data_dir: Optional[str] = None, info=None,
+                   start_step: int = 0, process_index: int = 0,
                    process_count: int = 1, shuffle_buffer: int = 50_000, cache: bool = True,
-                   prefetch: int = 2, sharding: str = 'process',
-                   pipeline: str = 'auto') -> Iterator[dict[str, np.ndarray]]:
+                   prefetch: int = 2,
+                   sharding: str = 'process') -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]} (B = batch_size):
-  the arguments checked (`pp` holds the keys of `specs.TrainSpec`), then the stream of `arrays`
-  or `pipeline` (whose docstring describes the arguments). `pipeline='tf.data'` never uses
-  `arrays` (the streams of runs recorded before they existed)."""
+  the arguments checked (`pp` as `specs.train_spec` reads it), then pipeline.py's stream (whose
+  docstring describes the arguments) of `info`, or of `dataset` in `data_dir`."""
   spec = check_train_args(pp=pp, batch_size=batch_size, seed=seed, start_step=start_step,
                           process_index=process_index, process_count=process_count,
                           shuffle_buffer=shuffle_buffer, sharding=sharding)
-  _check_pipeline(pipeline)
-  from vit_jax.data import arrays  # pylint: disable=g-import-not-at-top
-  if pipeline == 'auto' and arrays.serves(dataset, split, spec, shuffle_buffer):
-    return arrays.train_iterator(dataset=dataset, split=split, batch_size=batch_size, spec=spec,
-                                 seed=seed, start_step=start_step, process_index=process_index,
-                                 process_count=process_count, sharding=sharding)
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   return pipeline.train_iterator(
-      dataset=dataset, split=split, data_dir=data_dir, batch_size=batch_size, spec=spec, seed=seed,
-      start_step=start_step, process_index=process_index, process_count=process_count,
+      info=_info(info, dataset, data_dir), split=split, batch_size=batch_size, spec=spec,
+      seed=seed, start_step=start_step, process_index=process_index, process_count=process_count,
       shuffle_buffer=shuffle_buffer, cache=cache, prefetch=prefetch, sharding=sharding)
 
 
-def eval_iterator(*, dataset: str, split: str, data_dir: Optional[str], batch_size: int,
-                  pp: Any, process_index: int = 0, process_count: int = 1,
-                  cache: bool = True, pipeline: str = 'auto') -> tuple[Any, int]:
+def eval_iterator(*, split: str, batch_size: int, pp: Any, dataset: Optional[str] = None,
+                  data_dir: Optional[str] = None, info=None, process_index: int = 0,
+                  process_count: int = 1, cache: bool = True) -> tuple[Any, int]:
   """(re-iterable batches of {'image', 'label', 'mask'}, num_batches) for one process: the
-  arguments checked (`pp` holds the keys of `specs.EvalSpec`), then the batches of `arrays` or
-  `pipeline`; `pipeline` as in `train_iterator`."""
+  arguments checked (`pp` as `specs.eval_spec` reads it), then pipeline.py's batches."""
   spec = check_eval_args(pp=pp, batch_size=batch_size, process_index=process_index,
                          process_count=process_count)
-  _check_pipeline(pipeline)
-  from vit_jax.data import arrays  # pylint: disable=g-import-not-at-top
-  if pipeline == 'auto' and arrays.serves(dataset, split, spec):
-    return arrays.eval_iterator(dataset=dataset, split=split, batch_size=batch_size, spec=spec,
-                                process_index=process_index, process_count=process_count)
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  return pipeline.eval_iterator(dataset=dataset, split=split, data_dir=data_dir,
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  return pipeline.eval_iterator(info=_info(info, dataset, data_dir), split=split,
                                 batch_size=batch_size, spec=spec, process_index=process_index,
                                 process_count=process_count, cache=cache)
 
 
+def _info(info, dataset: Optional[str], data_dir: Optional[str]):
+  """The dataset's info: `info` as the caller resolved it (a run does, once), else looked up."""
+  if info is not None:
+    return info
+  from vit_jax.data import info as info_lib  # pylint: disable=g-import-not-at-top  (imports tfds)
+  return info_lib.get_info(dataset, data_dir)
+
+
 def check_train_args(*, pp, batch_size, seed, start_step, process_index, process_count,
-                     shuffle_buffer, sharding) -> specs.TrainSpec:
+                     shuffle_buffer, sharding) -> specs.Spec:
   """The train stream's arguments checked (UserError naming the bad one); the parsed spec."""
   if sharding not in SHARDINGS:
     raise UserError(f'unknown data_sharding {sharding!r}: use config.data_sharding=process or '
@@ -77,18 +72,12 @@ def check_train_args(*, pp, batch_size, seed, start_step, process_index, process
   return spec
 
 
-def check_eval_args(*, pp, batch_size, process_index, process_count) -> specs.EvalSpec:
+def check_eval_args(*, pp, batch_size, process_index, process_count) -> specs.Spec:
   """The eval batches' arguments checked (UserError naming the bad one); the parsed spec."""
   spec = specs.eval_spec(pp)
   check_int('batch_size', batch_size, 1)
   check_processes(process_index, process_count)
   return spec
-
-
-def _check_pipeline(pipeline: str) -> None:
-  if pipeline not in INPUT_PIPELINES:
-    raise UserError(f"unknown input_pipeline {pipeline!r}: use config.input_pipeline=auto or "
-                    f"tf.data")
 
 
 def check_int(name: str, value, minimum: int) -> None:

@@ -9,13 +9,12 @@ classified by the largest of the K outputs.
                                                   T = 2 one_hot(y) - 1 and b not penalised
   accuracy(x_test, y_test, W, b)
 
-Which training images: the first n of each class in the split's stored order (tfds writes shuffled
-shards), so an n-shot set contains every smaller one and the choice is the same on every run and
-any number of processes. For mnist5k and digits they come from the source arrays in that same
-order (`arrays.in_read_order`, catalog.py), without TensorFlow, when the NumPy streams serve
-the eval preprocessing; any other dataset goes through tf.data. `FewShotEvaluator` reads and
-caches them once, then each call computes the features of those and of the whole eval split with
-the given params (sharded over the mesh).
+Which training images: the first n of each class in the split's read order (tfds writes shuffled
+shards; mnist5k and digits are read in the same order, catalog.py), so an n-shot set contains
+every smaller one and the choice is the same on every run and any number of processes.
+`FewShotEvaluator` reads and caches them once through the tf.data records of every source
+(`pipeline.source_records`), then each call computes the features of those and of the whole eval
+split with the given params (sharded over the mesh).
 `python -m vit_jax fewshot` runs it on a checkpoint (`evaluate_checkpoint`).
 """
 
@@ -25,10 +24,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+import tensorflow as tf
+
 from vit_jax import data as data_lib
 from vit_jax import parallel
-from vit_jax.data import arrays
-from vit_jax.data import catalog
+from vit_jax.data import pipeline
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
@@ -94,9 +94,8 @@ def feature_fn(model):
 
 
 def _pool_records(records, max_shots: int, num_classes: int):
-  """The first `max_shots` (image or record key, label) records of each class, cached."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  """The first `max_shots` records of each class of `records` ((stored image or record key, label)
+  in read order, `pipeline.split_records`), in that order, cached."""
 
   def keep(counts, record):
     label = tf.cast(record[1], tf.int32)
@@ -115,14 +114,6 @@ def _pool_records(records, max_shots: int, num_classes: int):
   pool = records.scan(tf.zeros([num_classes], tf.int32), pipeline.as_written(keep))
   pool = pool.filter(pipeline.as_written(taken)).map(pipeline.as_written(record_only))
   return pool.take(max_shots * num_classes).cache()
-
-
-def _pool_arrays(dataset: str, split: str, max_shots: int):
-  """(images, labels) of the first `max_shots` examples of each class of `split` of an embedded
-  dataset, in the order tfds reads it: the pool `_pool_records` reads, from the arrays."""
-  images, labels = arrays.in_read_order(dataset, split)
-  keep = first_per_class(labels, max_shots)
-  return images[keep], labels[keep]
 
 
 def _check_shots(shots, labels: np.ndarray, class_name: Callable[[int], str], dataset: str,
@@ -144,7 +135,9 @@ class FewShotEvaluator:
 
   def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
                train_split: str, eval_split: str, shots: Sequence[int], l2_reg: float,
-               batch_size: int, pp, cache: bool = True):
+               batch_size: int, pp, cache: bool = True, info=None):
+    """`info`: the dataset's `data.DatasetInfo` when the caller holds it (a run evaluating on its
+    own dataset); else `dataset` is looked up in `data_dir`."""
     shots = tuple(int(n) for n in shots)
     if not shots or min(shots) < 1:
       raise UserError(f'fewshot.shots={shots} must be positive numbers of examples per class, '
@@ -155,39 +148,25 @@ class FewShotEvaluator:
     spec = specs.eval_spec(pp)
     pcount, pindex = jax.process_count(), jax.process_index()
     local_batch = batch_size // pcount
-    # An embedded dataset's pool comes from its arrays (no TensorFlow), as its eval batches do.
-    on_arrays = arrays.serves(dataset, train_split, spec) and arrays.serves(dataset, eval_split,
-                                                                            spec)
-    if on_arrays:
-      self.num_classes = catalog.EMBEDDED[dataset].NUM_CLASSES
-      images, labels = _pool_arrays(dataset, train_split, max(shots))
-      class_name = str  # ClassLabel(num_classes=...) names its classes '0', '1', ...
-    else:
-      from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-      records, read, ds_info = pipeline.split_records(dataset, data_dir, train_split, cache=False)
-      self.num_classes = ds_info.num_classes
-      pool = _pool_records(records, max(shots), self.num_classes)
-      labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
-      class_name = lambda label: ds_info.class_names[label]
+    info = info or data_lib.get_info(dataset, data_dir)
+    self.num_classes = info.num_classes
+    records, read = pipeline.split_records(info, train_split, cache=False)
+    pool = _pool_records(records, max(shots), self.num_classes)
+    labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
     if not len(labels):
-      raise UserError(f"few-shot split '{train_split}' of '{dataset}' is empty: set "
+      raise UserError(f"few-shot split '{train_split}' of '{info.name}' is empty: set "
                       f'config.fewshot.train_split')
-    _check_shots(shots, labels, class_name, dataset, train_split)
+    _check_shots(shots, labels, lambda c: info.class_names[c], info.name, train_split)
     # Contiguous shares, so the gathered features keep the pool's order on any process count.
     counts = [len(share) for share in np.array_split(np.arange(len(labels)), pcount)]
     start = sum(counts[:pindex])
-    num = -(-max(counts) // local_batch)
-    if on_arrays:
-      mine = slice(start, start + counts[pindex])
-      self._train = arrays.EvalBatches(images[mine], labels[mine], spec, local_batch, num)
-    else:
-      from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-      self._train = pipeline.padded_eval_batches(
-          pool.skip(start).take(counts[pindex]), count=counts[pindex], num_batches=num,
-          batch_size=local_batch, spec=spec, stored_shape=ds_info.image_shape, read=read)
+    self._train = pipeline.padded_eval_batches(
+        pool.skip(start).take(counts[pindex]), count=counts[pindex],
+        num_batches=-(-max(counts) // local_batch), batch_size=local_batch, spec=spec,
+        stored_shape=info.image_shape, read=read)
     self._eval, _ = data_lib.eval_iterator(
-        dataset=dataset, split=eval_split, data_dir=data_dir, batch_size=local_batch, pp=pp,
-        process_index=pindex, process_count=pcount, cache=cache)
+        info=info, split=eval_split, batch_size=local_batch, pp=pp, process_index=pindex,
+        process_count=pcount, cache=cache)
     self._features = jax.jit(feature_fn(model),
                              in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
                              out_shardings=sharding.batch_sharding(mesh))

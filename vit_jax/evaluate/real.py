@@ -16,6 +16,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import parallel
+from vit_jax.data import catalog
 from vit_jax.data import info as info_lib
 from vit_jax.data import pipeline, specs
 from vit_jax.errors import UserError
@@ -34,7 +35,7 @@ def real_hits(logits: jax.Array, label_sets: jax.Array, mask: jax.Array) -> Dict
 
 
 def _label_set_feature(builder, dataset: str):
-  features = builder.info.features
+  features = builder.info.features if builder is not None else {}
   real = features[LABELS_KEY] if LABELS_KEY in features else None
   if (IMAGE_KEY not in features or not isinstance(real, tfds.features.Sequence)
       or not isinstance(real.feature, tfds.features.ClassLabel)):
@@ -59,7 +60,8 @@ class RealEvaluator:
           release, split, batch_size=batch_size // pcount, spec=specs.eval_spec(pp),
           process_index=pindex, process_count=pcount)
       return
-    builder = info_lib.load_builder(dataset, data_dir)
+    # (An embedded dataset, read from its arrays, has no label sets.)
+    builder = None if dataset in catalog.EMBEDDED else info_lib.load_builder(dataset, data_dir)
     num_classes = _label_set_feature(builder, dataset)
     self._check_classes(model, dataset, num_classes)
     shares = tfds.even_splits(split, n=pcount)

@@ -5,7 +5,8 @@ A bundle is a directory:
                and by timm's npz loader)
   model.json   {"format": "vit_jax.bundle", "version": 1, "model_name", "num_classes", "options"
                (create_model overrides), "image_size", "channels", "class_names",
-               "preprocess": {"crop", "resize", "decode_channels"}, "output": softmax | sigmoid,
+               "preprocess": {"crop", "resize", "decode_channels", and "ops" for a run whose
+               eval preprocessing is a list of ops}, "output": softmax | sigmoid,
                "source"}
 
 `Bundle` is also what `predict`, `export` and `convert` load from any source (`resolve`): a training
@@ -43,8 +44,9 @@ OUTPUTS = ('softmax', 'sigmoid')
 
 @dataclasses.dataclass
 class Bundle:
-  """Params and how to run them. `crop`/`resize` are the eval preprocessing
-  (`specs.EvalSpec`); images are decoded to `decode_channels` first."""
+  """Params and how to run them. `crop`/`resize` are the eval preprocessing (`specs.eval_spec`),
+  or `ops` (a list of registered ops, vit_jax/data/ops.py) when set; images are decoded to
+  `decode_channels` first."""
   spec: ModelSpec
   params: Dict[str, Any]
   class_names: Tuple[str, ...]
@@ -53,8 +55,11 @@ class Bundle:
   decode_channels: int = 3
   output: str = 'softmax'
   source: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  ops: Optional[str] = None
 
   def eval_spec(self):
+    if self.ops:
+      return specs.eval_spec(dict(ops=self.ops, image_size=self.spec.image_size))
     return specs.eval_spec(dict(crop=self.crop, image_size=self.spec.image_size,
                                 resize=self.resize or self.spec.image_size,
                                 channels=self.spec.channels))
@@ -63,7 +68,8 @@ class Bundle:
     return {'format': FORMAT, 'version': VERSION, **self.spec.to_dict(),
             'class_names': list(self.class_names),
             'preprocess': {'crop': self.crop, 'resize': self.resize,
-                           'decode_channels': self.decode_channels},
+                           'decode_channels': self.decode_channels,
+                           **({'ops': self.ops} if self.ops else {})},
             'output': self.output, 'source': self.source}
 
 
@@ -117,7 +123,7 @@ def _from_step_dir(step_dir, data_dir: Optional[str]) -> Bundle:
   names, source['class_names'] = _class_names(config, step_dir, spec.num_classes, data_dir)
   pp = config_pp.eval_pp(config)  # the eval preprocessing policy
   return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
-                crop=pp['crop'], resize=pp['resize'],
+                crop=pp.get('crop', 'resize'), resize=pp.get('resize'), ops=pp.get('ops'),
                 decode_channels=spec.channels if config.pp.channels is None else 3,
                 output=task.output, source=source)
 
@@ -228,7 +234,7 @@ def load(path: str) -> Bundle:
     raise UserError(f'{model_file}: class_names or output do not fit the model: re-export it')
   params = npz.load_npz(os.path.join(path, PARAMS_FILE))
   return Bundle(spec=spec, params=fitted(spec, params, path), class_names=names,
-                crop=pp.get('crop', 'resize'), resize=pp.get('resize'),
+                crop=pp.get('crop', 'resize'), resize=pp.get('resize'), ops=pp.get('ops'),
                 decode_channels=int(pp.get('decode_channels', spec.channels)),
                 output=meta.get('output', 'softmax'), source={'bundle': path})
 

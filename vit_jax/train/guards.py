@@ -18,7 +18,9 @@
   refuse_mismatch    resuming a checkpoint of another config or on changed data (unless
                      allowed), or one whose arrays have other shapes than this run's (never
                      allowed: another model, class count or input shape), is one line naming
-                     the cause; the checkpoints stay as they are.
+                     the cause; the checkpoints stay as they are. So is a run recorded on the
+                     NumPy streams earlier versions fed the embedded datasets through
+                     (`numpy_streams`): no stream gives its batches any more.
 """
 
 import contextlib
@@ -31,6 +33,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from vit_jax import interrupt
+from vit_jax.data import catalog
 from vit_jax.errors import UserError
 
 # Keys that may differ on resume: they change logging, I/O or device layout, not the math.
@@ -41,25 +44,9 @@ OPERATIONAL_KEYS = frozenset({
     'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
     'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
     'xla_cpu_schedule',  # a key of older configs: checkpoints that still carry it resume
+    'input_pipeline',  # a key of older configs: runs it sent to tf.data resume (`numpy_streams`)
     'model.attention',  # the attention kernel: same parameters, same math
 })
-
-
-def recorded_before() -> Dict[str, object]:
-  """Keys added after runs were recorded, with the value that reproduces what such a run did
-  before the key existed (the data package holds it; imported here only on resume, so reading
-  logs stays free of it)."""
-  from vit_jax.data import choices  # pylint: disable=g-import-not-at-top
-  return {'input_pipeline': choices.RECORDED_INPUT_PIPELINE}
-
-
-def recorded_values(stored: dict, current: dict) -> Dict[str, object]:
-  """{key: value} for the keys of `recorded_before()` that `stored` (a checkpoint's config)
-  lacks and `current` holds with another value: what the resumed run must use to continue
-  exactly."""
-  old, new = _flatten(stored), _flatten(current)
-  return {key: value for key, value in recorded_before().items()
-          if key not in old and key in new and new[key] != value}
 
 
 class Diverged(UserError):
@@ -262,6 +249,10 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
   changes = config_changes(stored_config, config)
   fresh = (f'use a new --workdir (config.init={workdir} starts a new run from its weights '
            'where they fit)')
+  obsolete = numpy_streams(stored_config)
+  if obsolete:
+    raise UserError(f'{workdir} holds a run (step {step}) recorded on {obsolete}, which no longer '
+                    f'exist: its batches cannot be continued; {fresh}')
   dataset = config.get('dataset')
   data_text = '; '.join(data_changes)
   if changes and not data_changes and not allow_config_change and not shape_changes:
@@ -299,6 +290,24 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
                   f'{arrays}: restore the dataset as it was to resume, or {fresh}')
 
 
+def numpy_streams(stored_config: dict) -> str:
+  """What fed a run recorded with `input_pipeline='auto'` when that sent its train stream to the
+  NumPy streams that earlier versions had for the embedded datasets (their own orders and
+  augmentation draws), in words; '' for any other run (tf.data's streams, read in place now,
+  give the same batches). The rule is that of the code that made the choice."""
+  c = stored_config
+  if c.get('input_pipeline') != 'auto' or c.get('dataset') not in catalog.EMBEDDED:
+    return ''  # (a config of the versions that had the key holds every key read below)
+  try:
+    examples = catalog.num_examples(c['train_split'], catalog.EMBEDDED[c['dataset']].SPLIT_SIZES)
+  except (ValueError, KeyError, AssertionError):
+    return ''
+  served = (examples > 0 and c['pp']['train_crop'] in ('pad_crop', 'resize')
+            and not c['randaug']['num_layers'] and c['shuffle_buffer'] >= examples
+            and c['pp']['channels'] in (None, 1, 3))
+  return f"the NumPy streams of {c['dataset']} (input_pipeline='auto')" if served else ''
+
+
 # The facts that set array shapes (the head's width, the input's).
 _SHAPE_FACTS = ('num_classes', 'image_shape')
 
@@ -307,6 +316,6 @@ def _plain(value):
   return tuple(value) if isinstance(value, list) else value
 
 
-__all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'recorded_values',
+__all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'numpy_streams',
            'refuse_config_drift', 'refuse_mismatch', 'stop_with_parent', 'PARENT_ENV',
-           'OPERATIONAL_KEYS', 'recorded_before']
+           'OPERATIONAL_KEYS']

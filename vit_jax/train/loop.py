@@ -145,12 +145,8 @@ def _start(prog, ckpt, workdir, allow_config_change, facts):
     if not compiling and stored.step < prog.total_steps:  # (a finished run trains no step)
       compiling.append(prog.compile_train_step_in_background())
 
-  start_step, state, stored_config = ckpt.restore_latest(abstract, check)
+  start_step, state, _ = ckpt.restore_latest(abstract, check)
   train_fn = compiling[0] if compiling else None
-  if start_step is not None:
-    for key, value in guards.recorded_values(stored_config, prog.config.to_dict()).items():
-      prog.config[key] = value  # continues as it was recorded (and saves the key from now on)
-      _say(f'{key}={value!r}: the value this run was recorded with, before the key existed')
   if jax.process_index() == 0:  # the log's records after the start point are redone (or none)
     logs.repair_log(logs.metrics_path(workdir), start_step or 0)
   if start_step is None:
@@ -176,7 +172,7 @@ def run_facts(prog) -> dict:
   (`vit_jax.data.identity`; absent for a dataset that cannot be read)."""
   facts = {'num_classes': int(prog.num_classes),
            'image_shape': [int(d) for d in prog.image_shape]}
-  data = identity.identify(prog.config.dataset, prog.config.data_dir)
+  data = identity.identify(prog.data)
   if data is not None:
     facts['data'] = data
   return facts
@@ -199,14 +195,13 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   prog, ckpt, logger = run.prog, run.ckpt, run.logger
   config, mesh, total_steps = prog.config, prog.mesh, prog.total_steps
   eval_data = data_lib.eval_iterator(
-      dataset=config.dataset, split=config.eval_split, data_dir=config.data_dir,
+      info=prog.data, split=config.eval_split,
       batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
-      process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache,
-      pipeline=config.input_pipeline)
+      process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
   config_json, facts = config.to_dict(), run.facts
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
-      eval_pp=eval_pp(config))
+      eval_pp=eval_pp(config), data=prog.data)
   metric_name = prog.task.metric_name
   result = None
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
@@ -214,11 +209,11 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
 
   if start_step < total_steps:
     train_data = data_lib.train_iterator(
-        dataset=config.dataset, split=config.train_split, data_dir=config.data_dir,
+        info=prog.data, split=config.train_split,
         batch_size=prog.local_batch, pp=train_pp(config), seed=config.seed, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count(),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
-        sharding=config.data_sharding, pipeline=config.input_pipeline)
+        sharding=config.data_sharding)
     _say(f'training on {config.dataset} ({prog.num_train} examples) for {total_steps} steps on '
          f'{parallel.describe_run(mesh.devices.flat)}: {prog.describe()}')
     progress = logs.Progress(total_steps, start_step, config.batch_size, enabled=config.progress)

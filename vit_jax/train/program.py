@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import data as data_lib
-from vit_jax.data import catalog
+from vit_jax.data import config_pp
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
@@ -44,6 +44,7 @@ class Program:
   tx: Any                    # the optax transformation (its state is part of the train state)
   num_classes: int           # outputs of the head (masked patch prediction: colour classes)
   num_train: int             # train examples (0 if the dataset is absent in compile-only mode)
+  data: Any                  # the dataset's `data.DatasetInfo`, resolved once (None if absent)
   total_steps: int
   image_shape: Tuple[int, int, int]
   hyper: dict                # the train step's last argument (optim.hyperparameters)
@@ -133,25 +134,23 @@ def resolve_steps(config, num_train_examples: int) -> int:
 
 
 def dataset_facts(config, task: tasks.Task, require_dataset: bool = True):
-  """(num_classes, train examples, input channels) of the configured dataset for `task`.
+  """(num_classes, train examples, input channels, the dataset's info) of the configured dataset
+  for `task`.
 
-  An embedded dataset's split (a name or an expression) is answered without TensorFlow
-  (`data.catalog`); any other through tfds. Without `require_dataset` (compile-only, benchmarks)
-  a dataset that is not prepared here is fine when `num_classes` is set (channels from
-  `pp.channels`, else 3; 0 train examples).
+  The info (`data.get_info`: an embedded dataset's without TensorFlow) is looked up here once per
+  run and passed on to the pipelines, the evaluators and the checkpoint's record of the data.
+  Without `require_dataset` (compile-only, benchmarks) a dataset that is not prepared here is
+  fine when `num_classes` is set (channels from the train ops, else 3; 0 train examples; no
+  info). The channels are what the train preprocessing gives (`config_pp.input_channels`).
   """
-  facts = catalog.embedded_facts(config.dataset, config.train_split)
-  if facts is None:
-    try:
-      info = data_lib.get_info(config.dataset, config.data_dir)
-    except UserError:
-      if require_dataset or not config.num_classes:
-        raise
-      return config.num_classes, 0, config.pp.channels or 3
-    facts = catalog.SplitFacts(info.num_classes, info.image_shape,
-                               info.num_examples(config.train_split))
-  return (head_width(config, facts.num_classes, task), facts.num_examples,
-          config.pp.channels or facts.image_shape[-1])
+  try:
+    info = data_lib.get_info(config.dataset, config.data_dir)
+  except UserError:
+    if require_dataset or not config.num_classes:
+      raise
+    return config.num_classes, 0, config_pp.input_channels(config, None), None
+  return (head_width(config, info.num_classes, task), info.num_examples(config.train_split),
+          config_pp.input_channels(config, info.image_shape[-1]), info)
 
 
 def head_width(config, dataset_classes: int, task: tasks.Task) -> int:
@@ -294,7 +293,7 @@ def build_program(config, devices: Optional[list] = None, *,
   mesh = placement.mesh
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
-  num_classes, num_train, channels = dataset_facts(config, task, require_dataset)
+  num_classes, num_train, channels, data = dataset_facts(config, task, require_dataset)
   num_classes = task.num_outputs(num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count is only an
   # argument of the compiled step (the learning-rate schedule's length).
@@ -321,8 +320,9 @@ def build_program(config, devices: Optional[list] = None, *,
   eval_fn = steps_lib.compile_eval_step(task.eval_step(model, num_classes), mesh,
                                         state_shardings.params)
   return Program(config=config, mesh=mesh, model=model, task=task, tx=tx,
-                 num_classes=num_classes, num_train=num_train, total_steps=total_steps,
-                 image_shape=image_shape, hyper=hyper, init_fn=init_fn, init_rng=init_rng, dropout_rng=dropout_rng,
+                 num_classes=num_classes, num_train=num_train, data=data, total_steps=total_steps,
+                 image_shape=image_shape, hyper=hyper, init_fn=init_fn, init_rng=init_rng,
+                 dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
                  eval_fn=eval_fn, target=placement.target)
 

@@ -3,9 +3,11 @@
 Types are enforced by the locked ConfigDict. This checks, in order, every key of `CHOICES` (the
 valid values come from the module that uses them, so the table cannot drift from the code), every
 range of `RANGES`, the variant and its `config.model` options (the one check of model options,
-`models.check_options`, with the task's own options applied), then the combinations that no
-single key shows. It runs once per run, in the train command right after parsing flags, else in
-`build_program`, and returns the run's task (`tasks.get_task`), which the run passes on.
+`models.check_options`, with the task's own options applied), the preprocessing ops and
+evaluators the config names (their registries: vit_jax/data/ops.py, vit_jax/evaluate/registry.py),
+then the combinations that no single key shows. It runs once per run, in the train command right
+after parsing flags, else in `build_program`, and returns the run's task (`tasks.get_task`), which
+the run passes on.
 
 Messages name the key as `config.<key>`; the command line spells it as the flag `config.<key>`
 (vit_jax/cli.py).
@@ -16,7 +18,10 @@ from typing import Any, Callable, Tuple
 
 from vit_jax import models
 from vit_jax import tasks
+from vit_jax.data import config_pp
+from vit_jax.data import specs
 from vit_jax.errors import UserError
+from vit_jax.evaluate import registry as evaluators
 
 _POSITIVE = (lambda v: v > 0, 'a number > 0')
 _NON_NEGATIVE = (lambda v: v >= 0, 'a number >= 0')
@@ -67,9 +72,6 @@ CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('weight_decay_mask', _from('train.optim', 'WEIGHT_DECAY_MASKS')),
     ('parallelism', _from('parallel.steps', 'PARALLELISMS')),
     ('data_sharding', _from('data.choices', 'SHARDINGS')),
-    ('input_pipeline', _from('data.choices', 'INPUT_PIPELINES')),
-    ('pp.train_crop', _from('data.choices', 'TRAIN_CROPS')),
-    ('pp.eval_crop', _from('data.choices', 'EVAL_CROPS')),
     ('init_posemb_resize', _from('models.posemb_resize', 'METHODS')),
 )
 
@@ -103,6 +105,14 @@ def check_choices(config) -> None:
                       f'{", ".join(map(str, valid))}')
 
 
+def check_registered(config) -> None:
+  """The preprocessing ops (`pp.*`, `randaug.*`) and the evaluators (`evaluators`) a config names:
+  registered, their arguments fitting (vit_jax/registry.py); eval ops deterministic."""
+  specs.train_spec(config_pp.train_pp(config))
+  specs.eval_spec(config_pp.eval_pp(config))
+  evaluators.check(config)
+
+
 def check_config(config) -> tasks.Task:
   """Every mistake a config alone shows, found before devices or data are touched; the run's
   task."""
@@ -112,10 +122,12 @@ def check_config(config) -> tasks.Task:
   # An unknown variant: one line listing the valid ones; a bad model option: one naming its key.
   models.check_options(config.model_name, task.model_options(config.model.to_dict()),
                        prefix='config.model.')
+  check_registered(config)
   if config.model.classifier == 'unpooled':
     raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
                     'cannot score: train with config.model.classifier=token or gap')
   return task
 
 
-__all__ = ['CHOICES', 'RANGES', 'check_choices', 'check_config', 'check_values']
+__all__ = ['CHOICES', 'RANGES', 'check_choices', 'check_config', 'check_registered',
+           'check_values']
