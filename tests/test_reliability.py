@@ -373,6 +373,10 @@ def test_a_changed_config_that_keeps_shapes_resumes_with_allow_config_change(
 
 def test_second_ctrl_c_while_a_checkpoint_is_written_waits_for_it(capfd):
   preemption = guards.Preemption()
+  with pytest.raises(KeyboardInterrupt):  # still starting: stops at once, nothing trained
+    preemption._handle(signal.SIGINT, None)
+  preemption = guards.Preemption()
+  preemption.begin_training()
   preemption._handle(signal.SIGINT, None)  # the first: stop at the next step boundary
   assert preemption.requested
   with preemption.saving():
