@@ -120,11 +120,11 @@ COMMANDS = {
         Fails(_ELIDED),
     'python -m vit_jax fewshot --workdir=runs/i21k':
         Fails(r'^error: (--workdir=\S+/runs/i21k does not exist|no checkpoints in \S+/runs/i21k/)'),
-    'W=runs/recipes python -m vit_jax.main --config=configs/pretrain.py:model=Mu/4,dataset=mnist5k':
+    'W=runs/recipes; python -m vit_jax.main --config=configs/pretrain.py:model=Mu/4,dataset=mnist5k':
         Run(_FAST_TRAIN),
-    'W=runs/recipes python -m vit_jax.main --config=configs/finetune.py:model=Mu/4':
+    'W=runs/recipes; python -m vit_jax.main --config=configs/finetune.py:model=Mu/4':
         Run(_FAST_TRAIN),
-    'W=runs/recipes python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
+    'W=runs/recipes; python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
     'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet2012 --workdir':
         Fails(_NO_DATA),
     # docs/data.md, docs/recipes.md: an op and an evaluator of a config file's own
@@ -189,7 +189,7 @@ def commands_in(text: str) -> list:
     if _ASSIGNMENT.match(line):
       assigned.append(line)
     elif _STARTS.match(line):
-      found.append(' '.join([*assigned, line]))
+      found.append('; '.join([*assigned, line]))  # assigned first, as the shell reads them
   return found
 
 
@@ -227,11 +227,15 @@ def test_commands_are_extracted_as_the_shell_reads_them():
       '```',
   ])
   assert commands_in(text) == [
-      'W=runs/x .venv/bin/python -m vit_jax.main --config=a.py --workdir=$W/one',
-      "W=runs/x python -m vit_jax launch -- 'echo #x not a comment'",
-      'W=runs/x PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py --rows=a',
+      'W=runs/x; .venv/bin/python -m vit_jax.main --config=a.py --workdir=$W/one',
+      "W=runs/x; python -m vit_jax launch -- 'echo #x not a comment'",
+      'W=runs/x; PYTHONPATH=. .venv/bin/python benchmarks/speed_table.py --rows=a',
       'make train',
   ]
+  # A variable assigned on its own line is set when the next command's words are expanded.
+  (command,) = commands_in('```\nW=runs/x\npython3 -c "import sys; print(sys.argv[1])" $W/one\n```')
+  out = subprocess.run(['bash', '-c', command], capture_output=True, text=True, check=True).stdout
+  assert out == 'runs/x/one\n'
 
 
 def test_the_longest_registered_prefix_decides():

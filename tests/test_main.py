@@ -10,6 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from vit_jax.checkpoint import integrity
 from vit_jax.configs import mnist5k as mnist5k_config
 from vit_jax.data import mnist5k
 from vit_jax.errors import UserError
@@ -91,6 +92,10 @@ def _recorded_with(full, cut, input_pipeline):
     config_json['input_pipeline'] = input_pipeline
   with open(stored, 'w') as f:
     json.dump(config_json, f)
+  # The step's manifest as that version wrote it, over the files as they were written.
+  step_dir = os.path.join(cut, 'checkpoints', '6')
+  os.remove(os.path.join(step_dir, integrity.MANIFEST))
+  integrity.write_manifest(step_dir)
 
 
 def test_runs_recorded_on_tf_data_resume_and_on_the_numpy_streams_are_refused(tmp_path, data_dir):
