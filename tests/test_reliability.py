@@ -113,13 +113,12 @@ def test_sigterm_at_a_random_step_then_resume_is_bitwise_exact(tmp_path, data_di
 
 
 def test_kill_9_loop_always_resumes_and_ends_bitwise_exact(tmp_path, data_dir, reference):
-  """10 kills: odd ones the moment a checkpoint is being written, even
-  ones at random times."""
+  """6 kills: odd ones the moment a checkpoint is being written, even ones at random times."""
   workdir = tmp_path / 'work'
   extra = ['--config.checkpoint_every=1', '--config.keep_checkpoints=2']
   rng = random.Random(1234)
   mid_write = 0
-  for kill in range(10):
+  for kill in range(6):
     proc = _launch(workdir, data_dir, *extra)
     _wait_for_step(proc, workdir, min(_trained_steps(workdir) + 1, STEPS - 1))
     if kill % 2:  # wait for an unfinished checkpoint directory, then kill at once
@@ -135,7 +134,7 @@ def test_kill_9_loop_always_resumes_and_ends_bitwise_exact(tmp_path, data_dir, r
     proc.kill()
     proc.communicate()
     assert _trained_steps(workdir) < STEPS, 'the run finished before the kills did'
-  assert mid_write >= 3, mid_write
+  assert mid_write >= 2, mid_write
   proc = _launch(workdir, data_dir, *extra)
   _, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, err
