@@ -2,6 +2,7 @@
 (RLIMIT_AS), a checkpoint written to a full tmpfs, SIGHUP, closed output pipes; and the dataset
 a run records with its checkpoints (class names, fingerprint) against changed data."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -231,13 +232,21 @@ def test_a_run_that_starts_below_a_set_aside_checkpoint_says_so(tmp_path, data_d
 # A real full disk: a tmpfs of a few MB.
 
 
+@contextlib.contextmanager
+def _tmpfs(mount, size: str):
+  """A real file system of `size` (tmpfs) mounted at `mount` while inside."""
+  mount.mkdir()
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(mount)], check=True)
+  try:
+    yield mount
+  finally:
+    subprocess.run(['umount', '-l', str(mount)], check=True)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
-  mount = tmp_path / 'disk'
-  mount.mkdir()
-  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', str(mount)], check=True)
-  yield mount
-  subprocess.run(['umount', '-l', str(mount)], check=True)
+  with _tmpfs(tmp_path / 'disk', '8m') as mount:
+    yield mount
 
 
 def _fill(mount, leave: int) -> None:
@@ -267,11 +276,8 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_no_temporary_folder(
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-  mount = tmp_path / 'tiny'
-  mount.mkdir()
-  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3m', 'tmpfs', str(mount)], check=True)
-  yield mount
-  subprocess.run(['umount', '-l', str(mount)], check=True)
+  with _tmpfs(tmp_path / 'tiny', '3m') as mount:
+    yield mount
 
 
 def test_a_disk_that_fills_during_a_save_is_one_line_and_nothing_else(tiny_disk, data_dir):

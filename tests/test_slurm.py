@@ -190,7 +190,7 @@ LONG = _config(100000, checkpoint_every=100000)
 def cluster(tmp_path_factory):
   reason = slurm_cluster.unavailable()
   if reason is not None:
-    pytest.skip(f'no SLURM here: {reason}')
+    pytest.fail(f'the SLURM tier runs on a real SLURM, which cannot start here: {reason}')
   started = slurm_cluster.Cluster(str(tmp_path_factory.mktemp('slurm')))
   try:
     yield started.start()
