@@ -196,3 +196,24 @@ def test_links_in_a_folder_follow_the_releases_rules(tmp_path, capfd):
   with pytest.raises(UserError, match=r'red/1.png and .*blue/stolen.png are the same file \(a '
                                       r'link\) in two classes'):
     data_lib.get_info(f'folder:{root}', str(tmp_path / 'data'))
+
+
+def test_the_few_shot_pool_of_a_folder_is_read_in_place(images, tmp_path):
+  """Few-shot evaluation reads a folder as training does (through its index, no copy): the first
+  2 records of each class in read order, their images decoded (the colour's channel brightest)."""
+  from vit_jax.data import pipeline, specs  # pylint: disable=g-import-not-at-top  # TensorFlow
+  from vit_jax.evaluate import fewshot  # pylint: disable=g-import-not-at-top
+  root, _ = images
+  info = data_lib.get_info(f'folder:{root}', str(tmp_path / 'cache'))
+  records, read = pipeline.split_records(info, 'train', cache=False)
+  assert read is not None  # (record key, label) records whose images `read` reads
+  labels = np.array([int(label) for _, label in records.as_numpy_iterator()])
+  pool = fewshot._pool_records(records, 2, info.num_classes)  # pylint: disable=protected-access
+  (batch,) = pipeline.padded_eval_batches(
+      pool, count=6, num_batches=1, batch_size=8, stored_shape=info.image_shape, read=read,
+      spec=specs.eval_spec(dict(crop='resize', image_size=16)))
+  np.testing.assert_array_equal(batch['label'][:6], labels[fewshot.first_per_class(labels, 2)])
+  np.testing.assert_array_equal(batch['mask'], [1] * 6 + [0] * 2)
+  channel = {'red': 0, 'green': 1, 'blue': 2}
+  brightest = batch['image'][:6].mean(axis=(1, 2)).argmax(-1)
+  np.testing.assert_array_equal(brightest, [channel[COLOURS[c]] for c in batch['label'][:6]])
