@@ -48,7 +48,6 @@ ALIASES = {'v5litepod': 'v5e'}  # the names gcloud sells a TPU generation under
 TPU_EXAMPLES = ('v3-8, v3-32 ... v3-2048, v4-8, v5litepod-16, v5p-128, v6e-8, or a topology like '
                 'v3:4x4')
 
-GPU_COMPILER_DIR = gpu.GPU_COMPILER_DIR
 GPU_COMPILER_HINT = 'run `make gpu-compiler` once (it installs it into .venv/gpu-compiler)'
 # Deviceless GPU compiles cannot autotune: Triton's GEMM fusions need it to pick their tiles.
 DEVICELESS_OPTIONS = {'xla_gpu_enable_triton_gemm': False, 'xla_gpu_autotune_level': 0}
@@ -264,7 +263,7 @@ def load_gpu_compiler(compiler_dir: Optional[str] = None) -> None:
   import path: JAX finds the plugin when it starts, and cuDNN too where its library was put in
   the same folder. Called later (the trainer's `compile_for`), it registers the plugin after
   JAX's own backends, as a compiler only: no cuDNN there."""
-  compiler_dir = compiler_dir or GPU_COMPILER_DIR
+  compiler_dir = compiler_dir or gpu.GPU_COMPILER_DIR
   plugins = os.path.join(compiler_dir, 'jax_plugins')
   names = sorted(n for n in os.listdir(plugins) if n.startswith('xla_cuda')) if os.path.isdir(
       plugins) else []
