@@ -430,7 +430,10 @@ def split_records(info: info_lib.DatasetInfo, split, *, cache: bool):
 def source_records(info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
   """(stored image, label) of `split` of a tfds dataset or an embedded one, in read order: the
   encoded bytes of a tfds record (optionally cached in memory), or the uint8 pixels of an
-  embedded dataset's arrays, read in place (`preprocess.decode` takes either)."""
+  embedded dataset's arrays, read in place (`preprocess.decode` takes either); a registered
+  source's own records (`sources.Source.records`)."""
+  if info.source is not None:
+    return info.source.records(split, cache).with_options(_options())
   if info.embedded is not None:
     images, labels = catalog.in_read_order(info.name, split)
     return tf.data.Dataset.from_tensor_slices((images, labels)).with_options(_options())
