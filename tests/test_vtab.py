@@ -114,7 +114,8 @@ def test_dsprites_and_smallnorb_labels_by_hand():
 def _fake_builder(sizes, num_classes=47):
   class Feature:
     shape = (None, None, 3)
-  label = types.SimpleNamespace(num_classes=num_classes, names=[f'c{i}' for i in range(num_classes)])
+  names = [f'c{i}' for i in range(num_classes)]
+  label = types.SimpleNamespace(num_classes=num_classes, names=names)
   info = types.SimpleNamespace(
       splits={k: types.SimpleNamespace(num_examples=v) for k, v in sizes.items()},
       features={'image': Feature(), 'label': label})

@@ -1,18 +1,18 @@
 """Data sources chosen by the prefix of the dataset name, one module each.
 
-A source module states its `PREFIX` ('vtab/', 'robustness/') and gives `load(dataset,
-data_dir)`, a `Source`: what `info.get_info` returns for that name (its classes, split sizes,
-examples per split) and the records the input pipeline streams (`Source.records`). Adding a
-source is one module registered here (`PREFIXES`) or, from a config file, with `register`.
+A source gives `load(dataset, data_dir)`, a `Source`: what `info.get_info` returns for the name
+(its classes, split sizes, examples per split) and the records the input pipeline streams
+(`Source.records`). Adding a source is one module with its `load`, registered here by prefix
+(`PREFIXES`), or a `load` function that a config file registers (`register`) when it is loaded.
 Names without a registered prefix are served by the built-in kinds: the embedded datasets,
 'folder:PATH', the ImageNet releases and tfds (vit_jax/data/info.py).
 """
 
 import importlib
-from typing import Dict, Optional, Protocol, Tuple
+from typing import Callable, Dict, Optional, Protocol, Tuple, Union
 
-# prefix -> the module (dotted path) that serves it
-PREFIXES: Dict[str, str] = {
+# prefix -> the module (dotted path) whose `load` serves it, or that `load` function
+PREFIXES: Dict[str, Union[str, Callable]] = {
     'vtab/': 'vit_jax.data.sources.vtab',
 }
 
@@ -33,23 +33,35 @@ class Source(Protocol):
     """tf.data of (stored image: encoded bytes or uint8 pixels, int32 label), in read order."""
 
 
-def register(prefix: str, module: str) -> None:
-  """Serves dataset names starting with `prefix` by `module` (a dotted path with `load`)."""
-  PREFIXES[prefix] = module
+def register(prefix: str, load_fn: Union[str, Callable]) -> None:
+  """Serves dataset names starting with `prefix` by `load_fn(dataset, data_dir) -> Source` (or a
+  module's, given by its dotted path); a prefix registered twice is a ValueError."""
+  if prefix in PREFIXES and PREFIXES[prefix] != load_fn:
+    raise ValueError(f'data source prefix {prefix!r} is registered already')
+  PREFIXES[prefix] = load_fn
 
 
-def find(dataset: str) -> Optional[str]:
-  """The module serving `dataset`, or None (a built-in kind)."""
-  for prefix, module in PREFIXES.items():
+def unregister(prefix: str) -> None:
+  PREFIXES.pop(prefix, None)
+
+
+def find(dataset: str) -> Optional[Union[str, Callable]]:
+  """What serves `dataset` (a dotted module path or a load function), or None (a built-in
+  kind)."""
+  for prefix, served_by in PREFIXES.items():
     if dataset.startswith(prefix):
-      return module
+      return served_by
   return None
 
 
 def load(dataset: str, data_dir: Optional[str]) -> Optional[Source]:
-  """The `Source` of `dataset` from its registered module, or None if no prefix matches."""
-  module = find(dataset)
-  return None if module is None else importlib.import_module(module).load(dataset, data_dir)
+  """The `Source` of `dataset` from what its prefix registers, or None if no prefix matches."""
+  served_by = find(dataset)
+  if served_by is None:
+    return None
+  if isinstance(served_by, str):
+    served_by = importlib.import_module(served_by).load
+  return served_by(dataset, data_dir)
 
 
-__all__ = ['PREFIXES', 'Source', 'find', 'load', 'register']
+__all__ = ['PREFIXES', 'Source', 'find', 'load', 'register', 'unregister']
