@@ -102,7 +102,8 @@ def info_from_source(source) -> DatasetInfo:
   """The info of a dataset served by a registered source (`sources.Source`)."""
   return DatasetInfo(name=source.name, data_dir=source.data_dir, num_classes=source.num_classes,
                      image_shape=tuple(source.image_shape), image_key='image', label_key='label',
-                     split_sizes=dict(source.split_sizes), tfds_info=None, source=source)
+                     split_sizes=dict(source.split_sizes), tfds_info=None, source=source,
+                     release=getattr(source, 'release', None))
 
 
 def info_from_embedded(module) -> DatasetInfo:

@@ -14,6 +14,8 @@ from typing import Callable, Dict, Optional, Protocol, Tuple, Union
 # prefix -> the module (dotted path) whose `load` serves it, or that `load` function
 PREFIXES: Dict[str, Union[str, Callable]] = {
     'vtab/': 'vit_jax.data.sources.vtab',
+    'imagenet_': 'vit_jax.data.sources.robustness',  # imagenet_r, imagenet_v2/..., not imagenet2012
+    'objectnet': 'vit_jax.data.sources.robustness',
 }
 
 
@@ -30,7 +32,9 @@ class Source(Protocol):
     """Examples of a split expression ('train', 'test[:50%]', a tfds even split)."""
 
   def records(self, split, cache: bool):
-    """tf.data of (stored image: encoded bytes or uint8 pixels, int32 label), in read order."""
+    """tf.data of (stored image: encoded bytes or uint8 pixels, int32 label), in read order. A
+    source read in place through the release reader gives `release` (a `releases.Release`)
+    instead, and the pipeline reads its images by key."""
 
 
 def register(prefix: str, load_fn: Union[str, Callable]) -> None:
@@ -55,7 +59,8 @@ def find(dataset: str) -> Optional[Union[str, Callable]]:
 
 
 def load(dataset: str, data_dir: Optional[str]) -> Optional[Source]:
-  """The `Source` of `dataset` from what its prefix registers, or None if no prefix matches."""
+  """The `Source` of `dataset` from what its prefix registers, or None if no prefix matches or
+  the source does not serve the name (it falls through to the built-in kinds)."""
   served_by = find(dataset)
   if served_by is None:
     return None
