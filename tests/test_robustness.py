@@ -5,6 +5,7 @@ hand; bad layouts and missing mapping files are one line naming the file and the
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -29,6 +30,11 @@ def _labels(info):
   """The labels of the 'test' split in read order."""
   from vit_jax.data import releases  # pylint: disable=g-import-not-at-top
   return releases.records(info.release, 'test')[1].tolist()
+
+
+def _hits(logits, labels, mask, to_set):
+  sums = scoring.hits(logits, labels, mask, to_set)
+  return int(sums['correct']), int(sums['count'])
 
 
 def test_imagenet_r_from_its_tar_in_place_scored_over_its_200_classes(tmp_path):
@@ -58,12 +64,13 @@ def test_imagenet_r_from_its_tar_in_place_scored_over_its_200_classes(tmp_path):
   logits[0, INDEX['n01440764']], logits[0, INDEX[r[0]]] = 9.0, 5.0
   logits[1, INDEX[r[5]]], logits[1, INDEX[r[0]]] = 7.0, 6.0
   logits[2, INDEX[r[1]]] = 1.0
-  tally = scoring.Tally(info.source.scoring.to_set)
-  tally.add(logits, labels, np.ones(3))
-  tally.add(logits[:1], labels[:1], np.zeros(1))  # padding counts for nothing
-  assert tally.top1 == pytest.approx(2 / 3)
-  assert scoring.correct(logits, labels, robustness.identity_scoring().to_set).tolist() == [
-      False, False, True]  # over all 1,000 classes row 0 would be wrong
+  to_set = info.source.scoring.to_set
+  assert _hits(logits, labels, [1, 1, 1], to_set) == (2, 3)
+  assert _hits(logits, labels, [1, 1, 0], to_set) == (1, 2)  # padding counts for nothing
+  # Over all 1,000 classes row 0 would be wrong.
+  assert _hits(logits, labels, [1, 1, 1], robustness.identity_scoring().to_set) == (1, 3)
+  jax_sums = scoring.hits(jnp.asarray(logits, jnp.float32), labels, np.ones(3), to_set, xp=jnp)
+  assert (float(jax_sums['correct']), float(jax_sums['count'])) == (2.0, 3.0)
 
 
 def test_imagenet_a_and_sketch_from_their_folders(tmp_path):
@@ -133,7 +140,7 @@ def test_objectnet_scored_over_its_overlapping_classes_through_its_mappings(tmp_
   logits[0, INDEX['n03196217']] = 3.0
   logits[1, INDEX['n01440764']], logits[1, INDEX['n07753592']] = 8.0, 2.0
   logits[2, INDEX['n07753592']] = 4.0
-  assert scoring.correct(logits, [0, 0, 1], to_set).tolist() == [True, False, True]
+  assert _hits(logits, [0, 0, 1], [1, 1, 1], to_set) == (2, 3)
 
 
 @pytest.mark.parametrize('missing', robustness.OBJECTNET_MAPPINGS)
@@ -159,3 +166,56 @@ def test_archives_that_cannot_be_read_in_place_and_bad_layouts_are_one_line(tmp_
   # Not released here: the name is tfds's, which says it is not prepared.
   with pytest.raises(UserError, match=r"dataset 'imagenet_a' is not prepared"):
     data.get_info('imagenet_a', str(tmp_path))
+
+
+class _BrightnessModel:
+  """1,000 ImageNet logits from an image's brightness (an analytic stand-in for a network):
+  bright images score tench (outside ImageNet-R) 9 and ImageNet-R's first class 5; dark ones
+  score ImageNet-R's second class 1."""
+  num_classes = 1000
+
+  def apply(self, variables, images, train):
+    del variables, train
+    bright = (jnp.mean(images, axis=(1, 2, 3)) > 0)[:, None]
+    r = imagenet_subsets.IMAGENET_R
+    one = lambda wnid: jnp.zeros(1000).at[INDEX[wnid]].set(1.0)[None]
+    return jnp.where(bright, 9 * one('n01440764') + 5 * one(r[0]), one(r[1]))
+
+
+def _flat_jpeg(level: int) -> bytes:
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  out = io.BytesIO()
+  Image.fromarray(np.full((12, 12, 3), level, np.uint8)).save(out, 'JPEG')
+  return out.getvalue()
+
+
+def test_the_robustness_evaluator_scores_a_set_read_in_place(tmp_path):
+  """Two bright images of ImageNet-R's first class (right over its 200 classes, wrong over all
+  1,000), a dark one of its second (right) and a dark one of its first (wrong): 3 of 4."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  r = imagenet_subsets.IMAGENET_R
+  for name, level in ((f'{r[0]}/a.jpg', 230), (f'{r[0]}/b.jpg', 220), (f'{r[1]}/c.jpg', 20),
+                      (f'{r[0]}/d.jpg', 10)):
+    _write(str(tmp_path / 'imagenet-r' / name), _flat_jpeg(level))
+  mesh = parallel.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1)))
+  evaluator = scoring.RobustnessEvaluator(
+      model=_BrightnessModel(), mesh=mesh, param_shardings=None, sets=['imagenet_r'],
+      data_dir=str(tmp_path), batch_size=8, pp=PP)
+  assert evaluator({}) == {'imagenet_r': 0.75}
+  assert scoring.set_names('imagenet_r+objectnet') == ('imagenet_r', 'objectnet')
+  assert len(scoring.set_names('all')) == 7
+  with pytest.raises(ValueError, match="unknown robustness set 'imagenet_c': use all, or names"):
+    scoring.set_names('imagenet_r+imagenet_c')
+
+
+def test_robustness_sets_are_checked_with_the_config():
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4')
+  config.evaluators = ("robustness(sets='imagenet_r+imagenet_a')",)
+  registry.check(config)
+  config.evaluators = ("robustness(sets='imagenet_c')",)
+  with pytest.raises(UserError, match="unknown robustness set 'imagenet_c'"):
+    registry.check(config)
