@@ -160,3 +160,64 @@ def test_group_means_and_mean_as_the_paper_reports():
   assert set(vtab.aggregate(top1)) == {'natural', 'specialized'}
   with pytest.raises(ValueError, match='not VTAB tasks: mnist'):
     vtab.aggregate({'mnist': 1.0})
+
+
+def _tiny_smallnorb(data_dir: str) -> None:
+  """smallNORB as tfds reads it (its own builder, features and version), prepared in `data_dir`
+  from generated images: 800 train and 400 test examples, elevation = example number % 9, each
+  image a flat gray whose level says its elevation."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from tensorflow_datasets.datasets.smallnorb import smallnorb_dataset_builder as norb  # pylint: disable=g-import-not-at-top
+
+  class TinyNorb(norb.Builder, skip_registration=True):
+    name = 'smallnorb'
+    __module__ = norb.__name__  # tfds reads the builder's files (README, citation) beside it
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):  # pylint: disable=no-self-argument
+      return epath.Path(norb.__file__)
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {'train': self._generate_examples(800), 'test': self._generate_examples(400)}
+
+    def _generate_examples(self, num):  # pylint: disable=arguments-differ
+      for i in range(num):
+        image = np.full((96, 96, 1), 20 * (i % 9), np.uint8)
+        yield i, {'image': image, 'image2': image, 'label_category': 0, 'instance': 0,
+                  'label_elevation': i % 9, 'label_azimuth': i % 18, 'label_lighting': 0}
+
+  TinyNorb(data_dir=data_dir).download_and_prepare(download_config=tfds.download.DownloadConfig(
+      try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
+
+
+def test_a_vtab_task_streams_its_derived_splits_and_a_run_trains_on_it(tmp_path):
+  """vtab/smallnorb_elevation on a prepared tfds smallNORB: train800 is train[:800], val200
+  test[:200], their labels the elevation feature; a tiny model fine-tunes a few steps on it."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from vit_jax import data  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / 'tfds')
+  _tiny_smallnorb(data_dir)
+  info = data.get_info('vtab/smallnorb_elevation', data_dir)
+  assert info.split_sizes == {'train800': 800, 'val200': 200, 'train800val200': 1000,
+                              'test': 200}
+  assert info.num_classes == 9 and info.source.tfds_split('test') == 'test[200:400]'
+  records = list(pipeline.source_records(info, 'val200', cache=False).as_numpy_iterator())
+  assert len(records) == 200 and sorted({int(label) for _, label in records}) == list(range(9))
+
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
+  config.dataset, config.data_dir = 'vtab/smallnorb_elevation', data_dir
+  config.train_split, config.eval_split = 'train800', 'val200'
+  config.warmup_steps, config.eval_every, config.progress = 1, 4, False
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  evals = [r for r in rows if 'accuracy' in r and r['split'] != 'train']
+  assert evals and evals[-1]['step'] == 4 and 0.0 <= evals[-1]['accuracy'] <= 1.0
