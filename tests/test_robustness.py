@@ -219,3 +219,25 @@ def test_robustness_sets_are_checked_with_the_config():
   config.evaluators = ("robustness(sets='imagenet_c')",)
   with pytest.raises(UserError, match="unknown robustness set 'imagenet_c'"):
     registry.check(config)
+
+
+def test_objectnet_images_lose_their_1_pixel_frame_before_evaluation(tmp_path):
+  """A gray image in a red 1-pixel frame evaluates as plain gray; ImageNet-A's keep theirs."""
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  framed = np.full((10, 10, 3), 128, np.uint8)
+  framed[0, :], framed[-1, :], framed[:, 0], framed[:, -1] = (255, 0, 0), (255, 0, 0), \
+      (255, 0, 0), (255, 0, 0)
+  png = io.BytesIO()
+  Image.fromarray(framed).save(png, 'PNG')
+  _objectnet(str(tmp_path))
+  for path in (tmp_path / 'objectnet-1.0' / 'images').glob('*/*.png'):
+    path.write_bytes(png.getvalue())
+  _write(str(tmp_path / 'imagenet-a' / imagenet_subsets.IMAGENET_A[0] / 'a.png'), png.getvalue())
+  pp = dict(crop='resize', image_size=8)
+  for name, plain in (('objectnet', True), ('imagenet_a', False)):
+    batches, _ = data.eval_iterator(dataset=name, split='test', data_dir=str(tmp_path),
+                                    batch_size=4, pp=pp)
+    batch = next(iter(batches))
+    pixels = np.round(batch['image'][0] * 127.5 + 127.5)
+    assert (np.all(pixels == 128) if plain else pixels[0, 0, 0] > 200), name

@@ -331,19 +331,23 @@ def eval_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
                source_records(ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
                                 batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
-                                read=_Reader(release) if release else None)
+                                read=_Reader(release) if release else None,
+                                border=getattr(ds_info.source, 'border', 0))
   return batches, num_batches
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
                         batch_size: int, spec: specs.Spec, stored_shape,
-                        label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
+                        label_shape: tuple[int, ...] = (), read=None,
+                        border: int = 0) -> EvalBatches:
   """`num_batches` batches {'image', 'label', 'mask'} of `count` (stored image, label) records
   (`source_records`; with `read`, a `_Reader`: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
-  label set has label_shape (K,)). `records` may be None when `count` is 0.
+  label set has label_shape (K,)). `records` may be None when `count` is 0. `border` pixels
+  are cropped from each side of every decoded image first (ObjectNet's 1-pixel frame; a
+  source's `border`).
   """
   channels = preprocess.decode_channels(stored_shape)
   size = spec.image_size
@@ -352,7 +356,10 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
   label_pad = [[0, 0]] * len(label_shape)
 
   def process_example(stored):
-    return preprocess.eval_preprocess(preprocess.decode(stored, channels), spec, out_channels)
+    image = preprocess.decode(stored, channels)
+    if border:
+      image = image[border:-border, border:-border]
+    return preprocess.eval_preprocess(image, spec, out_channels)
 
   def process_batch(stored, labels):
     return pad(_map_examples(process_example, stored, out_spec), labels)

@@ -113,6 +113,8 @@ class RobustnessSource:
     self.image_shape = (None, None, 3)
     self.split_sizes = release.split_sizes
     self.data_dir = release.root
+    # ObjectNet's images have a 1-pixel frame, cropped before evaluation as its authors do.
+    self.border = 1 if release.name == 'objectnet' else 0
 
   def num_examples(self, split) -> int:
     return sum(len(rows) for _, rows, _ in self.release.select(split))
