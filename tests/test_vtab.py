@@ -222,3 +222,25 @@ def test_a_vtab_task_streams_its_derived_splits_and_a_run_trains_on_it(tmp_path)
     rows = [json.loads(line) for line in f]
   evals = [r for r in rows if 'accuracy' in r and r['split'] != 'train']
   assert evals and evals[-1]['step'] == 4 and 0.0 <= evals[-1]['accuracy'] <= 1.0
+
+
+def test_the_vtab_sweep_runs_the_19_tasks_and_its_table_gives_the_papers_columns(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import spec  # pylint: disable=g-import-not-at-top
+  sweep = spec.load(os.path.join(os.path.dirname(__file__), '..', 'experiments', 'vtab',
+                                 'sweep.py'))
+  runs = sweep.grid_runs()
+  assert sorted(r.value('dataset') for r in runs) == sorted(f'vtab/{t}' for t in vtab.TASKS)
+  results = tmp_path / 'results.csv'
+  lines = ['phase,run,dataset,accuracy,status,seconds']
+  lines += [f'final,{t},vtab/{t},{0.9 if t in vtab.GROUPS["natural"] else 0.6},done,1'
+            for t in vtab.TASKS if t != 'dmlab'] + ['final,dmlab,vtab/dmlab,,failed,1']
+  results.write_text('\n'.join(lines) + '\n')
+  top1 = vtab.from_sweep(str(results))
+  assert len(top1) == 18 and top1['dtd'] == 0.9 and top1['eurosat'] == 0.6
+  text = vtab.table(top1)
+  assert '| natural | dtd | 90.0 |' in text and '| natural | mean | 90.0 |' in text
+  assert '| specialized | mean | 60.0 |' in text
+  assert 'structured | mean' not in text and 'all 19' not in text  # dmlab failed
+  top1['dmlab'] = 0.6
+  assert f'| all 19 | mean | {100 * (7 * 0.9 + 12 * 0.6) / 19:.1f} |' in vtab.table(top1)

@@ -272,5 +272,30 @@ def aggregate(top1: Dict[str, float]) -> Dict[str, float]:
   return out
 
 
+def table(top1: Dict[str, float]) -> str:
+  """A Markdown table of the tasks' top-1 (%) by group, then the group means and the mean."""
+  means = aggregate(top1)
+  lines = ['| group | task | top-1 (%) |', '|---|---|---|']
+  for group, tasks in GROUPS.items():
+    lines += [f'| {group} | {t} | {100 * top1[t]:.1f} |' for t in tasks if t in top1]
+  lines += [f'| {"all 19" if name == "mean" else name} | mean | {100 * value:.1f} |'
+            for name, value in means.items()]
+  return '\n'.join(lines) + '\n'
+
+
+def from_sweep(results_csv: str) -> Dict[str, float]:
+  """{task: top-1} of a VTAB sweep's results.csv (experiments/vtab/sweep.py: one run per
+  'dataset' value); runs without a result are left out."""
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(results_csv, newline='') as f:
+    rows = list(csv.DictReader(f))
+  out = {}
+  for row in rows:
+    task = row.get('dataset', '')[len(PREFIX):]
+    if task in TASKS and row.get('accuracy') not in (None, ''):
+      out[task] = float(row['accuracy'])
+  return out
+
+
 __all__ = ['GROUPS', 'LABELS', 'PREFIX', 'SPLITS', 'TASKS', 'Task', 'VtabSource', 'aggregate',
-           'image_fn', 'label_fn', 'load']
+           'from_sweep', 'image_fn', 'label_fn', 'load', 'table']
