@@ -33,7 +33,7 @@ BENCHMARK = {
     'cifar100': ('train[:800]+train[45000:45200]', 'test'),
     'dtd': ('train[:800]+validation[:200]', 'test'),
     'oxford_flowers102': ('train[:800]+validation[:200]', 'test'),
-    'oxford_iiit_pet': ('train[:800]+train[3312:3512]', 'test'),
+    'oxford_iiit_pet': ('train[:800]+train[2944:3144]', 'test'),
     'sun397': ('train[:800]+validation[:200]', 'test'),
     'svhn': ('train[:800]+train[65931:66131]', 'test'),
     'patch_camelyon': ('train[:800]+validation[:200]', 'test'),

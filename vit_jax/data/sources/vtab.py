@@ -69,7 +69,7 @@ TASKS: Dict[str, Task] = {
     'cifar100': _percent('cifar100', 90),
     'dtd': _named('dtd'),
     'oxford_flowers102': _named('oxford_flowers102'),
-    'oxford_iiit_pet': _percent('oxford_iiit_pet', 90),
+    'oxford_iiit_pet': _percent('oxford_iiit_pet', 80),
     'sun397': _named('sun397/tfds'),
     'svhn': _percent('svhn_cropped', 90),
     'patch_camelyon': _named('patch_camelyon'),
