@@ -10,7 +10,7 @@ The fingerprint hashes the class names, the split sizes and, for a tfds dataset,
 of every prepared file (not their bytes: reading a large dataset at every start would cost
 minutes); for a source read in place (a folder, an ImageNet release), the content digest of its
 index instead (`content`: every image's name, size and the checksum of its last bytes, and the
-splits' rows and labels; archive_index.py), so another archive with the same classes and counts
+splits' rows and labels; vit_jax/data/archive/), so another archive with the same classes and counts
 is other data. Where the data lives (`data_dir`, a copy on another disk) is no part of it. An
 identity recorded before sources read in place had a content digest is checked on its class
 names and split sizes.

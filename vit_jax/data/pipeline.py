@@ -53,7 +53,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from vit_jax.platform import cpus
-from vit_jax.data import archive_index
+from vit_jax.data import archive
 from vit_jax.data import catalog
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
@@ -162,7 +162,7 @@ def _release_records(release, share) -> tf.data.Dataset:
 
 class _Reader:
   """keys int64 [n] -> their images' bytes, tf.string [n], read in place (releases.read), as a
-  TF op. A read that fails (archive_index.ReadError: a file changed, gone or unreadable) fails
+  TF op. A read that fails (archive.ReadError: a file changed, gone or unreadable) fails
   the op, and so the stream, and is kept in `failure`, which `_said` raises as its one line: a
   read error is never an undecodable image, and never skipped."""
 
@@ -173,7 +173,7 @@ class _Reader:
   def _read(self, keys):
     try:
       return np.asarray(releases.read(self.release, keys) + [b''], dtype=object)[:-1], True
-    except archive_index.ReadError as e:  # failed by the assertion below (a raise here would
+    except archive.ReadError as e:  # failed by the assertion below (a raise here would
       if self.failure is None:            # also log its traceback through TensorFlow)
         self.failure = e
       return np.full(len(keys), b'', dtype=object), False
