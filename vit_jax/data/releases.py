@@ -86,10 +86,12 @@ class Release:
   def split_sizes(self) -> Dict[str, int]:
     return {name: len(s.rows) for name, s in self.splits.items()}
 
+  checksum = archive.CHECKSUM  # of each image's bytes, in `content`
+
   @property
   def content(self) -> str:
     """A digest of what the splits read: each index's content digest (every image's name, size
-    and last bytes; vit_jax/data/archive/) and each split's rows and labels."""
+    and the CRC-32 of all its bytes; vit_jax/data/archive/) and each split's rows and labels."""
     digest = hashlib.sha256()
     for name, split in sorted(self.splits.items()):
       digest.update(f'{name}\0{split.index.content}\0'.encode())

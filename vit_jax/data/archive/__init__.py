@@ -16,8 +16,8 @@ from vit_jax.data.archive.layouts import (IMAGE_EXTENSIONS, LAYOUTS, NOTE_KINDS,
 from vit_jax.data.archive.reading import Index, ReadError, load
 from vit_jax.data.archive.store import (DIR_VAR, index_base, index_dir, read_json, write_failure,
                                         write_json)
-from vit_jax.data.archive.indexing import TAIL_BYTES
+from vit_jax.data.archive.indexing import CHECKSUM
 
 __all__ = ['DIR_VAR', 'FORMAT', 'IMAGE_EXTENSIONS', 'Index', 'LAYOUTS', 'NOTE_KINDS', 'ReadError',
-           'TAIL_BYTES', 'Unit', 'build', 'fingerprint', 'index_base', 'index_dir', 'list_units',
+           'CHECKSUM', 'Unit', 'build', 'fingerprint', 'index_base', 'index_dir', 'list_units',
            'load', 'read_json', 'write_failure', 'write_json']

@@ -38,7 +38,7 @@ from vit_jax.data.archive.store import index_dir, read_json, write_failure, writ
 from vit_jax.errors import UserError
 from vit_jax.platform import cpus
 
-FORMAT = 2  # of the index files; an index of another format is built again
+FORMAT = 3  # of the index files; an index of another format is built again
 _POOL_FROM = 16  # units from which indexing runs in a pool of processes (unless told)
 
 
@@ -154,6 +154,7 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
     _check_unchanged(meta, now, root, directory)
     done = read_json(os.path.join(directory, 'done.json'))
     if isinstance(done, dict) and done.get('fingerprint') == meta['fingerprint']:
+      _check_folders(done, root, directory)
       return directory, False
     units = [Unit(*u) for u in meta['units']]
   else:
@@ -260,15 +261,36 @@ def _check_unchanged(meta: dict, now, root: str, directory: str) -> None:
     then = {e[0]: e[1:] for e in meta['fingerprint']}
     changed = [e[0] for e in now if then.get(e[0]) != e[1:]] + sorted(
         set(then) - {e[0] for e in now})
-    raise UserError(f'the index in {directory} was built from other contents of {root} '
-                    f'({len(changed)} changed: {", ".join(map(str, changed[:3])) or "the root"}):'
-                    f' delete that directory to index the source again')
+    _refuse_changed(directory, root, changed)
+
+
+def _check_folders(done: dict, root: str, directory: str) -> None:
+  """UserError if a folder inside a class folder changed since indexing (an image added,
+  removed or renamed in it), found by the modification times the index recorded."""
+  changed = []
+  for rel, mtime_ns in done.get('folders', ()):
+    try:
+      now = os.stat(under(root, rel)).st_mtime_ns
+    except OSError:
+      now = None
+    if now != mtime_ns:
+      changed.append(rel)
+  if changed:
+    _refuse_changed(directory, root, changed)
+
+
+def _refuse_changed(directory: str, root: str, changed: Sequence[str]) -> None:
+  raise UserError(f'the index in {directory} was built from other contents of {root} '
+                  f'({len(changed)} changed: {", ".join(map(str, changed[:3])) or "the root"}):'
+                  f' delete that directory to index the source again')
 
 
 def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
   """The parts -> one set of arrays (written atomically), then done.json (with the notes and
   the content digest); UserError for a file reached from two units."""
-  columns = {key: [] for key in ('file_id', 'offset', 'size', 'names', 'name_lengths', 'unit')}
+  columns = {key: [] for key in ('file_id', 'offset', 'size', 'mtime', 'names', 'name_lengths',
+                                 'unit')}
+  folders = []
   notes = {kind: list(meta['notes'].get(kind, [])) for kind in NOTE_KINDS}
   content = hashlib.sha256()
   owner = {}  # (inode, size) of a linked file -> its name
@@ -278,8 +300,9 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
       if json.loads(str(part['unit'])) != meta['units'][k]:
         raise UserError(f'part {path} of the index in {directory} indexes another unit: delete '
                         f'{directory} to index the source again')
-      for key in ('file_id', 'offset', 'size', 'names', 'name_lengths'):
+      for key in ('file_id', 'offset', 'size', 'mtime', 'names', 'name_lengths'):
         columns[key].append(part[key])
+      folders += json.loads(str(part['folders']))
       columns['unit'].append(np.full(len(part['file_id']), k, np.int32))
       for kind, names in json.loads(str(part['notes'])).items():
         notes[kind] += names
@@ -301,7 +324,8 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
   np.savez(tmp, **arrays)
   os.replace(tmp, os.path.join(directory, 'index.npz'))
   write_json(os.path.join(directory, 'done.json'), dict(
-      fingerprint=meta['fingerprint'], content=content.hexdigest()[:16], notes=notes))
+      fingerprint=meta['fingerprint'], content=content.hexdigest()[:16], notes=notes,
+      folders=folders))
 
 
 

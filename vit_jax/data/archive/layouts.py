@@ -18,7 +18,8 @@ What is read (`list_units`, `walk`, `tar_members`):
     symbolic link to a folder is followed only when it leads to a folder inside its unit that
     was not read yet, so a loop ('again -> .') or a link out of the unit is *not followed*
     (named); entries that cannot be listed or stat'ed, dangling links and special files are
-    *unreadable* (named); a file reached twice (two links to it, or a hard link) is read once,
+    *unreadable* (named); folders inside a unit are read (their images belong to the unit) and
+    watched like the unit (an image added to one is a change); a file reached twice (two links to it, or a hard link) is read once,
     under its first name, the others named as *duplicates*; a tar member stored twice under one
     name is read once (the last copy, as `tar x` leaves it), the earlier named;
   - two units that are the same folder or file, or one inside another, and a file reached from
@@ -42,6 +43,7 @@ LAYOUTS = ('tar_of_tars', 'tars', 'folders', 'flat_tar', 'flat_folder')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 NOTE_KINDS = ('stray', 'non_image', 'not_followed', 'unreadable', 'duplicate')
 _BLOCK = 512  # tar block size
+GZIP_MAGIC = b'\x1f\x8b'  # the first bytes of every gzip file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +157,8 @@ def _shared(root: str, first: str, second: str, how: str) -> None:
 def fingerprint(root: str, layout: str, deep: bool = False):
   """What the index of the source at `root` is built from: [name, size, mtime_ns] of the archive
   (single-file layouts), of each tar, or of each class folder (whose time changes when an image
-  is added, removed or renamed). `deep`: a digest of every file and folder the index would read
+  is added, removed or renamed; the folders inside a class folder are checked against the
+  index's own list of them, building.py). `deep`: a digest of every file and folder the index would read
   (name, size, mtime), so a file rewritten in place or changed in a nested folder counts too."""
   if layout in ('tar_of_tars', 'flat_tar'):
     st = os.stat(root)
@@ -186,10 +189,13 @@ def fingerprint(root: str, layout: str, deep: bool = False):
 # Walking a folder unit.
 
 
-def walk(root: str, unit: Unit) -> Tuple[List[Tuple[str, os.stat_result]], Dict[str, list]]:
-  """([(relative name, stat)] of the image files of a folder unit, sorted; notes), by the rules
-  in the module docstring (links to folders followed only inside the unit, each file once)."""
+def walk(root: str, unit: Unit) -> Tuple[List[Tuple[str, os.stat_result]], Dict[str, list],
+                                         List[Tuple[str, os.stat_result]]]:
+  """([(relative name, stat)] of the image files of a folder unit, sorted; notes; [(relative
+  name, stat)] of the folders read inside it), by the rules in the module docstring (links to
+  folders followed only inside the unit, each file once)."""
   notes = empty_notes()
+  folders = []
   base = under(root, unit.file)
   real_base = os.path.realpath(base)
   seen_dirs = {_identity(os.stat(base))}
@@ -215,6 +221,7 @@ def walk(root: str, unit: Unit) -> Tuple[List[Tuple[str, os.stat_result]], Dict[
             notes['not_followed'].append(rel)  # a loop, or a second way into a folder
             continue
           seen_dirs.add(identity)
+          folders.append((rel, os.stat(entry.path)))
           pending.append(rel)
         elif entry.is_file():
           if not is_image(entry.name):
@@ -237,7 +244,7 @@ def walk(root: str, unit: Unit) -> Tuple[List[Tuple[str, os.stat_result]], Dict[
   files.sort(key=lambda item: item[0])
   for kind in notes:
     notes[kind].sort()
-  return files, notes
+  return files, notes, sorted(folders, key=lambda item: item[0])
 
 
 def _identity(st: os.stat_result) -> Tuple[int, int]:
@@ -277,12 +284,23 @@ class _Window(io.RawIOBase):
     return len(data)
 
 
+def _compressed(path: str, start: int, shown: str) -> str:
+  """The line for a gzip file where a tar is expected: images are read in place, at their
+  offsets in the tar, which a compressed stream does not have."""
+  fix = (f'decompress it (mv {path} {path}.gz && gunzip {path}.gz)' if start == 0 else
+         'decompress it before packing it into the archive, or unpack the archive')
+  return (f'{shown} is gzip-compressed (it starts with the gzip bytes 1f 8b), not a plain tar: '
+          f'images are read in place from an uncompressed tar; {fix}, then rerun')
+
+
 def tar_members(path: str, size: int, start: int, shown: str, notes: Dict[str, list]):
   """The regular-file members of the tar at bytes [start, start + size) of `path`, offsets
   relative to `start`, one per name (the last copy); hidden members are left out, links and
-  earlier copies noted. UserError if it is not a tar or is cut short."""
+  earlier copies noted. UserError if it is not a tar, is compressed, or is cut short."""
   with open(path, 'rb') as f:
     window = io.BufferedReader(_Window(f, start, size), 1 << 16)
+    if window.peek(2)[:2] == GZIP_MAGIC:
+      raise UserError(_compressed(path, start, shown))
     try:
       tar = tarfile.open(fileobj=window, mode='r:')
       members = list(tar)

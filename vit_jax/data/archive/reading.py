@@ -2,7 +2,8 @@
 
 `load` gives the `Index` of a source (built first if needed). `Index.read` checks that the file
 is the one indexed: an archive whose size or modification time changed (overwritten in place),
-that is gone or replaced, cannot be opened, or an image file whose size changed raises
+that is gone or replaced, cannot be opened, or an image file whose size or modification time
+changed (rewritten in place) raises
 `ReadError` (a `UserError` naming the file and the fix), never bytes that are not the indexed
 image's.
 """
@@ -41,11 +42,12 @@ class Index:
   file: np.ndarray           # int32 [N]
   offset: np.ndarray         # int64 [N]
   size: np.ndarray           # int64 [N]
+  mtime: np.ndarray          # int64 [N]: mtime_ns of an image's own file (0 in an archive)
   names: np.ndarray          # uint8: the names, '/'-joined, back to back
   name_ends: np.ndarray      # int64 [N]
   hash_order: np.ndarray     # int64 [N]: the rows by the SHA-256 of their names (`_hash_order`)
   notes: Dict[str, List[str]]  # kind (NOTE_KINDS) -> the names of what was left out, and why
-  content: str               # digest of every image's name, size and last bytes
+  content: str               # digest of every image's name, size and CRC-32 of its bytes
   built: bool = False        # whether this process wrote (part of) the index
   _fds: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> open descriptor
   _checked: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> path check time
@@ -67,6 +69,8 @@ class Index:
           found = os.fstat(own.fileno())
           if not stat.S_ISREG(found.st_mode) or found.st_size != size:
             raise self._changed(row, path, f'{found.st_size} bytes, indexed with {size}')
+          if found.st_mtime_ns != int(self.mtime[row]):
+            raise self._changed(row, path, f'rewritten (modified {_when(found)})')
           data = own.read(size)
       else:
         fd = self._open(f, path)
@@ -141,6 +145,7 @@ def load(root: str, layout: str, base: str, **build_kwargs) -> Index:
                  file_stats=tuple(tuple(s) for s in meta['file_stats']),
                  unit=a['unit'].astype(np.int32), file=a['file_id'].astype(np.int32),
                  offset=a['offset'].astype(np.int64), size=a['size'].astype(np.int64),
+                 mtime=a['mtime'].astype(np.int64),
                  names=a['names'].astype(np.uint8), name_ends=a['name_ends'],
                  hash_order=a['hash_order'], notes=done['notes'], content=done['content'],
                  built=built)
