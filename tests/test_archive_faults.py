@@ -201,3 +201,36 @@ def test_gzip_where_a_tar_is_expected_is_named_as_gzip(where, tmp_path):
                                       rf'bytes 1f 8b\), not a plain tar: images are read in '
                                       rf'place from an uncompressed tar; {fix}'):
     releases.find('imagenet21k', data_dir)
+
+
+def test_a_synset_tar_appended_to_the_whole_archive_is_named_as_such(tmp_path, capfd):
+  data_dir = str(tmp_path / 'data')
+  root = os.path.join(data_dir, 'imagenet21k')
+  _write_release(root, 'tar_of_tars')
+  path = os.path.join(root, 'fall11_whole.tar')
+  with tarfile.open(path, 'a') as whole:  # as `tar -rf fall11_whole.tar n00000001.tar` does
+    data = tar_bytes(_images('n00000001', 4))
+    member = tarfile.TarInfo('n00000001.tar')
+    member.size = len(data)
+    whole.addfile(member, io.BytesIO(data))
+  capfd.readouterr()
+  release = releases.find('imagenet21k', data_dir)
+  assert release.split_sizes == {'full': 7}  # the last copy, as `tar -x` leaves it
+  notes = [line for line in capfd.readouterr().err.splitlines() if line.startswith('note:')]
+  assert notes == [f'note: {path}: 1 synset tar stored twice in the archive (appended) (the '
+                   f'last copy read): n00000001.tar']
+
+
+def test_the_indexing_eta_is_left_out_until_it_means_something(monkeypatch, capsys):
+  from vit_jax.data.archive import building  # pylint: disable=g-import-not-at-top
+  now = [0.0]
+  monkeypatch.setattr(building.time, 'monotonic', lambda: now[0])
+  progress = building._Progress('fall11_whole.tar', 100, 0)
+  now[0] = 6.0
+  for _ in range(9):  # 9 units done in the first 6 s, together, as workers start
+    progress.step()
+  now[0] = 20.0
+  progress.step()  # 10 of 100 in 20 s: 90 more take 180 s
+  assert capsys.readouterr().err.splitlines() == [
+      'indexing fall11_whole.tar: 1/100 units, 0:00:06 elapsed',
+      'indexing fall11_whole.tar: 10/100 units, 0:00:20 elapsed, ETA 0:03:00']

@@ -210,6 +210,8 @@ def note_lines(index: archive.Index, unit: str) -> List[str]:
                        f'a loop, or a link out of its {unit}'),
       'unreadable': ('entry that cannot be read', 'entries that cannot be read', 'left out'),
       'duplicate': ('image that is there twice', 'images that are there twice', 'read once'),
+      'unit_twice': (f'{unit} tar stored twice in the archive (appended)',
+                     f'{unit} tars stored twice in the archive (appended)', 'the last copy read'),
   }
   lines = []
   for kind in archive.NOTE_KINDS:

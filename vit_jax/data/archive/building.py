@@ -55,9 +55,12 @@ def _hash_order(names: np.ndarray, name_ends: np.ndarray) -> np.ndarray:
 class _Progress:
   """'indexing SOURCE: done/total units, elapsed, ETA' on stderr once indexing has taken
   `_QUIET_S` (a small source says nothing): redrawn in place on a terminal, otherwise a line at
-  most every 10 s, and at the end."""
+  most every 10 s, and at the end. The ETA is left out until `_ETA_FROM` of the units this call
+  indexes are done (the first units finish together, after the workers start: a rate from them
+  means nothing)."""
 
   _QUIET_S = 5.0
+  _ETA_FROM = 0.05
 
   def __init__(self, what: str, total: int, done: int):
     self._what, self._total, self._done = what, total, done
@@ -74,10 +77,11 @@ class _Progress:
     if self._done < self._total and now - self._last < (0.2 if self._tty else 10):
       return
     self._last, self._said = now, True
-    rate = (self._done - self._start_done) / max(now - self._t0, 1e-9)
-    left = (self._total - self._done) / rate if rate > 0 else 0
     line = (f'indexing {self._what}: {self._done}/{self._total} units, '
-            f'{_clock(now - self._t0)} elapsed, ETA {_clock(left)}')
+            f'{_clock(now - self._t0)} elapsed')
+    indexed, to_index = self._done - self._start_done, self._total - self._start_done
+    if self._done < self._total and indexed >= max(1.0, self._ETA_FROM * to_index):
+      line += f', ETA {_clock((self._total - self._done) * (now - self._t0) / indexed)}'
     end = '\n' if self._done >= self._total or not self._tty else ''
     print(('\r' if self._tty else '') + line, end=end, file=sys.stderr, flush=True)
 

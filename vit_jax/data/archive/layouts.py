@@ -21,7 +21,8 @@ What is read (`list_units`, `walk`, `tar_members`):
     *unreadable* (named); folders inside a unit are read (their images belong to the unit) and
     watched like the unit (an image added to one is a change); a file reached twice (two links to it, or a hard link) is read once,
     under its first name, the others named as *duplicates*; a tar member stored twice under one
-    name is read once (the last copy, as `tar x` leaves it), the earlier named;
+    name is read once (the last copy, as `tar x` leaves it), the earlier named (a per-class tar
+    stored twice in a tar of tars, appended by `tar -r`, is named as such: *unit_twice*);
   - two units that are the same folder or file, or one inside another, and a file reached from
     two units, are refused (`UserError`): an image has one class.
 
@@ -41,7 +42,7 @@ from vit_jax.errors import UserError
 
 LAYOUTS = ('tar_of_tars', 'tars', 'folders', 'flat_tar', 'flat_folder')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
-NOTE_KINDS = ('stray', 'non_image', 'not_followed', 'unreadable', 'duplicate')
+NOTE_KINDS = ('stray', 'non_image', 'not_followed', 'unreadable', 'duplicate', 'unit_twice')
 _BLOCK = 512  # tar block size
 GZIP_MAGIC = b'\x1f\x8b'  # the first bytes of every gzip file
 
@@ -103,6 +104,9 @@ def list_units(root: str, layout: str,
         units.append(Unit(_stem(member.name), '', member.offset_data, member.size))
       else:
         notes['stray'].append(member.name)
+    # A per-class tar stored twice (appended later, as `tar -r` does) is no image there twice.
+    notes['unit_twice'] = notes.pop('duplicate')
+    notes['duplicate'] = []
   elif layout in ('tars', 'folders'):
     for entry in _visible(root):
       try:
