@@ -234,3 +234,20 @@ def test_the_indexing_eta_is_left_out_until_it_means_something(monkeypatch, caps
   assert capsys.readouterr().err.splitlines() == [
       'indexing fall11_whole.tar: 1/100 units, 0:00:06 elapsed',
       'indexing fall11_whole.tar: 10/100 units, 0:00:20 elapsed, ETA 0:03:00']
+
+
+def test_a_folder_index_without_a_data_dir_is_in_the_user_cache_and_one_per_folder(
+    tmp_path, monkeypatch):
+  monkeypatch.delenv(archive.DIR_VAR, raising=False)
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  root = tmp_path / 'images'
+  _write_release(str(root), 'folders')
+  base = tmp_path / 'cache' / 'vit_jax' / 'index'
+  first = data_lib.get_info(f'folder:{root}', None).release.splits['train'].index.directory
+  assert os.path.dirname(first) == str(base)
+  (root / 'n00000002' / 'late.JPEG').write_bytes(jpeg(8))  # another content: another index
+  info._RELEASES.clear()
+  second = data_lib.get_info(f'folder:{root}', None).release.splits['train'].index.directory
+  assert second != first and os.listdir(base) == [os.path.basename(second)]
+  assert not (tmp_path / 'home' / 'tensorflow_datasets').exists()

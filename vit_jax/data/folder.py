@@ -5,13 +5,14 @@ folders belong to the class folder above them). Label i is the i-th class folder
 order. Names starting with '.' (hidden files and folders) are ignored.
 
 The folder is read where it is, through the index the ImageNet releases use (vit_jax/data/archive/,
-layout 'folders'): no copy of the images is written. The index (every image's file, size and
-class: small metadata) is written once per folder content under `archive.index_base`
-(`<data_dir>/vit_jax_index/`, or $VIT_JAX_INDEX_DIR; data_dir: the config's `data_dir`, else
-tfds' default `~/tensorflow_datasets`), in a directory named by a fingerprint of every file's
-relative path, size and modification time: a folder changed in any way (a file added, removed,
-renamed or rewritten) is indexed again, and a run resumed after such a change is told that its
-data changed (vit_jax/data/identity.py).
+layout 'folders'): no copy of the images is written. The index (every image's file, size, class
+and checksum: small metadata) is written once per folder content under
+`archive.folder_index_base` ($VIT_JAX_INDEX_DIR, else `<data_dir>/vit_jax_index/` when the
+config gives a `data_dir`, else `$XDG_CACHE_HOME/vit_jax/index/`, by default
+`~/.cache/vit_jax/index/`), in a directory named by the folder's path and a fingerprint of every
+file's relative path, size and modification time: a folder changed in any way (a file added,
+removed, renamed or rewritten) is indexed again, the indexes of its earlier contents are removed,
+and a run resumed after such a change is told that its data changed (vit_jax/data/identity.py).
 
 Indexing lists every file by the archive package's rules (layouts.py) and decodes each image once with
 `preprocess.decode` (the op the input pipelines use). Skipped, and named in one line on stderr
@@ -167,7 +168,7 @@ def load(dataset: str, data_dir: Optional[str]) -> releases.Release:
     raise UserError(f"dataset {dataset!r} names no folder: use 'folder:/path/to/images'")
   root = _root(dataset)
   list_folder(root)  # the folder's own errors first
-  index = releases.load_index(root, 'folders', releases.data_dir_of(data_dir), deep=True)
+  index = releases.load_index(root, 'folders', archive.folder_index_base(data_dir), deep=True)
   corrupt = _corrupt_rows(index)
   skipped = _skipped(index, corrupt)
   valid = np.ones(len(index), bool)

@@ -177,14 +177,14 @@ def is_synset(name: str) -> bool:
   return SYNSET.fullmatch(name) is not None
 
 
-def load_index(root: str, layout: str, data_dir: str, **kwargs) -> archive.Index:
-  """The index of the source at `root` (archive.load), its units split over the hosts."""
-  return archive.load(root, layout, archive.index_base(data_dir),
-                            shard=_host_shard(), **kwargs)
+def load_index(root: str, layout: str, base: str, **kwargs) -> archive.Index:
+  """The index of the source at `root` (archive.load) under `base`, its units split over the
+  hosts."""
+  return archive.load(root, layout, base, shard=_host_shard(), **kwargs)
 
 
 def _index(root: str, layout: str, data_dir: str) -> archive.Index:
-  index = load_index(root, layout, data_dir, unit_name=is_synset)
+  index = load_index(root, layout, archive.index_base(data_dir), unit_name=is_synset)
   if _host_shard()[0] == 0:
     for line in note_lines(index, 'synset'):
       print(f'note: {line}', file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ found, and skipped, when the input pipeline decodes it).
 The index records what it was built from (`layouts.fingerprint`: the size and modification time
 of each archive, or each class folder; with `deep=True`, of every file): an index whose source
 has changed since is refused with a `UserError`, never reused (with `deep=True` a changed source
-gets a new index instead). It also records a *content* digest of every image (indexing.py), so
+gets a new index instead, and the indexes of its earlier contents are removed). It also records a *content* digest of every image (indexing.py), so
 that another archive with the same classes and counts is other data, while a copy of the same
 files elsewhere is the same data.
 """
@@ -34,7 +34,8 @@ import numpy as np
 
 from vit_jax.data.archive.indexing import index_unit
 from vit_jax.data.archive.layouts import NOTE_KINDS, Unit, fingerprint, list_units, under
-from vit_jax.data.archive.store import index_dir, read_json, write_failure, write_json
+from vit_jax.data.archive.store import (index_dir, read_json, remove_earlier, write_failure,
+                                        write_json)
 from vit_jax.errors import UserError
 from vit_jax.platform import cpus
 
@@ -224,6 +225,8 @@ def build(root: str, layout: str, base: str, *, shard: Tuple[int, int] = (0, 1),
     _merge(directory, meta, [part(k) for k in range(len(units))])
   except OSError as e:
     raise UserError(write_failure(e, directory)) from None
+  if deep:  # the indexes of the source's earlier contents: never read again
+    remove_earlier(root, layout, base, directory)
   return directory, True
 
 

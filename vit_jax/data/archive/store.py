@@ -1,14 +1,19 @@
 """Where indexes are stored, and their small JSON files written atomically.
 
 Indexes are written under `index_base(data_dir)`: $VIT_JAX_INDEX_DIR, else
-`<data_dir>/vit_jax_index`; one directory per source (`index_dir`).
+`<data_dir>/vit_jax_index`; those of `folder:` datasets under `folder_index_base`; one directory
+per source (`index_dir`), and per content for a source indexed `deep`, whose indexes of earlier
+contents are removed (`remove_earlier`).
 """
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
+import shutil
+from typing import Optional
 
 DIR_VAR = 'VIT_JAX_INDEX_DIR'  # where indexes are written, instead of <data_dir>/vit_jax_index
 
@@ -32,6 +37,28 @@ def write_failure(error: OSError, directory: str) -> str:
   fix = _WRITE_FIXES.get(error.errno, 'set ${var} to another directory').format(var=DIR_VAR)
   return (f'cannot write the index in {directory} ({error.strerror or error}): {fix} (the index '
           f'is small; the images stay where they are), then rerun the same command')
+
+
+def folder_index_base(data_dir: Optional[str]) -> str:
+  """Where the indexes of `folder:` datasets are written: $VIT_JAX_INDEX_DIR, else
+  `<data_dir>/vit_jax_index` when a data_dir is given, else the user's cache
+  ($XDG_CACHE_HOME, else ~/.cache) `/vit_jax/index`: an index is rebuilt at will."""
+  if os.environ.get(DIR_VAR) or data_dir:
+    return index_base(data_dir or '')
+  cache = os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache')
+  return os.path.expanduser(os.path.join(cache, 'vit_jax', 'index'))
+
+
+def remove_earlier(root: str, layout: str, base: str, keep: str) -> None:
+  """Removes the indexes of the source at `root` under `base` that are tagged (`index_dir`) by
+  other contents than index directory `keep`: they can never be read again."""
+  untagged = os.path.basename(index_dir(root, layout, base))
+  with contextlib.suppress(OSError):
+    for name in os.listdir(base):
+      tag = name[len(untagged) + 1:]
+      if (name.startswith(f'{untagged}-') and re.fullmatch(r'[0-9a-f]+', tag)
+          and os.path.join(base, name) != keep):
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def index_dir(root: str, layout: str, base: str, tag: str = '') -> str:
@@ -58,4 +85,5 @@ def read_json(path: str):
     return None
 
 
-__all__ = ['DIR_VAR', 'index_base', 'index_dir', 'read_json', 'write_failure', 'write_json']
+__all__ = ['DIR_VAR', 'folder_index_base', 'index_base', 'index_dir', 'read_json',
+           'remove_earlier', 'write_failure', 'write_json']
