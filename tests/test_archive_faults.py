@@ -251,3 +251,19 @@ def test_a_folder_index_without_a_data_dir_is_in_the_user_cache_and_one_per_fold
   second = data_lib.get_info(f'folder:{root}', None).release.splits['train'].index.directory
   assert second != first and os.listdir(base) == [os.path.basename(second)]
   assert not (tmp_path / 'home' / 'tensorflow_datasets').exists()
+
+
+def test_an_index_of_the_earlier_format_is_built_again(tmp_path):
+  root = str(tmp_path / 'imagenet21k')
+  _write_release(root, 'tars')
+  base = str(tmp_path / 'index')
+  directory, built = archive.build(root, 'tars', base)
+  content = archive.load(root, 'tars', base).content
+  meta_path = os.path.join(directory, 'meta.json')
+  meta = archive.read_json(meta_path)
+  archive.write_json(meta_path, dict(meta, format=archive.FORMAT - 1))  # as an older vit_jax wrote
+  with open(os.path.join(directory, 'parts', '0000000.npz'), 'wb') as f:
+    f.write(b'a part of the older format')  # never read: the index is built again
+  index = archive.load(root, 'tars', base)
+  assert built and index.built and index.content == content and len(index) == 6
+  assert archive.read_json(meta_path)['format'] == archive.FORMAT

@@ -15,6 +15,8 @@ import re
 import shutil
 from typing import Optional
 
+from vit_jax import fileio
+
 DIR_VAR = 'VIT_JAX_INDEX_DIR'  # where indexes are written, instead of <data_dir>/vit_jax_index
 
 
@@ -45,8 +47,7 @@ def folder_index_base(data_dir: Optional[str]) -> str:
   ($XDG_CACHE_HOME, else ~/.cache) `/vit_jax/index`: an index is rebuilt at will."""
   if os.environ.get(DIR_VAR) or data_dir:
     return index_base(data_dir or '')
-  cache = os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache')
-  return os.path.expanduser(os.path.join(cache, 'vit_jax', 'index'))
+  return fileio.user_cache('index')
 
 
 def remove_earlier(root: str, layout: str, base: str, keep: str) -> None:
