@@ -1,6 +1,6 @@
 """ImageNet-21k and ImageNet-1k read in place from their releases (vit_jax/data/releases.py,
-vit_jax/data/archive/), on fake releases the tests write: a tar of per-synset tars of small JPEGs with
-one corrupt member and one non-image, and an ILSVRC2012 layout (train tar of tars, validation
+vit_jax/data/archive/), on fake releases the tests write: a tar of per-synset tars of small JPEGs
+with one corrupt member and one non-image, and an ILSVRC2012 layout (train tar of tars, validation
 tar, devkit)."""
 
 import contextlib

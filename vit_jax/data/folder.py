@@ -14,10 +14,10 @@ file's relative path, size and modification time: a folder changed in any way (a
 removed, renamed or rewritten) is indexed again, the indexes of its earlier contents are removed,
 and a run resumed after such a change is told that its data changed (vit_jax/data/identity.py).
 
-Indexing lists every file by the archive package's rules (layouts.py) and decodes each image once with
-`preprocess.decode` (the op the input pipelines use). Skipped, and named in one line on stderr
-(counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and files
-beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
+Indexing lists every file by the rules of vit_jax/data/archive/layouts.py and decodes each image
+once with `preprocess.decode` (the op the input pipelines use). Skipped, and named in one line on
+stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and
+files beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
 cannot be read ('unreadable': dangling symbolic links, links to a folder that loop or lead out of
 their class folder, no read permission, special files), and second names of a file reached
 twice through links ('duplicate': the image is read once). A class folder that links to another

@@ -40,10 +40,10 @@ instead of image bytes: the shuffle and the resumption skip work on keys, each b
 read in place (`_Reader`), decoded and preprocessed one by one, and an image that does not decode
 is skipped (`_release_batch`), named in one warning the first time a run meets it and counted in
 one line when the stream ends (`_counting_skipped`); once it is named, later meetings hand the
-decoder no bytes, so libjpeg's own complaint about the file is not repeated epoch after epoch. The stream stays a pure function
-of the seed. A read that fails (a file changed, gone or unreadable since it was indexed) and a train
-batch whose every image fails to decode stop the stream with one `UserError` line (`_said`),
-never a hang or an endless run of skipped images.
+decoder no bytes, so libjpeg's own complaint about the file is not repeated epoch after epoch.
+The stream stays a pure function of the seed. A read that fails (a file changed, gone or
+unreadable since it was indexed) and a train batch whose every image fails to decode stop the
+stream with one `UserError` line (`_said`), never a hang or an endless run of skipped images.
 """
 
 import sys

@@ -1,6 +1,6 @@
 """ImageNet-21k and ImageNet-1k as their releases are downloaded, read in place through an index
-(`vit_jax.data.archive`): `dataset=imagenet21k`, and `dataset=imagenet2012` when it is not prepared as
-a tfds dataset.
+(`vit_jax.data.archive`): `dataset=imagenet21k`, and `dataset=imagenet2012` when it is not
+prepared as a tfds dataset.
 
 ImageNet-21k, under `<data_dir>/imagenet21k/`: the "whole" archive
 (`fall11_whole.tar` or `winter21_whole.tar`, a tar of per-synset tars), or the per-synset tars
@@ -27,11 +27,12 @@ entries named like synsets ('n' and 8 digits); some synsets as tars and others a
 refused in one line naming both kinds; any other entry beside them (a README, a
 'backup_n01440764.tar') is a stray, named in a `note:` line and not read. A "whole" archive
 beside per-synset tars or folders is the one read (the note names the others). Inside a synset,
-links, duplicates and files that are not images follow the rules of vit_jax/data/archive/layouts.py, each kind
-named in a `note:` line.
+links, duplicates and files that are not images follow the rules of
+vit_jax/data/archive/layouts.py, each kind named in a `note:` line.
 
 The index is built on first use under `archive.index_base(data_dir)` (`<data_dir>/
-vit_jax_index/`, or $VIT_JAX_INDEX_DIR), in parallel, resumable after a kill (vit_jax/data/archive/).
+vit_jax_index/`, or $VIT_JAX_INDEX_DIR), in parallel, resumable after a kill
+(vit_jax/data/archive/building.py).
 The images stay where they are: nothing is copied or decoded up front. A devkit, ground truth or
 `real.json` that cannot be read is one `UserError` line naming the file.
 """

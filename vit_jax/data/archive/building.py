@@ -12,9 +12,9 @@ found, and skipped, when the input pipeline decodes it).
 The index records what it was built from (`layouts.fingerprint`: the size and modification time
 of each archive, or each class folder; with `deep=True`, of every file): an index whose source
 has changed since is refused with a `UserError`, never reused (with `deep=True` a changed source
-gets a new index instead, and the indexes of its earlier contents are removed). It also records a *content* digest of every image (indexing.py), so
-that another archive with the same classes and counts is other data, while a copy of the same
-files elsewhere is the same data.
+gets a new index instead, and the indexes of its earlier contents are removed). It also records a
+*content* digest of every image (indexing.py), so that another archive with the same classes and
+counts is other data, while a copy of the same files elsewhere is the same data.
 """
 
 import concurrent.futures

@@ -19,10 +19,11 @@ What is read (`list_units`, `walk`, `tar_members`):
     was not read yet, so a loop ('again -> .') or a link out of the unit is *not followed*
     (named); entries that cannot be listed or stat'ed, dangling links and special files are
     *unreadable* (named); folders inside a unit are read (their images belong to the unit) and
-    watched like the unit (an image added to one is a change); a file reached twice (two links to it, or a hard link) is read once,
-    under its first name, the others named as *duplicates*; a tar member stored twice under one
-    name is read once (the last copy, as `tar x` leaves it), the earlier named (a per-class tar
-    stored twice in a tar of tars, appended by `tar -r`, is named as such: *unit_twice*);
+    watched like the unit (an image added to one is a change); a file reached twice (two links
+    to it, or a hard link) is read once, under its first name, the others named as
+    *duplicates*; a tar member stored twice under one name is read once (the last copy, as
+    `tar x` leaves it), the earlier named (a per-class tar stored twice in a tar of tars,
+    appended by `tar -r`, is named as such: *unit_twice*);
   - two units that are the same folder or file, or one inside another, and a file reached from
     two units, are refused (`UserError`): an image has one class.
 
@@ -162,8 +163,9 @@ def fingerprint(root: str, layout: str, deep: bool = False):
   """What the index of the source at `root` is built from: [name, size, mtime_ns] of the archive
   (single-file layouts), of each tar, or of each class folder (whose time changes when an image
   is added, removed or renamed; the folders inside a class folder are checked against the
-  index's own list of them, building.py). `deep`: a digest of every file and folder the index would read
-  (name, size, mtime), so a file rewritten in place or changed in a nested folder counts too."""
+  index's own list of them, building.py). `deep`: a digest of every file and folder the index
+  would read (name, size, mtime), so a file rewritten in place or changed in a nested folder
+  counts too."""
   if layout in ('tar_of_tars', 'flat_tar'):
     st = os.stat(root)
     return [[os.path.basename(root), st.st_size, st.st_mtime_ns]]
