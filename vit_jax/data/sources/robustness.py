@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vit_jax.data import archive
 from vit_jax.data import releases
 from vit_jax.data.sources import imagenet_subsets
 from vit_jax.errors import UserError
@@ -149,7 +150,7 @@ def load(dataset: str, data_dir: Optional[str]) -> Optional[RobustnessSource]:
 
 def _read(name: str, path: str, layout: str, data_dir: str) -> releases.Release:
   """The set's release at `path`: its images labelled by their class folder."""
-  index = releases.load_index(path, layout, data_dir)
+  index = releases.load_index(path, layout, archive.index_base(data_dir))
   wnids = imagenet_wnids()
   label_of = ({str(i): i for i in range(len(wnids))} if name.startswith('imagenet_v2')
               else {w: i for i, w in enumerate(wnids)})
@@ -221,7 +222,7 @@ def _objectnet(path: str, data_dir: str) -> Tuple[releases.Release, Scoring]:
   if not os.path.isdir(images):
     raise UserError(f'{images} does not exist: unpack objectnet-1.0.zip in '
                     f'{os.path.dirname(path)} so that objectnet-1.0/images/ holds its folders')
-  index = releases.load_index(images, 'folders', data_dir)
+  index = releases.load_index(images, 'folders', archive.index_base(data_dir))
   folders = [_class_folder(index.name(r), 'folders') for r in range(len(index))]
   rows = np.asarray(sorted((r for r, f in enumerate(folders) if f in class_of),
                            key=index.name), np.int64)
