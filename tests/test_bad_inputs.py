@@ -77,7 +77,8 @@ CASES = [
          ["unknown preprocessing op 'flp' in --config.pp.train: use one of central_crop",
           'register one: docs/data.md']),
     Case('unknown evaluator', _main("--config.evaluators=('fewshot', 'confidence')"),
-         ["unknown evaluator 'confidence' in --config.evaluators: use one of fewshot, real"]),
+         ["unknown evaluator 'confidence' in --config.evaluators: use one of fewshot, real, "
+          "robustness"]),
     Case('image size not divisible by patch', _main('--config.image_size=30'),
          ['image size 30 is not divisible by the patch size 4', 'use a multiple of 4']),
     Case('fp8 on a CPU', _main('--config.model.fp8=True'),

@@ -167,7 +167,7 @@ def test_config_evaluators_are_checked_before_anything_is_built():
   validate.check_config(_config())
   cases = [
       (dict(evaluators=('fewshot', 'rael')), r"^unknown evaluator 'rael' in config.evaluators: "
-       r'use one of fewshot, real \(or register one: docs/recipes.md\)$'),
+       r'use one of fewshot, real, robustness \(or register one: docs/recipes.md\)$'),
       (dict(evaluators=('fewshot(5)',)), r'^config.evaluators: fewshot\(5\) does not fit '
        r'evaluator fewshot\(\): too many positional arguments$'),
       (dict(evaluators=('real',), fewshot=dict(every=100)),

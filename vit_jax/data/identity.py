@@ -55,7 +55,9 @@ def identify(info) -> Optional[dict]:
     identity['checksum'] = info.release.checksum
     hashed = dict(identity)
   else:
-    hashed = dict(identity, files=_prepared_files(os.fspath(info.data_dir)))
+    # A registered source without prepared files (data_dir '') is known by its names and sizes.
+    files = _prepared_files(os.fspath(info.data_dir)) if info.data_dir else []
+    hashed = dict(identity, files=files)
   identity['fingerprint'] = hashlib.sha256(
       json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:16]
   return identity

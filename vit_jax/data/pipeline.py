@@ -352,19 +352,23 @@ def eval_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
                source_records(ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
                                 batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
-                                read=_Reader(release) if release else None)
+                                read=_Reader(release) if release else None,
+                                border=getattr(ds_info.source, 'border', 0))
   return batches, num_batches
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
                         batch_size: int, spec: specs.Spec, stored_shape,
-                        label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
+                        label_shape: tuple[int, ...] = (), read=None,
+                        border: int = 0) -> EvalBatches:
   """`num_batches` batches {'image', 'label', 'mask'} of `count` (stored image, label) records
   (`source_records`; with `read`, a `_Reader`: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
-  label set has label_shape (K,)). `records` may be None when `count` is 0.
+  label set has label_shape (K,)). `records` may be None when `count` is 0. `border` pixels
+  are cropped from each side of every decoded image first (ObjectNet's 1-pixel frame; a
+  source's `border`).
   """
   channels = preprocess.decode_channels(stored_shape)
   size = spec.image_size
@@ -373,7 +377,10 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
   label_pad = [[0, 0]] * len(label_shape)
 
   def process_example(stored):
-    return preprocess.eval_preprocess(preprocess.decode(stored, channels), spec, out_channels)
+    image = preprocess.decode(stored, channels)
+    if border:
+      image = image[border:-border, border:-border]
+    return preprocess.eval_preprocess(image, spec, out_channels)
 
   def process_batch(stored, labels):
     return pad(_map_examples(process_example, stored, out_spec), labels)
@@ -451,7 +458,10 @@ def split_records(info: info_lib.DatasetInfo, split, *, cache: bool):
 def source_records(info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
   """(stored image, label) of `split` of a tfds dataset or an embedded one, in read order: the
   encoded bytes of a tfds record (optionally cached in memory), or the uint8 pixels of an
-  embedded dataset's arrays, read in place (`preprocess.decode` takes either)."""
+  embedded dataset's arrays, read in place (`preprocess.decode` takes either); a registered
+  source's own records (`sources.Source.records`)."""
+  if info.source is not None:
+    return info.source.records(split, cache).with_options(_options())
   if info.embedded is not None:
     images, labels = catalog.in_read_order(info.name, split)
     return tf.data.Dataset.from_tensor_slices((images, labels)).with_options(_options())

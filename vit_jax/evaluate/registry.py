@@ -12,6 +12,7 @@ must list the evaluator (config validation says so, before anything is built).
   fewshot   every `fewshot.every` steps (0 = off) and at the end: few-shot linear accuracies on
             `fewshot.dataset` (default: the run's dataset)
   real      at every evaluation when `real.dataset` is set: ImageNet ReaL top-1
+  robustness  top-1 on the ImageNet robustness sets, each over its own classes
 
 Adding an evaluator: one registered function here (or in the config file that names it), and its
 test; docs/recipes.md shows one and lists them all (a test checks the table).
@@ -170,5 +171,28 @@ def real(run: Run) -> Optional[Periodic]:
                     f'off)') from None
 
 
+def _robustness_sets(config, sets='all', every=None) -> None:
+  del config, every
+  from vit_jax.evaluate import robustness as robustness_lib  # pylint: disable=g-import-not-at-top
+  try:
+    robustness_lib.set_names(sets)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+
+
+@register('robustness', check=_robustness_sets)
+def robustness(run: Run, sets='all', every=None) -> Periodic:
+  """Top-1 of an ImageNet classifier on the robustness sets (`sets`: all, or names joined by +
+  such as imagenet_r+imagenet_a), each over its own classes (vit_jax/evaluate/robustness.py), read
+  from `data_dir`, every `every` steps (default: at each evaluation); logged as split
+  `robustness`."""
+  from vit_jax.evaluate import robustness as robustness_lib  # pylint: disable=g-import-not-at-top
+  c = run.config
+  return Periodic(every or c.eval_every, robustness_lib.RobustnessEvaluator(
+      model=run.model, mesh=run.mesh, param_shardings=run.param_shardings,
+      sets=robustness_lib.set_names(sets), data_dir=c.data_dir, batch_size=c.eval_batch_size,
+      pp=run.eval_pp, cache=c.cache))
+
+
 __all__ = ['EVALUATORS', 'Periodic', 'Run', 'calls', 'check', 'fewshot', 'periodic_evaluators',
-           'real', 'register', 'run_due', 'table']
+           'real', 'register', 'robustness', 'run_due', 'table']
