@@ -9,10 +9,7 @@ import optax
 
 from vit_jax.errors import UserError
 from vit_jax.train import polyak
-
-OPTIMIZERS = ('adam', 'sgd')
-DECAY_TYPES = ('linear', 'cosine')
-WEIGHT_DECAY_MASKS = ('kernels', 'all')
+from vit_jax.train.choices import DECAY_TYPES, OPTIMIZERS, WEIGHT_DECAY_MASKS
 
 
 # The run's values the compiled train step takes as arguments instead of constants: runs that
