@@ -1,0 +1,97 @@
+"""How long the default run takes to say no and to start, each as a ratio to `import jax`.
+
+Times three commands, alternated over --rounds rounds so that load from other processes falls on
+all of them alike:
+
+  jax          python -c "import jax"
+  error        the default run with an unknown model (`--config.model_name=ViT-Q/3`): the
+               seconds until its `error:` line appears
+  first_step   the default run (`--config=configs/default.py`): the seconds until its first
+               logged step (`step 1:` with --config.log_every=1 --config.progress=False), then
+               stopped
+
+  PYTHONPATH=. .venv/bin/python benchmarks/startup.py --rounds=3 --note=main
+
+Appends one JSON line to benchmarks/results/startup.jsonl (the processor, each command's seconds
+per round, the medians and the ratios of the medians to `import jax`) and prints it.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from vit_jax.platform import cpus
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'startup.jsonl')
+_MAIN = [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py']
+
+
+def commands(workdir: str) -> dict:
+  """name -> (argv, the pattern of the output line that ends the timing)."""
+  return {
+      'jax': ([sys.executable, '-c', 'import jax'], None),
+      'error': ([*_MAIN, '--config.model_name=ViT-Q/3', f'--workdir={workdir}'], rb'^error: '),
+      'first_step': ([*_MAIN, '--config.log_every=1', '--config.progress=False',
+                      f'--workdir={workdir}'], rb'^step 1\b'),
+  }
+
+
+def seconds_until(argv, pattern) -> float:
+  """Wall seconds from starting `argv` to its exit, or to the first output line that matches
+  `pattern` (the process is then stopped)."""
+  start = time.perf_counter()
+  proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  seen = None
+  for line in proc.stdout:
+    if pattern is not None and re.search(pattern, line.lstrip(b'\r')):
+      seen = time.perf_counter() - start
+      proc.kill()
+      break
+  proc.wait()
+  if pattern is None:
+    if proc.returncode != 0:
+      raise SystemExit(f'{argv} failed with status {proc.returncode}')
+    return time.perf_counter() - start
+  if seen is None:
+    raise SystemExit(f'{" ".join(argv)} ended without a line matching {pattern!r}')
+  return seen
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--note', default='', help='what was measured (a branch, a commit)')
+  args = parser.parse_args()
+  times = {name: [] for name in commands('')}
+  for _ in range(args.rounds):
+    for name in times:
+      workdir = tempfile.mkdtemp(prefix='vit_jax_startup_')
+      argv, pattern = commands(os.path.join(workdir, 'run'))[name]
+      try:
+        times[name].append(round(seconds_until(argv, pattern), 2))
+      finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+  median = {name: round(statistics.median(values), 2) for name, values in times.items()}
+  row = {
+      'benchmark': 'startup', 'note': args.note, 'processor': cpus.describe(),
+      'load_average': [round(v, 1) for v in os.getloadavg()], 'rounds': args.rounds,
+      'seconds': times, 'median_s': median,
+      'ratio_to_import_jax': {name: round(median[name] / median['jax'], 2)
+                              for name in ('error', 'first_step')},
+      'command': f'PYTHONPATH=. .venv/bin/python benchmarks/startup.py --rounds={args.rounds}',
+  }
+  os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+  with open(RESULTS, 'a') as f:
+    f.write(json.dumps(row) + '\n')
+  print(json.dumps(row))
+
+
+if __name__ == '__main__':
+  main()
