@@ -43,6 +43,7 @@ def _run(tmp_path, *args):
      "error: dataset 'cifar10' is not prepared: tfds looked in {missing}/cifar10"),
     ('--config.lr=-1', 'error: --config.lr=-1.0 is out of range'),
     ('--config.model.posemb=rope', "error: unknown posemb 'rope': use --config.model.posemb="),
+    ('--config.warmup_steps=5000', 'error: warmup_steps=5000 is not below total_steps=3000'),
 ])
 def test_config_errors_come_before_the_heavy_imports(tmp_path, override, error):
   missing = str(tmp_path / 'no_such_dir')

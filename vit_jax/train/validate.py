@@ -22,6 +22,7 @@ from vit_jax.data import config_pp
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.evaluate import registry as evaluators
+from vit_jax.train import optim
 
 _POSITIVE = (lambda v: v > 0, 'a number > 0')
 _NON_NEGATIVE = (lambda v: v >= 0, 'a number >= 0')
@@ -119,6 +120,8 @@ def check_config(config) -> tasks.Task:
   family does not have are read from its Flax module's fields, last."""
   check_choices(config)
   check_values(config)
+  if config.total_steps:  # counted in epochs, the steps are known once the dataset is
+    optim.check_warmup(config.warmup_steps, config.total_steps)
   task = tasks.get_task(config)
   options = task.model_options(config.model.to_dict())
   models.variants.family(config.model_name)  # an unknown variant: one line listing the valid ones
