@@ -66,7 +66,7 @@ import jax.numpy as jnp
 
 from vit_jax.errors import UserError
 from vit_jax.models import resnet as resnet_lib
-from vit_jax.models.variants import GN_GROUPS, root_width
+from vit_jax.models.bit_width import GN_GROUPS, root_width
 from vit_jax.models.vit import drop_path
 
 Dtype = Any

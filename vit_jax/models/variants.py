@@ -10,9 +10,7 @@ import re
 from typing import Any, Dict, Tuple
 
 from vit_jax.errors import UserError
-
-# Groups of BiT's GroupNorm (models/bit.py): the root conv's 64 x width channels must split into them.
-GN_GROUPS = 32
+from vit_jax.models.bit_width import root_width
 
 # Transformer shape of each base (P Table 1; Mu and Ze are small CPU bases for 28 px).
 BASES: Dict[str, Dict[str, int]] = {
@@ -61,16 +59,6 @@ def _unknown(name: str) -> UserError:
       f'unknown model {name!r}: use ViT-<base>/<patch> with base in {",".join(BASES)} '
       f'(e.g. ViT-B/16, ViT-Mu/4), BiT-R<depth>x<width> with depth in '
       f'{",".join(map(str, BIT_DEPTHS))} (e.g. BiT-R50x1), or one of: {", ".join(VARIANTS)}')
-
-
-def root_width(width_factor: float) -> int:
-  """Channels after BiT's root conv, 64 x width_factor; a UserError unless GroupNorm fits."""
-  width = 64 * width_factor
-  if width <= 0 or width != int(width) or int(width) % GN_GROUPS:
-    raise UserError(f'BiT width factor {width_factor} gives {width} root channels, which do not '
-                    f'split into {GN_GROUPS} GroupNorm groups: use a multiple of 0.5 (x0.5, x1, '
-                    'x1.5, x2, ...)')
-  return int(width)
 
 
 def family(name: str) -> Tuple[str, Dict[str, Any]]:
