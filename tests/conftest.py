@@ -1,4 +1,10 @@
-"""Test setup: 8 simulated CPU devices, quiet TensorFlow, and shared small fixtures."""
+"""Test setup: 8 simulated CPU devices, quiet TensorFlow, and shared small fixtures.
+
+Tiers: `make test` runs every test but the system tier, `make test-system` the system tier (a
+real SLURM, real full disks, kill loops: SYSTEM_FIXTURES and SYSTEM_TESTS below), `.ci/run` both;
+`make test-fast` leaves out the `slow` tests too (SLOW_MODULES, SLOW_FIXTURES). A new test joins
+a tier through a fixture or its id in those tables, or its own `@pytest.mark.slow`.
+"""
 
 import os
 
