@@ -4,6 +4,8 @@
 # `make tpu-compiler` adds the TPU compiler (libtpu, requirements-tpu.lock) in .venv/tpu-compiler
 # for `--config.compile_for=v3-8`; `make test` needs it (the suite compiles for TPU slices).
 # `make test-fast` runs the tests not marked slow (no subprocesses or end-to-end runs).
+# `make test-system` runs the system tier `make test` leaves out: a real SLURM, real full disks,
+# kill loops (tests/conftest.py); .ci/run runs both.
 # `make gpu-compiler` adds the XLA:GPU compiler in .venv/gpu-compiler for
 # `--config.compile_for=h100` and `bench --compile_for=h100`; `make test` needs it too.
 # `make install ACCEL=cuda13` (or cuda12) adds the CUDA build of the same jax
@@ -28,7 +30,7 @@ ACCEL_CHECK ?= 1
 # Huge-page malloc for the test process (vit_jax/platform/hostmem.py; the commands restart with it themselves).
 HUGEPAGE_MALLOC ?= glibc.malloc.hugetlb=1
 
-.PHONY: install accel-check tpu-compiler gpu-compiler train test test-fast test-interop clean
+.PHONY: install accel-check tpu-compiler gpu-compiler train test test-system test-fast test-interop clean
 
 ifeq ($(ACCEL),)
 install: $(STAMP)
@@ -93,11 +95,15 @@ train: install
 	$(BIN)/python -m vit_jax.main --config=configs/default.py --workdir=$(WORKDIR)
 
 test: install $(TPU_STAMP) $(GPU_COMPILER_STAMP)
-	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10 tests --ignore=tests/interop $(PYTEST_ARGS)
+	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10 -m 'not system' tests --ignore=tests/interop $(PYTEST_ARGS)
+
+# The system tier: a real SLURM, real full disks, kill loops (tests/conftest.py: SYSTEM_TESTS).
+test-system: install $(TPU_STAMP) $(GPU_COMPILER_STAMP)
+	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10 -m system tests --ignore=tests/interop $(PYTEST_ARGS)
 
 # The fast tier: every test not marked `slow` (no subprocesses, no end-to-end runs).
 test-fast: install $(TPU_STAMP) $(GPU_COMPILER_STAMP)
-	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m 'not slow' tests --ignore=tests/interop $(PYTEST_ARGS)
+	GLIBC_TUNABLES=$(HUGEPAGE_MALLOC) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m 'not slow and not system' tests --ignore=tests/interop $(PYTEST_ARGS)
 
 $(INTEROP_STAMP): $(STAMP) requirements-interop.lock
 	$(PIP) install --quiet --no-deps --find-links $(TORCH_WHEELS) -r requirements-interop.lock

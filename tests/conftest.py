@@ -1,4 +1,10 @@
-"""Test setup: 8 simulated CPU devices, quiet TensorFlow, and shared small fixtures."""
+"""Test setup: 8 simulated CPU devices, quiet TensorFlow, and shared small fixtures.
+
+Tiers: `make test` runs every test but the system tier, `make test-system` the system tier (a
+real SLURM, real full disks, kill loops: SYSTEM_FIXTURES and SYSTEM_TESTS below), `.ci/run` both;
+`make test-fast` leaves out the `slow` tests too (SLOW_MODULES, SLOW_FIXTURES). A new test joins
+a tier through a fixture or its id in those tables, or its own `@pytest.mark.slow`.
+"""
 
 import os
 
@@ -33,9 +39,26 @@ import pytest  # pylint: disable=g-import-not-at-top
 # @pytest.mark.slow (each measured at 1 CPU-second or more: VIT_JAX_TEST_CPU_LOG below).
 SLOW_MODULES = frozenset({
     'test_bad_inputs', 'test_benchmark', 'test_compile_targets', 'test_main', 'test_multiprocess',
-    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_run_once', 'test_sweep',
+    'test_predict', 'test_pretrain_finetune', 'test_reliability', 'test_run_once', 'test_startup', 'test_sweep',
     'test_sweep_study'})
 SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
+
+
+# The system tier (`make test-system`; `make test` leaves it out, `.ci/run` runs both): a real
+# SLURM cluster, real small file systems that fill up, kill and signal loops over many restarts.
+# A test joins it through a fixture below or its id (`file::name`, parameters included or not).
+SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk'})
+SYSTEM_TESTS = (
+    'test_reliability.py::test_kill_9_loop_always_resumes_and_ends_bitwise_exact',
+    'test_reliability.py::test_sigterm_at_a_random_step_then_resume_is_bitwise_exact',
+    'test_bad_inputs.py::test_bad_input[full_disk_during_a_checkpoint]',
+)
+
+
+def _is_system(item) -> bool:
+  name = item.nodeid.rsplit('/', 1)[-1]
+  return (SYSTEM_FIXTURES & set(getattr(item, 'fixturenames', ())) or
+          any(name == test or name.startswith(test + '[') for test in SYSTEM_TESTS))
 
 
 def pytest_collection_modifyitems(items):
@@ -43,12 +66,17 @@ def pytest_collection_modifyitems(items):
     module = item.module.__name__.rsplit('.', 1)[-1]
     if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, 'fixturenames', ())):
       item.add_marker(pytest.mark.slow)
+    if _is_system(item):
+      item.add_marker(pytest.mark.system)
 
 
 def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: starts subprocesses, trains end to end or compiles for a TPU slice '
       '(`make test` runs them, `make test-fast` leaves them out)')
+  config.addinivalue_line(
+      'markers', 'system: a real SLURM, real full disks, kill loops (`make test-system` runs '
+      'them, `make test` leaves them out; tests/conftest.py: SYSTEM_FIXTURES, SYSTEM_TESTS)')
 
 
 @pytest.fixture(scope='session')

@@ -31,19 +31,22 @@ _TIMEOUT = flags.DEFINE_integer('distributed_timeout', 300,
 
 def run(argv) -> int:
   del argv
-  # JAX and the trainer load here, not at import: --help and flag errors answer at once.
-  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  # Every mistake of a flag, the config or a path is said before JAX, TensorFlow or orbax loads.
   # pylint: disable-next=g-import-not-at-top
-  from vit_jax.train import guards, lock, loop, program, validate
+  from vit_jax.train import guards, lock, validate
   config = _CONFIG.value
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
+  info = data_facts(config)
   task = validate.check_config(config)  # the one validation: before joining a distributed run
   lock.check_free(_WORKDIR.value)  # a workdir another run holds: stop before building anything
+  # JAX and the trainer load here (TensorFlow only once the input pipeline is built).
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop, program  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
-  prog = program.build_program(config, task=task)  # the mesh and the model, built once
+  prog = program.build_program(config, task=task, info=info)  # the mesh and the model, once
   result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
@@ -53,6 +56,15 @@ def run(argv) -> int:
   print(f'final {config.eval_split} {task.metric_name}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
+
+
+def data_facts(config):
+  """The dataset's info (`data.get_info`), looked up before JAX loads so that a missing dataset or
+  data_dir is said at once; None where the run needs no dataset (compile-only)."""
+  if config.compile_only or config.compile_for:
+    return None
+  from vit_jax import data  # pylint: disable=g-import-not-at-top  # no TensorFlow, no JAX
+  return data.get_info(config.dataset, config.data_dir)
 
 
 def main():

@@ -21,12 +21,13 @@ test; docs/recipes.md shows one and lists them all (a test checks the table).
 import dataclasses
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-import jax
-
 from vit_jax import data as data_lib
-from vit_jax import parallel
+from vit_jax import lazy
 from vit_jax import registry
 from vit_jax.errors import UserError
+
+jax = lazy.Module('jax')  # imported when an evaluator runs, not when a config is checked
+parallel = lazy.Module('vit_jax.parallel')
 
 EVALUATORS = registry.Registry('evaluator', leading=('run',), docs='docs/recipes.md')
 

@@ -38,17 +38,22 @@ heads ('data', 'fsdp' and 'model'); without one (eager code, the pmap path's per
 it is called directly.
 """
 
+from __future__ import annotations  # jax.Array annotations: JAX loads when a kernel runs
+
 import contextlib
 import contextvars
 import functools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import lazy
 from vit_jax.errors import UserError
-from vit_jax.parallel import sharding
 from vit_jax.platform import gpu
+
+# Loaded when a kernel runs: the config's validation reads `ATTENTIONS` and `check` without JAX.
+jax = lazy.Module('jax')
+jnp = lazy.Module('jax.numpy')
+sharding = lazy.Module('vit_jax.parallel.sharding')
 
 ATTENTIONS = ('auto', 'einsum', 'dot_product', 'cudnn', 'flash')
 # Kernels without attention dropout (the einsum path applies it).

@@ -66,13 +66,13 @@ import jax.numpy as jnp
 
 from vit_jax.errors import UserError
 from vit_jax.models import resnet as resnet_lib
+from vit_jax.models.bit_width import GN_GROUPS, root_width
 from vit_jax.models.vit import drop_path
 
 Dtype = Any
 
 WS_EPS = 1e-10  # inside the sqrt: (w - mean) / sqrt(var + eps)
 GN_EPS = 1e-5
-GN_GROUPS = 32
 
 
 def _conv(features: int, kernel: int, strides: Tuple[int, int] = (1, 1), pad: int = 0, *,
@@ -141,16 +141,6 @@ class PreActStage(nn.Module):
                            dtype=self.dtype, param_dtype=self.param_dtype,
                            name=f'unit{i + 1:02d}')(x, train)
     return x
-
-
-def root_width(width_factor: float) -> int:
-  """Channels after the root conv, 64 x width_factor; a UserError unless GroupNorm(32) fits."""
-  width = 64 * width_factor
-  if width <= 0 or width != int(width) or int(width) % GN_GROUPS:
-    raise UserError(f'BiT width factor {width_factor} gives {width} root channels, which do not '
-                    f'split into {GN_GROUPS} GroupNorm groups: use a multiple of 0.5 (x0.5, x1, '
-                    'x1.5, x2, ...)')
-  return int(width)
 
 
 def drop_path_rates(num_layers: Sequence[int], rate: float) -> Tuple[Tuple[float, ...], ...]:

@@ -9,8 +9,8 @@ keys `config.model.*`), and in the ViT module itself (one built without `create_
 
 from typing import Any, Callable, Dict, Mapping, Tuple
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
@@ -21,10 +21,11 @@ POSEMBS = ('learned', 'sincos2d', 'none')
 # matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).
 # 'gelu' rematerialises no block: only the MLP's GELU, whose output the backward pass recomputes
 # from the first Dense's output (one [B, N, mlp_dim] tensor per block fewer kept for it).
+# Values: the names of the policies in `jax.checkpoint_policies` (models/vit.py looks them up).
 REMAT_POLICIES = {
     'none': None,
-    'full': jax.checkpoint_policies.nothing_saveable,
-    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'full': 'nothing_saveable',
+    'dots': 'dots_with_no_batch_dims_saveable',
     'gelu': None,
 }
 
@@ -60,7 +61,7 @@ def check_values(options: Mapping[str, Any], prefix: str = 'model.') -> None:
         raise UserError(f'{name}={value!r} is out of range: it must be {what}')
     if key in DTYPES:
       try:
-        jnp.dtype(value)
+        np.dtype(getattr(ml_dtypes, value, value) if isinstance(value, str) else value)
       except TypeError:
         raise UserError(f'{name}={value!r} is not a dtype: use e.g. float32 or bfloat16') from None
   if 'attention' in options:

@@ -15,24 +15,25 @@ by the config's one validation (vit_jax/train/validate.py), whose messages name 
   or the value that describes the family anyway (`IMPLIED`: a ResNet pools globally,
   classifier='gap'). Any other value is a one-line UserError naming the option: a setting that
   would silently do nothing is refused, while every config still runs every model.
+
+The variant's name and the option values are checked from tables alone; the families' fields
+(`FAMILIES`, `DEFAULTS`, `OPTIONS`) load Flax on first use, so a wrong name or value is reported
+before JAX is imported.
 """
 
 import dataclasses
+import functools
 from typing import Any, Dict, Mapping, Tuple
 
-import jax.numpy as jnp
-
+from vit_jax import lazy
 from vit_jax.errors import UserError
 from vit_jax.models import option_values
 from vit_jax.models import variants
-from vit_jax.models.bit import BiT
-from vit_jax.models.resnet import as_resnet_config
-from vit_jax.models.vit import VisionTransformer
 
-FAMILIES = (VisionTransformer, BiT)
+jnp = lazy.Module('jax.numpy')
 
-# Values of options a family does not have that describe it as it is.
-IMPLIED: Dict[type, Dict[str, Any]] = {BiT: {'classifier': 'gap'}}
+# Values of options a family does not have that describe it as it is (family: its class name).
+IMPLIED: Dict[str, Dict[str, Any]] = {'BiT': {'classifier': 'gap'}}
 
 _NOT_OPTIONS = ('num_classes', 'parent', 'name')
 
@@ -42,12 +43,24 @@ def _fields(cls: type) -> Dict[str, Any]:
   return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in _NOT_OPTIONS}
 
 
-# Every option of every family, in declaration order, with the default of its first declaration.
-DEFAULTS: Dict[str, Any] = {}
-for _cls in FAMILIES:
-  for _name, _default in _fields(_cls).items():
-    DEFAULTS.setdefault(_name, _default)
-OPTIONS = tuple(DEFAULTS)
+@functools.cache
+def _tables() -> Dict[str, Any]:
+  """FAMILIES (the module classes), DEFAULTS (every option of every family, in declaration order,
+  with the default of its first declaration) and OPTIONS (their names)."""
+  # pylint: disable-next=g-import-not-at-top
+  from vit_jax.models import bit, vit  # Flax
+  families = (vit.VisionTransformer, bit.BiT)
+  defaults: Dict[str, Any] = {}
+  for cls in families:
+    for name, default in _fields(cls).items():
+      defaults.setdefault(name, default)
+  return {'FAMILIES': families, 'DEFAULTS': defaults, 'OPTIONS': tuple(defaults)}
+
+
+def __getattr__(name: str):
+  if name in ('FAMILIES', 'DEFAULTS', 'OPTIONS'):
+    return _tables()[name]
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
@@ -58,7 +71,8 @@ def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
   if 'patch_size' in out:
     out['patch_size'] = tuple(int(p) for p in out['patch_size'])
   if 'resnet' in out:
-    out['resnet'] = as_resnet_config(out['resnet'])
+    from vit_jax.models import resnet  # pylint: disable=g-import-not-at-top  # Flax
+    out['resnet'] = resnet.as_resnet_config(out['resnet'])
   for key in option_values.DTYPES:
     if key in out:
       out[key] = jnp.dtype(out[key]).type
@@ -67,10 +81,10 @@ def _normalise(options: Dict[str, Any]) -> Dict[str, Any]:
 
 def _is_neutral(cls: type, key: str, value: Any) -> bool:
   """True if `value` of an option `cls` does not have changes nothing."""
-  implied = IMPLIED.get(cls, {})
+  implied = IMPLIED.get(cls.__name__, {})
   if key in implied and value == implied[key]:
     return True
-  default = DEFAULTS[key]
+  default = _tables()['DEFAULTS'][key]
   return default is not dataclasses.MISSING and (value is default or value == default)
 
 
@@ -78,17 +92,21 @@ def check(variant: str, options: Mapping[str, Any], prefix: str = 'model.'
           ) -> Tuple[type, Dict[str, Any]]:
   """(module class, its kwargs but num_classes) of `variant` with `options` applied, after the
   checks above; messages name an option as `prefix + name` (the config's `config.model.`)."""
-  cls, kwargs = variants.decode(variant)
-  unknown = sorted(set(options) - set(OPTIONS))
-  if unknown:
-    raise UserError(f'unknown model option(s) {", ".join(unknown)}: valid are {", ".join(OPTIONS)}')
+  variants.family(variant)  # an unknown name: said before Flax loads
   option_values.check_values(options, prefix)
+  cls, kwargs = variants.decode(variant)
+  defaults = _tables()['DEFAULTS']
+  unknown = sorted(set(options) - set(defaults))
+  if unknown:
+    raise UserError(f'unknown model option(s) {", ".join(unknown)}: valid are '
+                    f'{", ".join(defaults)}')
   own = _fields(cls)
   for key, value in options.items():
     if key not in own and not _is_neutral(cls, key, value):
-      also = f' or {IMPLIED[cls][key]!r}' if key in IMPLIED.get(cls, {}) else ''
-      keep = (f'leave it at its default {DEFAULTS[key]!r}{also}'
-              if DEFAULTS[key] is not dataclasses.MISSING else 'do not set it')
+      implied = IMPLIED.get(cls.__name__, {})
+      also = f' or {implied[key]!r}' if key in implied else ''
+      keep = (f'leave it at its default {defaults[key]!r}{also}'
+              if defaults[key] is not dataclasses.MISSING else 'do not set it')
       raise UserError(f'{prefix}{key}={value!r} does not apply to {variant} (a '
                       f'{cls.__name__}, options: {", ".join(own)}): {keep}')
   kwargs.update(_normalise({k: v for k, v in options.items() if k in own}))

@@ -12,9 +12,11 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from vit_jax import lazy
 from vit_jax import models
-from vit_jax.models import resnet as resnet_lib
 from vit_jax.errors import UserError
+
+resnet_lib = lazy.Module('vit_jax.models.resnet')  # Flax: loaded when a model is built
 
 _FIELDS = ('model_name', 'num_classes', 'options', 'image_size', 'channels')
 LAYOUT_OPTIONS = ('scan',)  # options that choose how params are laid out, not what they are

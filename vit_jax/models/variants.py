@@ -10,9 +10,7 @@ import re
 from typing import Any, Dict, Tuple
 
 from vit_jax.errors import UserError
-from vit_jax.models.bit import BiT, root_width
-from vit_jax.models.resnet import ResNetConfig
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.bit_width import root_width
 
 # Transformer shape of each base (P Table 1; Mu and Ze are small CPU bases for 28 px).
 BASES: Dict[str, Dict[str, int]] = {
@@ -63,27 +61,38 @@ def _unknown(name: str) -> UserError:
       f'{",".join(map(str, BIT_DEPTHS))} (e.g. BiT-R50x1), or one of: {", ".join(VARIANTS)}')
 
 
-def decode(name: str) -> Tuple[type, Dict[str, Any]]:
-  """Variant name -> (module class, its kwargs but num_classes and options)."""
+def family(name: str) -> Tuple[str, Dict[str, Any]]:
+  """Variant name -> (name of its module class, its kwargs but num_classes and options; a
+  hybrid's `resnet` as a mapping). Reads only the tables above: Flax is not imported."""
   if not isinstance(name, str):
     raise _unknown(str(name))
   if name in HYBRIDS:
     base, stages, patch = HYBRIDS[name]
-    return VisionTransformer, dict(patch_size=(patch, patch), **BASES[base],
-                                   resnet=ResNetConfig(num_layers=stages, width_factor=1))
+    return 'VisionTransformer', dict(patch_size=(patch, patch), **BASES[base],
+                                     resnet=dict(num_layers=stages, width_factor=1))
   match = _BIT_NAME.fullmatch(name)
   if match is not None:
     if int(match['depth']) not in BIT_DEPTHS:
       raise _unknown(name)
     width = float(match['width'])
     root_width(width)  # a UserError unless 64 x width splits into the GroupNorm groups
-    return BiT, dict(num_layers=BIT_DEPTHS[int(match['depth'])],
-                     width_factor=int(width) if width.is_integer() else width)
+    return 'BiT', dict(num_layers=BIT_DEPTHS[int(match['depth'])],
+                       width_factor=int(width) if width.is_integer() else width)
   match = _VIT_NAME.fullmatch(name)
   if match is None or match['base'] not in BASES or int(match['patch']) < 1:
     raise _unknown(name)
   patch = int(match['patch'])
-  return VisionTransformer, dict(patch_size=(patch, patch), **BASES[match['base']], resnet=None)
+  return 'VisionTransformer', dict(patch_size=(patch, patch), **BASES[match['base']], resnet=None)
+
+
+def decode(name: str) -> Tuple[type, Dict[str, Any]]:
+  """Variant name -> (module class, its kwargs but num_classes and options)."""
+  # pylint: disable-next=g-import-not-at-top
+  from vit_jax.models import bit, resnet, vit  # Flax: loaded once a name is known to be valid
+  cls_name, kwargs = family(name)
+  if kwargs.get('resnet') is not None:
+    kwargs['resnet'] = resnet.ResNetConfig(**kwargs['resnet'])
+  return {'VisionTransformer': vit.VisionTransformer, 'BiT': bit.BiT}[cls_name], kwargs
 
 
 def decode_variant(name: str) -> Dict[str, Any]:

@@ -105,7 +105,8 @@ TOKENS = ('batch', 'tokens', 'embed')  # logical axes of the token sequence betw
 def remat_policy(remat: Union[bool, str]):
   """None (no remat) or the jax.checkpoint policy of 'full' / 'dots' / 'gelu' (True = 'full')."""
   key = ('full' if remat else 'none') if isinstance(remat, bool) else remat
-  return REMAT_POLICIES[key]  # a valid key: `_check` checked it
+  name = REMAT_POLICIES[key]  # a valid key: `_check` checked it
+  return None if name is None else getattr(jax.checkpoint_policies, name)
 
 
 class AddPositionEmbs(nn.Module):

@@ -1,7 +1,16 @@
-"""Devices: mesh construction, the sharding policy, and the distributed runtime."""
+"""Devices: mesh construction, the sharding policy, and the distributed runtime.
 
-from vit_jax.parallel.mesh import describe_run, init_distributed, make_mesh
-from vit_jax.parallel.sharding import batch_sharding, param_shardings, replicated, shard_batch
+The names load their module on first use: `parallel.choices` is read by the config's validation
+before JAX is imported.
+"""
 
-__all__ = ['describe_run', 'init_distributed', 'make_mesh', 'batch_sharding', 'param_shardings', 'replicated',
-           'shard_batch']
+from vit_jax import lazy
+
+# name -> the module that defines it
+_HOMES = {'describe_run': 'mesh', 'init_distributed': 'mesh', 'make_mesh': 'mesh',
+          'batch_sharding': 'sharding', 'param_shardings': 'sharding', 'replicated': 'sharding',
+          'shard_batch': 'sharding'}
+
+__getattr__ = lazy.attributes(__name__, _HOMES)
+
+__all__ = sorted(_HOMES)

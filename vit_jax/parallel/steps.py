@@ -18,8 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
-
-PARALLELISMS = ('jit', 'pmap')
+from vit_jax.parallel.choices import PARALLELISMS
 PMAP_AXES = sharding.BATCH_AXES  # the per-device program reduces over every batch axis
 
 

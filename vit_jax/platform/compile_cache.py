@@ -18,6 +18,7 @@ to compile: JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS).
 """
 
 import os
+import sys
 from typing import Mapping, Optional
 
 from vit_jax import fileio
@@ -44,7 +45,11 @@ def enable() -> Optional[str]:
   directory = cache_dir()
   if directory is None:
     return None
-  import jax  # pylint: disable=g-import-not-at-top  # cli imports this module: --help stays light
+  if 'jax' not in sys.modules:  # JAX reads both when it loads: a command's errors come first
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = directory
+    os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(MAX_BYTES)
+    return directory
+  import jax  # pylint: disable=g-import-not-at-top
   jax.config.update('jax_compilation_cache_dir', directory)
   jax.config.update('jax_compilation_cache_max_size', MAX_BYTES)
   return directory

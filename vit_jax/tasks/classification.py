@@ -6,9 +6,10 @@ vit_jax/tasks/mixup.py.)
 
 from typing import Callable
 
-import jax.numpy as jnp
-
+from vit_jax import lazy
 from vit_jax.tasks import losses
+
+jnp = lazy.Module('jax.numpy')  # imported when a step is traced
 
 
 def make_eval_step(*, apply_fn: Callable, loss_fn: Callable, num_classes: int):

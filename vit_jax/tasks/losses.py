@@ -1,9 +1,10 @@
 """Losses on logits and integer labels (pure functions, per-example values)."""
 
-import jax
-import jax.numpy as jnp
-
+from vit_jax import lazy
 from vit_jax.errors import UserError
+
+jax = lazy.Module('jax')  # imported when a loss runs, not when a config is checked
+jnp = lazy.Module('jax.numpy')
 
 
 def one_hot(labels, num_classes: int, label_smoothing: float = 0.0):

@@ -8,13 +8,16 @@ With gradient accumulation each micro-batch is mixed within itself. `classificat
 is the train step's objective with mixup in front of the usual classification loss.
 """
 
+from __future__ import annotations  # jax.Array annotations: jax loads when a step runs
+
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
-
+from vit_jax import lazy
 from vit_jax.errors import UserError
 from vit_jax.tasks import losses
+
+jax = lazy.Module('jax')  # imported when a step is traced
+jnp = lazy.Module('jax.numpy')
 
 
 def sample_lambda(rng: jax.Array, alpha: float) -> jax.Array:

@@ -15,13 +15,16 @@ per-token head of 8**channels classes. The mask token and this head are dropped 
 checkpoint fine-tunes (vit_jax/train/transfer.py).
 """
 
+from __future__ import annotations  # jax.Array annotations: jax loads when a step runs
+
 from typing import Callable, Tuple
 
-import jax
-import jax.numpy as jnp
-
+from vit_jax import lazy
 from vit_jax.errors import UserError
 from vit_jax.tasks import losses
+
+jax = lazy.Module('jax')  # imported when a step is traced
+jnp = lazy.Module('jax.numpy')
 
 BITS = 3
 LEVELS = 2 ** BITS

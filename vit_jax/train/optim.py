@@ -1,18 +1,23 @@
-"""Learning-rate schedules and optimizers (optax), with the paper's weight-decay convention."""
+"""Learning-rate schedules and optimizers (optax), with the paper's weight-decay convention.
+
+JAX and optax load when a schedule or optimizer is made: the config's validation checks the
+warmup (`check_warmup`) before they are imported.
+"""
+
+from __future__ import annotations  # optax annotations: optax loads when an optimizer is made
 
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
+from vit_jax import lazy
 from vit_jax.errors import UserError
-from vit_jax.train import polyak
+from vit_jax.train.choices import DECAY_TYPES, OPTIMIZERS, WEIGHT_DECAY_MASKS
 
-OPTIMIZERS = ('adam', 'sgd')
-DECAY_TYPES = ('linear', 'cosine')
-WEIGHT_DECAY_MASKS = ('kernels', 'all')
+jax = lazy.Module('jax')
+jnp = lazy.Module('jax.numpy')
+optax = lazy.Module('optax')
+polyak = lazy.Module('vit_jax.train.polyak')
 
 
 # The run's values the compiled train step takes as arguments instead of constants: runs that

@@ -133,7 +133,7 @@ def resolve_steps(config, num_train_examples: int) -> int:
   return steps
 
 
-def dataset_facts(config, task: tasks.Task, require_dataset: bool = True):
+def dataset_facts(config, task: tasks.Task, require_dataset: bool = True, info=None):
   """(num_classes, train examples, input channels, the dataset's info) of the configured dataset
   for `task`.
 
@@ -142,9 +142,10 @@ def dataset_facts(config, task: tasks.Task, require_dataset: bool = True):
   Without `require_dataset` (compile-only, benchmarks) a dataset that is not prepared here is
   fine when `num_classes` is set (channels from the train ops, else 3; 0 train examples; no
   info). The channels are what the train preprocessing gives (`config_pp.input_channels`).
+  `info`: the info already looked up (the train command does, before JAX loads).
   """
   try:
-    info = data_lib.get_info(config.dataset, config.data_dir)
+    info = info or data_lib.get_info(config.dataset, config.data_dir)
   except UserError:
     if require_dataset or not config.num_classes:
       raise
@@ -277,12 +278,13 @@ def check_placement(config, devices: Optional[list] = None) -> Placement:
 
 def build_program(config, devices: Optional[list] = None, *,
                   require_dataset: Optional[bool] = None,
-                  task: Optional[tasks.Task] = None) -> Program:
+                  task: Optional[tasks.Task] = None, info=None) -> Program:
   """Resolves and compiles (lazily, at first call) everything a config describes, building the
   mesh and the model once.
 
   The config is validated first (`validate.check_config`, which resolves the run's task) unless
-  the caller did and passes its `task` (the train command, before it joins a distributed run).
+  the caller did and passes its `task` (the train command, before it joins a distributed run), and
+  likewise the dataset's `info`.
   `require_dataset` (default: not in compile-only mode) says whether the dataset must exist. With
   `config.compile_for` the devices are that TPU slice's or GPU's, described by its compiler
   (`vit_jax/platform/targets.py`): the program can be compiled, not run.
@@ -293,7 +295,7 @@ def build_program(config, devices: Optional[list] = None, *,
   mesh = placement.mesh
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
-  num_classes, num_train, channels, data = dataset_facts(config, task, require_dataset)
+  num_classes, num_train, channels, data = dataset_facts(config, task, require_dataset, info)
   num_classes = task.num_outputs(num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count is only an
   # argument of the compiled step (the learning-rate schedule's length).

@@ -22,6 +22,7 @@ from vit_jax.data import config_pp
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.evaluate import registry as evaluators
+from vit_jax.train import optim
 
 _POSITIVE = (lambda v: v > 0, 'a number > 0')
 _NON_NEGATIVE = (lambda v: v >= 0, 'a number >= 0')
@@ -67,10 +68,10 @@ def _from(module: str, name: str) -> Callable[[], Tuple[str, ...]]:
 # key -> () -> the valid values (None in a config = the key's default, not checked).
 CHOICES: Tuple[Tuple[str, Callable[[], Tuple[str, ...]]], ...] = (
     ('loss', _from('tasks', 'CHOICES')),
-    ('optimizer', _from('train.optim', 'OPTIMIZERS')),
-    ('decay_type', _from('train.optim', 'DECAY_TYPES')),
-    ('weight_decay_mask', _from('train.optim', 'WEIGHT_DECAY_MASKS')),
-    ('parallelism', _from('parallel.steps', 'PARALLELISMS')),
+    ('optimizer', _from('train.choices', 'OPTIMIZERS')),
+    ('decay_type', _from('train.choices', 'DECAY_TYPES')),
+    ('weight_decay_mask', _from('train.choices', 'WEIGHT_DECAY_MASKS')),
+    ('parallelism', _from('parallel.choices', 'PARALLELISMS')),
     ('data_sharding', _from('data.choices', 'SHARDINGS')),
     ('init_posemb_resize', _from('models.posemb_resize', 'METHODS')),
 )
@@ -115,17 +116,21 @@ def check_registered(config) -> None:
 
 def check_config(config) -> tasks.Task:
   """Every mistake a config alone shows, found before devices or data are touched; the run's
-  task."""
+  task. Everything up to the model's options is checked before JAX is imported; the options a
+  family does not have are read from its Flax module's fields, last."""
   check_choices(config)
   check_values(config)
+  if config.total_steps:  # counted in epochs, the steps are known once the dataset is
+    optim.check_warmup(config.warmup_steps, config.total_steps)
   task = tasks.get_task(config)
-  # An unknown variant: one line listing the valid ones; a bad model option: one naming its key.
-  models.check_options(config.model_name, task.model_options(config.model.to_dict()),
-                       prefix='config.model.')
+  options = task.model_options(config.model.to_dict())
+  models.variants.family(config.model_name)  # an unknown variant: one line listing the valid ones
+  models.option_values.check_values(options, prefix='config.model.')
   check_registered(config)
   if config.model.classifier == 'unpooled':
     raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
                     'cannot score: train with config.model.classifier=token or gap')
+  models.check_options(config.model_name, options, prefix='config.model.')  # loads Flax
   return task
 
 
