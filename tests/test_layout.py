@@ -9,8 +9,8 @@ from helpers import ROOT
 
 # Lowest first; a unit imports only units of lower layers.
 LAYERS = (
-    ('errors', 'quiet'),
-    ('interrupt', 'fileio', 'lazy', 'platform', 'registry'),
+    ('errors', 'quiet', 'fileio'),
+    ('interrupt', 'lazy', 'platform', 'registry'),
     ('parallel',),
     ('models',),
     ('tasks', 'data', 'formats', 'checkpoint', 'configs'),
