@@ -530,3 +530,15 @@ def test_allow_config_change_names_an_added_class_folder_as_the_shape_change(tmp
                                       r"class 'cyan' added"):
     loop.train_and_evaluate(_folder_config(root, tmp_path, total_steps=3), str(workdir),
                             allow_config_change=True)
+
+
+def test_a_run_refused_after_its_data_is_opened_leaves_no_workdir(tmp_path, data_dir):
+  """The ReaL evaluator refuses a dataset without ReaL labels once the run's data is open and
+  its metric logger made: the logger has opened no file, so the new workdir is removed whole."""
+  workdir = tmp_path / 'work'
+  config = _config(data_dir, total_steps=2, evaluators=('real',))
+  config.real.dataset = 'mnist5k'
+  with pytest.raises(UserError, match=r"^dataset 'mnist5k' has no 'image' image with a "
+                                      r"'real_label' sequence"):
+    loop.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists(), file_tree(workdir)
