@@ -43,6 +43,9 @@ def run(argv) -> int:
   lock.check_free(_WORKDIR.value)  # a workdir another run holds: stop before building anything
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
+  # Every process of the run on the same workdir, config and command line, before any writes.
+  parallel.check_agreement(parallel.run_record(_WORKDIR.value, config.to_dict(), sys.argv[1:]),
+                           timeout_s=_TIMEOUT.value)
   prog = program.build_program(config, task=task)  # the mesh and the model, built once
   result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)
