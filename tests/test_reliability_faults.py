@@ -542,3 +542,26 @@ def test_a_run_refused_after_its_data_is_opened_leaves_no_workdir(tmp_path, data
                                       r"'real_label' sequence"):
     loop.train_and_evaluate(config, str(workdir))
   assert not workdir.exists(), file_tree(workdir)
+
+
+def test_out_of_memory_after_the_restore_is_one_line_and_moves_nothing(tmp_path, data_dir,
+                                                                      finished_run):
+  """The address space stays capped 300 MB above what the process maps once the restore is
+  done: the restore succeeds, the input pipeline's start cannot map TensorFlow's library (an
+  ImportError). One line, exit 2, every checkpoint where it was."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  before = file_tree(workdir / 'checkpoints')
+  proc = subprocess.run(
+      _command(workdir, data_dir, '--config.total_steps=6', '--config.eval_every=6',
+               '--allow_config_change', tool='tests/tools/memory_limit_main.py'),
+      cwd=ROOT, env=_env(MEMORY_LIMIT_MARGIN=str(300 << 20), MEMORY_LIMIT_KEEP='1'),
+      capture_output=True, text=True, timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert lines[-1].startswith('error: out of memory ('), lines
+  assert lines[-1].endswith('): free memory (or raise the memory limit: ulimit -v), then rerun '
+                            'the same command'), lines
+  assert lines[-2].startswith('resumed from'), lines  # the restore itself fitted
+  assert file_tree(workdir / 'checkpoints') == before
+  assert not (workdir / 'corrupt_checkpoints').exists()

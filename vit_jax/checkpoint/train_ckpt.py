@@ -327,7 +327,7 @@ def _failure(error: BaseException) -> str:
   """'Type: message' of a failed read: of the error in its chain that says it ran out of memory
   (orbax wraps tensorstore's and XLA's), else of the error itself."""
   described = [f'{type(e).__name__}: {_one_line(e)}' for e in errors.chain(error)]
-  memory = [d for d in described if any(w in d for w in _OUT_OF_MEMORY_WORDS)]
+  memory = [d for d in described if any(w in d for w in errors.OUT_OF_MEMORY_WORDS)]
   return (memory or described)[0]
 
 
@@ -358,10 +358,8 @@ def write_failure_reason(error: BaseException) -> Optional[str]:
 
 def restore_failure_fix(error: BaseException) -> str:
   """What to do about a restore that failed for a reason outside the checkpoint's files."""
-  text = ' '.join(f'{type(e).__name__}: {e}' for e in errors.chain(error))
-  if any(isinstance(e, MemoryError) for e in errors.chain(error)) or any(
-      w in text for w in _OUT_OF_MEMORY_WORDS):
-    return 'free memory (or raise the memory limit: ulimit -v) for the restore'
+  if errors.out_of_memory(error):
+    return f'{errors.MEMORY_FIX} for the restore'
   code = errors.environment_errno(error)
   if code in (errno.ENOSPC, errno.EDQUOT):
     return 'free space on the disk'
@@ -371,11 +369,6 @@ def restore_failure_fix(error: BaseException) -> str:
     return 'fix the disk or file system it is on'
   return ('fix the cause named here (if the checkpoint itself is damaged, move it to '
           f'{CORRUPT_DIR}/ to resume from the previous one)')
-
-
-# Words of out-of-memory failures (XLA's and tensorstore's status, C++'s, Python's threads).
-_OUT_OF_MEMORY_WORDS = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory', 'bad_alloc',
-                        'Cannot allocate memory', "can't start new thread", 'MemoryError')
 
 
 def _sync(name: str) -> None:
