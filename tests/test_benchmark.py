@@ -69,13 +69,15 @@ def test_input_pipeline_and_cli_json(tmp_path, data_dir):
                                  image_size=28, mode='input', dtype='float32', steps=5,
                                  input_data='mnist5k', data_dir=data_dir)
   assert result['img_per_s'] > 0 and result['input_data'] == 'mnist5k'
+  # Outside the checkout: the default config is the package's; its dtype override is honoured.
   proc = subprocess.run(
       [sys.executable, '-m', 'vit_jax', 'bench', '--model=ViT-Ze/4', '--image_size=28',
-       '--batch_size=8', '--steps=2', '--mode=infer', '--json'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+       '--batch_size=8', '--steps=2', '--mode=infer', '--config.model.dtype=bfloat16', '--json'],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout)
   assert all(result[f] > 0 for f in FIELDS)
+  assert result['dtype'] == 'bfloat16'
   assert result['processor']['model_name'] and result['processor']['cpus'] >= 1
 
 

@@ -125,3 +125,43 @@ def test_missing_processes_fail_within_the_timeout(tmp_path, data_dir):
     assert lines[0].startswith('error: the distributed runtime did not start within 5 s'), err
     assert 'start the same command on all 2 processes' in lines[0]
   assert sorted(os.listdir(workdir)) == ['notes.txt']
+
+
+def test_processes_with_different_workdirs_are_refused_before_anything_is_written(tmp_path,
+                                                                                  data_dir):
+  """Two real processes of one run, each given its own --workdir (as `--workdir=w/run_$SLURM_PROCID`
+  under srun does): both stop with the same line naming the difference, and neither workdir
+  is created."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags(2))
+  port = free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *CONFIG, f'--workdir={tmp_path}/w/run_{i}',
+       f'--config.data_dir={data_dir}', f'--coordinator_address=127.0.0.1:{port}',
+       '--num_processes=2', f'--process_id={i}'], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  line = (f'error: the processes of this run disagree: --workdir is {tmp_path}/w/run_0 on process '
+          f'0 but {tmp_path}/w/run_1 on process 1; start every process with the same command '
+          'line (a per-process value such as $SLURM_PROCID in a flag splits the run)')
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 2 and err.strip().splitlines()[-1] == line, err
+    assert 'Traceback' not in err, err
+  assert not (tmp_path / 'w').exists()
+
+
+def test_the_first_difference_between_processes_is_named():
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config().to_dict()
+  argv = ['--config=c.py', '--workdir=w', '--process_id=0']
+  same = parallel.run_record('w', config, argv)
+  assert same['argv'] == ['--config=c.py', '--workdir=w']
+  other = dict(config, lr=0.5)
+  assert parallel.mesh.first_difference([same, parallel.run_record('w', config, argv[:2] + [
+      '--process_id=1'])]) is None
+  assert parallel.mesh.first_difference(
+      [same, same, parallel.run_record('w', other, argv)]).startswith(
+          f'the processes of this run disagree: config.lr is {config["lr"]!r} on process 0 but '
+          '0.5 on process 2; ')
+  assert 'command-line argument 3 is nothing on process 0 but --allow_config_change on ' \
+      'process 1;' in parallel.mesh.first_difference(
+          [same, parallel.run_record('w', config, argv + ['--allow_config_change'])])

@@ -218,18 +218,25 @@ def test_user_errors(run, tmp_path):
 
 @pytest.mark.parametrize('kind', ['non_utf8_name', 'dangling_symlink', 'symlink_loop'])
 def test_predict_odd_file_names(run, tmp_path, kind):
-  """A file name that is not valid UTF-8 is read and shown with backslash escapes; a dangling
-  link or a link loop is one line naming it."""
+  """A file name that is not valid UTF-8 is read, and comes back from the JSON output as its own
+  bytes (a name literally spelled with a backslash stays another name); the text output shows
+  it with backslash escapes. A dangling link or a link loop is one line naming it."""
   trained = bundle_lib.from_workdir(run['workdir'])
   good = list(run['images'])[0]
   if kind == 'non_utf8_name':
     odd = os.fsdecode(os.fsencode(str(tmp_path)) + b'/caf\xe9.png')
     with open(good, 'rb') as src, open(odd, 'wb') as dst:
       dst.write(src.read())
-    results = inference.predict(trained, [odd, good])
-    assert results[0]['file'] == f'{tmp_path}/caf\\xe9.png'
-    json.dumps(results)  # printable as text
-    assert results[0]['top'] == results[1]['top']  # the same bytes, the same prediction
+    spelled = str(tmp_path / 'caf\\xe9.png')  # spelled with a backslash, valid UTF-8
+    with open(good, 'rb') as src, open(spelled, 'wb') as dst:
+      dst.write(src.read())
+    results = inference.predict(trained, [odd, spelled, good])
+    back = json.loads(json.dumps(results))
+    assert [os.fsencode(r['file']) for r in back] == [os.fsencode(odd), os.fsencode(spelled),
+                                                      os.fsencode(good)]
+    assert back[0]['file'] != back[1]['file']
+    assert inference.format_text(results).splitlines()[0] == f'{tmp_path}/caf\\xe9.png'
+    assert results[0]['top'] == results[2]['top']  # the same bytes, the same prediction
     return
   odd = str(tmp_path / 'link.png')
   if kind == 'dangling_symlink':
@@ -241,6 +248,18 @@ def test_predict_odd_file_names(run, tmp_path, kind):
   with pytest.raises(UserError, match=f'^cannot read image {odd}: {reason}; pass PNG or JPEG '
                                       'files; nothing was printed'):
     inference.predict(trained, [odd, good])
+
+
+def test_text_output_keeps_each_name_on_its_line():
+  """Control characters of a file or class name (a newline, a terminal escape) and bytes that
+  are not UTF-8 are backslash escapes in the text output; the JSON output keeps them as they
+  are."""
+  results = [{'file': 'a\nb.png', 'top': [
+      {'class': 'red\nwine', 'index': 1, 'probability': 0.75},
+      {'class': '\x1b[31mcaf\udce9 \u00e9', 'index': 0, 'probability': 0.25}]}]
+  assert inference.format_text(results).splitlines() == [
+      'a\\nb.png', '  0.7500  red\\nwine', '  0.2500  \\x1b[31mcaf\\xe9 \u00e9']
+  assert json.loads(json.dumps(results)) == results
 
 
 def test_image_size_is_inferred_from_the_position_embedding():

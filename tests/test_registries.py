@@ -38,7 +38,8 @@ def extending():
     registry.EVALUATORS.unregister('confidence')
 
 
-def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending, tmp_path):
+def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending, tmp_path,
+                                                                         capsys):
   config = extending.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
   config.warmup_steps, config.eval_every, config.progress = 1, 2, False
   config.eval_split = 'test[:64]'
@@ -60,6 +61,9 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
   confidence = [(r['step'], r['confidence']) for r in rows if r['split'] == 'confidence']
   assert [step for step, _ in confidence] == [2, 4]
   assert all(0.1 <= value <= 1.0 for _, value in confidence), confidence
+  said = capsys.readouterr().err
+  assert f'step 2: confidence {confidence[0][1]:.4f}\n' in said, said
+  assert 'confidence confidence' not in said
 
   # The train stream runs the op: each image's background (0 in mnist5k) is shifted by one amount
   # in [0, 40] (negative shifts clip to 0), different between images.

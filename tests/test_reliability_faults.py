@@ -5,6 +5,7 @@ a run records with its checkpoints (class names, fingerprint) against changed da
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -76,16 +77,32 @@ def test_each_checkpoint_has_a_manifest_that_its_files_match(finished_run):
     assert integrity.damage(step_dir) is None
 
 
-def test_a_flipped_byte_is_damage_and_a_bad_metadata_file_without_manifest_too(
+def test_a_flipped_byte_a_bad_commit_metadata_file_and_no_manifest_are_damage(
     tmp_path, finished_run):
   step_dir = tmp_path / '4'
   shutil.copytree(finished_run / 'checkpoints' / '4', step_dir)
+  (step_dir / '_CHECKPOINT_METADATA').write_text('{"truncated')  # written by orbax's commit,
+  assert integrity.damage(step_dir) == '_CHECKPOINT_METADATA is not valid JSON'  # after the
+  shutil.copy(finished_run / 'checkpoints' / '4' / '_CHECKPOINT_METADATA', step_dir)  # manifest
   name = _flip_a_byte_of_the_largest_array_file(step_dir)
   assert integrity.damage(step_dir) == f'{name} does not match its checksum'
-  (step_dir / integrity.MANIFEST).unlink()  # an older checkpoint: only its metadata is checked
+  (step_dir / integrity.MANIFEST).unlink()  # nothing to check the files against
+  assert integrity.damage(step_dir) == integrity.UNVERIFIED
+  assert integrity.damage(step_dir, large=False) == integrity.UNVERIFIED
+
+
+def test_the_manifest_is_written_inside_orbax_commit(tmp_path):
+  """The step directory gets its final name with its manifest in it: nothing of this project
+  runs after orbax's own background commit has finished."""
+  from vit_jax.checkpoint import train_ckpt  # pylint: disable=g-import-not-at-top
+  checkpointer = train_ckpt.Checkpointer(str(tmp_path), keep=2)
+  checkpointer.save(3, {'w': jax.numpy.arange(6.0)}, {'seed': 0})
+  checkpointer._manager.wait_until_finished()  # pylint: disable=protected-access  # orbax's alone
+  step_dir = tmp_path / 'checkpoints' / '3'
+  assert (step_dir / integrity.MANIFEST).exists()
   assert integrity.damage(step_dir) is None
-  (step_dir / '_CHECKPOINT_METADATA').write_text('{"truncated')
-  assert integrity.damage(step_dir) == '_CHECKPOINT_METADATA is not valid JSON'
+  checkpointer.close()
+  assert sorted(p.name for p in step_dir.rglob(integrity.MANIFEST)) == [integrity.MANIFEST]
 
 
 def _flip_a_byte_of_the_largest_array_file(step_dir) -> str:
@@ -128,6 +145,50 @@ def test_a_flipped_byte_sets_the_step_aside_at_restore_and_the_run_resumes_from_
   assert f'note: starting from step 2 while the newer checkpoint(s) 4 sit in' in err, err
   assert 'resumed from' in err and 'at step 2' in err, err
   assert _train_steps(workdir) == [4]  # step 4 trained again (logged every 4 steps)
+  params, _ = restore.load_checkpoint(workdir / 'checkpoints' / '4')
+  intact, _ = restore.load_checkpoint(finished_run / 'checkpoints' / '4')
+  assert jax.tree.all(jax.tree.map(np.array_equal, params, intact))
+
+
+def test_a_step_without_manifest_is_never_used_by_resume_predict_export_or_init(
+    tmp_path, data_dir, finished_run, capfd):
+  """Step 4 as a run killed between orbax's commit and a separate manifest write left it, with
+  one byte of its array data flipped (orbax reads it without complaint): the resume sets it
+  aside and trains on from step 2; predict/export and config.init read step 2 with a note, and
+  refuse step 4 when it is named, with a hint their own command takes."""
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import transfer  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  step_dir = workdir / 'checkpoints' / '4'
+  _flip_a_byte_of_the_largest_array_file(step_dir)
+  (step_dir / integrity.MANIFEST).unlink()
+  unverified = f'checkpoint {step_dir} cannot be verified ({integrity.UNVERIFIED})'
+  capfd.readouterr()
+
+  bundle = bundle_lib.from_workdir(str(workdir))  # predict and export read their model so
+  assert bundle.source['checkpoint'] == str(workdir / 'checkpoints' / '2')
+  assert capfd.readouterr().err == f'note: {unverified}; reading the newest healthy one\n'
+  with pytest.raises(restore.Damaged, match=rf'^{re.escape(unverified)}: use another step '
+                                            r'\(--checkpoint=STEP; '):
+    bundle_lib.from_workdir(str(workdir), '4')
+
+  pretrained = transfer.load_pretrained(str(workdir))
+  assert pretrained.source == str(workdir / 'checkpoints' / '2')
+  assert capfd.readouterr().err == f'note: {unverified}; reading the newest healthy one\n'
+  with pytest.raises(restore.Damaged, match=rf'^{re.escape(unverified)}: use another step '
+                                            r'\(--config.init='
+                                            r'WORKDIR/checkpoints/STEP; '):
+    transfer.load_pretrained(str(step_dir))
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['2', '4']  # readers move nothing
+
+  loop.train_and_evaluate(_config(data_dir, total_steps=4, checkpoint_every=2), str(workdir))
+  err = capfd.readouterr().err
+  (aside,) = os.listdir(workdir / 'corrupt_checkpoints')
+  assert (f'checkpoint 4 in {workdir}/checkpoints cannot be verified ({integrity.UNVERIFIED}); '
+          f'moved it to {workdir}/corrupt_checkpoints/{aside} and trying the previous one'
+          ) in err, err
+  assert 'resumed from' in err and 'at step 2' in err, err
   params, _ = restore.load_checkpoint(workdir / 'checkpoints' / '4')
   intact, _ = restore.load_checkpoint(finished_run / 'checkpoints' / '4')
   assert jax.tree.all(jax.tree.map(np.array_equal, params, intact))
@@ -356,16 +417,25 @@ def test_a_closed_stdout_alone_never_stops_the_run(tmp_path, data_dir):
   assert os.listdir(workdir / 'checkpoints') == ['2']
 
 
-@pytest.mark.parametrize('redirect', ['>&-', '2>&-', '>&- 2>&-'],
-                         ids=['stdout', 'stderr', 'both'])
-def test_a_standard_stream_closed_at_start_never_stops_the_run(tmp_path, data_dir, redirect):
+@pytest.mark.parametrize('redirect,wrapper', [('>&-', False), ('2>&-', True), ('>&- 2>&-', True)],
+                         ids=['stdout', 'stderr-through-a-script', 'both-through-a-script'])
+def test_a_standard_stream_closed_at_start_never_stops_the_run(tmp_path, data_dir, redirect,
+                                                               wrapper):
   """Real closed descriptors, through the huge-page restart (huge pages left on): the run trains
   and saves, its output is dropped, and no file of the run receives the run's output (a file
-  opened while fd 1 or 2 was closed would take that number)."""
+  opened while fd 1 or 2 was closed would take that number). Through a script that `exec`s the
+  trainer (`bash run.sh 2>&-`), bash passes the script itself on the lowest closed number,
+  read-only: the run must not write to it either."""
   workdir = tmp_path / 'work'
   command = ' '.join(_command(workdir, data_dir, '--config.total_steps=2'))
   env = {k: v for k, v in os.environ.items() if k != 'VIT_JAX_HUGEPAGES'}
-  proc = subprocess.run(['bash', '-c', f'exec {command} {redirect}'], cwd=ROOT, env=env,
+  if wrapper:
+    script = tmp_path / 'run.sh'
+    script.write_text(f'exec {command}\n')
+    shell = f'bash {script} {redirect}'
+  else:
+    shell = f'exec {command} {redirect}'
+  proc = subprocess.run(['bash', '-c', shell], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert (proc.stderr == '') == ('2>&-' in redirect), proc.stderr
@@ -460,3 +530,38 @@ def test_allow_config_change_names_an_added_class_folder_as_the_shape_change(tmp
                                       r"class 'cyan' added"):
     loop.train_and_evaluate(_folder_config(root, tmp_path, total_steps=3), str(workdir),
                             allow_config_change=True)
+
+
+def test_a_run_refused_after_its_data_is_opened_leaves_no_workdir(tmp_path, data_dir):
+  """The ReaL evaluator refuses a dataset without ReaL labels once the run's data is open and
+  its metric logger made: the logger has opened no file, so the new workdir is removed whole."""
+  workdir = tmp_path / 'work'
+  config = _config(data_dir, total_steps=2, evaluators=('real',))
+  config.real.dataset = 'mnist5k'
+  with pytest.raises(UserError, match=r"^dataset 'mnist5k' has no 'image' image with a "
+                                      r"'real_label' sequence"):
+    loop.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists(), file_tree(workdir)
+
+
+def test_out_of_memory_after_the_restore_is_one_line_and_moves_nothing(tmp_path, data_dir,
+                                                                      finished_run):
+  """The address space stays capped 300 MB above what the process maps once the restore is
+  done: the restore succeeds, the input pipeline's start cannot map TensorFlow's library (an
+  ImportError). One line, exit 2, every checkpoint where it was."""
+  workdir = tmp_path / 'work'
+  shutil.copytree(finished_run, workdir)
+  before = file_tree(workdir / 'checkpoints')
+  proc = subprocess.run(
+      _command(workdir, data_dir, '--config.total_steps=6', '--config.eval_every=6',
+               '--allow_config_change', tool='tests/tools/memory_limit_main.py'),
+      cwd=ROOT, env=_env(MEMORY_LIMIT_MARGIN=str(300 << 20), MEMORY_LIMIT_KEEP='1'),
+      capture_output=True, text=True, timeout=300)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert lines[-1].startswith('error: out of memory ('), lines
+  assert lines[-1].endswith('): free memory (or raise the memory limit: ulimit -v), then rerun '
+                            'the same command'), lines
+  assert lines[-2].startswith('resumed from'), lines  # the restore itself fitted
+  assert file_tree(workdir / 'checkpoints') == before
+  assert not (workdir / 'corrupt_checkpoints').exists()

@@ -4,8 +4,8 @@ Anything a user can get wrong (a variant name, a config key, a dataset that is n
 size that does not split over the devices) raises `UserError` with a message that says what is wrong
 and how to fix it. The CLIs catch it and print that one line; internal bugs keep their traceback.
 A failure that comes from the machine rather than the program (a full disk, a missing permission,
-a path too long for its file system or under a regular file) is one line too:
-`environment_failure` words it, naming the file and the fix.
+a path too long for its file system or under a regular file, too little memory) is one line too:
+`environment_failure` words it, naming the file or the failure and the fix.
 """
 
 import errno
@@ -39,6 +39,24 @@ _WORDS = {
 }
 
 
+# Words of out-of-memory failures: XLA's and tensorstore's status, C++'s, Python's threads, and the
+# dynamic loader's (a library that cannot be mapped under an address-space limit, `ulimit -v`).
+OUT_OF_MEMORY_WORDS = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory', 'bad_alloc',
+                       'Cannot allocate memory', "can't start new thread", 'MemoryError',
+                       'failed to map segment from shared object')
+MEMORY_FIX = 'free memory (or raise the memory limit: ulimit -v)'
+
+
+def out_of_memory(error: BaseException) -> Optional[str]:
+  """'Type: text' of the error in `error`'s chain that says memory ran out, or None."""
+  for e in chain(error):
+    text = ' '.join(str(e).split())[:200]
+    if isinstance(e, MemoryError) or any(w in f'{type(e).__name__}: {text}'
+                                         for w in OUT_OF_MEMORY_WORDS):
+      return f'{type(e).__name__}: {text}' if text else type(e).__name__
+  return None
+
+
 _PATH = re.compile(r'(?<![\w.])(/[^\s;:,\'"()]+)')
 
 
@@ -69,7 +87,9 @@ def environment_failure(error: BaseException) -> Optional[str]:
   space there, ..."), or None for any other error (a bug keeps its traceback)."""
   code = environment_errno(error)
   if code is None:
-    return None
+    memory = out_of_memory(error)
+    return f'out of memory ({memory}): {MEMORY_FIX}, then rerun the same command' if memory \
+        else None
   filename = next((e.filename for e in chain(error)
                    if isinstance(e, OSError) and e.filename), None)
   if not filename:  # TensorFlow and tensorstore put the path in their text
@@ -82,4 +102,5 @@ def environment_failure(error: BaseException) -> Optional[str]:
   return f'cannot {verb}{where} ({os.strerror(code)}): {_FIXES[code]}'
 
 
-__all__ = ['UserError', 'chain', 'environment_errno', 'environment_failure']
+__all__ = ['MEMORY_FIX', 'OUT_OF_MEMORY_WORDS', 'UserError', 'chain', 'environment_errno',
+           'environment_failure', 'out_of_memory']

@@ -21,12 +21,14 @@ command either: `survive_closed_output()` makes stdout and stderr drop their out
 (their file descriptors pointed at /dev/null) instead of raising BrokenPipeError or EIO. A full
 device (`>/dev/full`, a full disk, a quota) is dropped the same way, and remembered:
 `lost_output()` names the file so that the command can end with one error line (the work itself
-goes on to its end). A standard stream closed at start (`>&-`, `2>&-`) is opened on /dev/null by
+goes on to its end). A standard stream closed at start (`>&-`, `2>&-`), or open only for the other
+direction (what a wrapper script run as `bash run.sh 2>&-` passes on), is opened on /dev/null by
 `install()`, before any file the command opens could take its descriptor.
 """
 
 import contextlib
 import errno
+import fcntl
 import io
 import os
 import signal
@@ -124,16 +126,25 @@ def held():
 _MODES = {0: (os.O_RDONLY, 'r'), 1: (os.O_WRONLY, 'w'), 2: (os.O_WRONLY, 'w')}
 
 
+def _usable(fd: int, flags: int) -> bool:
+  """Whether `fd` is open for its direction (`flags`: O_RDONLY or O_WRONLY). A shell that runs a
+  script with fd 2 closed (`bash run.sh 2>&-`) opens the script on that lowest free number and
+  hands it, read-only, to the program the script `exec`s: open, yet every write fails."""
+  try:
+    mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+  except OSError:
+    return False
+  return mode in (flags, os.O_RDWR)
+
+
 def _open_closed_standard_streams() -> None:
-  """A standard file descriptor closed at start is opened on /dev/null (else the next file the
-  command opens would take its number, and C libraries' writes to fd 1 or 2 would land in it),
-  and Python's sys.stdin/stdout/stderr (None then) get a stream on it."""
+  """A standard file descriptor closed at start, or open only the other way, is opened on
+  /dev/null (else the next file the command opens would take its number, and C libraries' writes
+  to fd 1 or 2 would land in it or fail), and Python's sys.stdin/stdout/stderr (None when it was
+  closed) get a stream on it."""
   for fd, (flags, mode) in _MODES.items():
-    try:
-      os.fstat(fd)
+    if _usable(fd, flags):
       continue
-    except OSError:
-      pass
     devnull = os.open(os.devnull, flags)
     if devnull != fd:
       os.dup2(devnull, fd)

@@ -1,12 +1,15 @@
 """A checkpoint's own integrity, independent of the machine that reads it.
 
-Each finished step directory gets `manifest.json`: every file under it with its size and CRC-32.
-`damage(step_dir)` says what is wrong with a step's files (a file missing, another size, another
-checksum, a metadata file that is not valid JSON), or None when nothing is: only such damage sets
-a checkpoint aside. A restore that fails for any other reason (out of memory, a full disk,
-permissions, an I/O error) leaves the checkpoint where it is. A step without a manifest (written
-by an older version, or by a run killed between the rename and the manifest) is checked on its
-orbax metadata files alone.
+Each step directory gets `manifest.json` inside orbax's commit (vit_jax/checkpoint/train_ckpt.py):
+every file under it with its size and CRC-32, written before the step gets its final name, so a
+step is never complete without one. `damage(step_dir)` says what is wrong with a step's files (a
+file missing, another size, another checksum, a metadata file that is not valid JSON, no manifest
+at all), or None when nothing is: only such damage sets a checkpoint aside. A step without a
+manifest (written by a version that wrote it after the commit, and stopped in between) cannot be
+verified, so it is treated as damaged. The two files orbax writes in the commit itself, after the
+manifest (`_CHECKPOINT_METADATA`'s commit time, `commit_success.txt`), are only checked to be
+readable JSON and text. A restore that fails for any other reason (out of memory, a full disk,
+permissions, an I/O error) leaves the checkpoint where it is.
 
 Every restore is checked, not only a failed one, in two parts so that it costs little time:
 `damage(step_dir, large=False)` before anything is read (every file's presence and size, the
@@ -16,7 +19,6 @@ zlib releases the GIL, so it runs beside orbax's own reading).
 """
 
 import json
-import os
 import threading
 import zlib
 from typing import Dict, List, Optional, Tuple
@@ -28,6 +30,9 @@ _CHUNK = 8 << 20
 SMALL = 1 << 20  # files up to this size are checked before a restore, larger ones beside it
 # orbax's JSON metadata files (the step's, each item's, the PyTree's array index).
 _METADATA_NAMES = ('_CHECKPOINT_METADATA', '_METADATA', 'metadata', '_sharding')
+# The step's own files that orbax's commit writes after the manifest: not in it.
+_COMMITTED_AFTER = ('_CHECKPOINT_METADATA', 'commit_success.txt')
+UNVERIFIED = f'it has no {MANIFEST}, so its files cannot be verified'
 
 
 def _files(step_dir: epath.Path) -> Dict[str, epath.Path]:
@@ -42,7 +47,8 @@ def _files(step_dir: epath.Path) -> Dict[str, epath.Path]:
         pending.append(name)
       elif not child.name.startswith(f'.{MANIFEST}'):
         out[name] = child
-  out.pop(MANIFEST, None)
+  for name in (MANIFEST, *_COMMITTED_AFTER):
+    out.pop(name, None)
   return out
 
 
@@ -118,27 +124,27 @@ def damage(step_dir, *, large: bool = True) -> Optional[str]:
     recorded = _recorded(step_dir)
   except _Invalid:
     return f'its {MANIFEST} is not valid'
-  if recorded is not None:
-    present = _files(step_dir)
-    buffer = None
-    for rel, (size, crc) in sorted(recorded.items()):
-      path = present.get(rel)
-      if path is None:
-        return f'{rel} is missing'
-      actual = path.stat().length
-      if actual != size:
-        return f'{rel} has {actual} bytes, {size} were written'
-      if large or size <= SMALL:
-        buffer = buffer if buffer is not None else bytearray(_CHUNK if large else SMALL)
-        if _checksum(path, buffer) != crc:
-          return _mismatch(rel)
-    return None
-  for rel, path in sorted(_files(step_dir).items()):
-    if os.path.basename(rel) in _METADATA_NAMES or rel.endswith('.json'):
-      try:
-        json.loads(path.read_bytes() or b'')
-      except ValueError:
-        return f'{rel} is not valid JSON'
+  if recorded is None:
+    return UNVERIFIED
+  commit = step_dir / _COMMITTED_AFTER[0]
+  if commit.exists():
+    try:
+      json.loads(commit.read_bytes() or b'')
+    except ValueError:
+      return f'{_COMMITTED_AFTER[0]} is not valid JSON'
+  present = _files(step_dir)
+  buffer = None
+  for rel, (size, crc) in sorted(recorded.items()):
+    path = present.get(rel)
+    if path is None:
+      return f'{rel} is missing'
+    actual = path.stat().length
+    if actual != size:
+      return f'{rel} has {actual} bytes, {size} were written'
+    if large or size <= SMALL:
+      buffer = buffer if buffer is not None else bytearray(_CHUNK if large else SMALL)
+      if _checksum(path, buffer) != crc:
+        return _mismatch(rel)
   return None
 
 
@@ -194,4 +200,4 @@ class Verification:
       self._thread.join()
 
 
-__all__ = ['MANIFEST', 'SMALL', 'Verification', 'damage', 'describe', 'write_manifest']
+__all__ = ['MANIFEST', 'SMALL', 'UNVERIFIED', 'Verification', 'damage', 'describe', 'write_manifest']

@@ -6,6 +6,7 @@ in the unrolled layout (vit_jax/models/layout.py).
 Used by the analyses, the few-shot CLI and `config.init` (vit_jax.train.transfer).
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -22,8 +23,22 @@ from vit_jax.fileio import is_remote
 from vit_jax.models import layout
 
 
+@dataclasses.dataclass(frozen=True)
+class Flags:
+  """How the command that reads a checkpoint spells its two choices, for the hints of its errors:
+  the training run and, within it, the step."""
+  workdir: str = '--workdir'
+  step: str = '--checkpoint=STEP'
+  step_dir: str = '--checkpoint'  # the flag that takes a step directory
+
+
+COMMANDS = Flags()  # predict, export, analyze, fewshot
+INIT = Flags(workdir='--config.init', step='--config.init=WORKDIR/checkpoints/STEP',
+             step_dir='--config.init')
+
+
 def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None,
-                       passed: Sequence[int] = ()) -> epath.Path:
+                       passed: Sequence[int] = (), flags: Flags = COMMANDS) -> epath.Path:
   """The step directory (holding `state/` and `config/`) named by --workdir/--checkpoint.
 
   `checkpoint` is None (the newest step in `<workdir>/checkpoints`, leaving out the steps
@@ -36,9 +51,9 @@ def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None,
     if path.name == 'state':
       path = path.parent
     if not (path / 'state').is_dir() or not (path / 'config').is_dir():
-      raise UserError(f'--checkpoint={checkpoint} is not a checkpoint step directory (one holding '
-                      f'state/ and config/, e.g. WORKDIR/checkpoints/1600): pass such a path or '
-                      f'a step number with --workdir')
+      raise UserError(f'{flags.step_dir}={checkpoint} is not a checkpoint step directory (one '
+                      f'holding state/ and config/, e.g. WORKDIR/checkpoints/1600): pass such a '
+                      f'path, or {flags.step}')
     return path
   if not workdir:
     raise UserError('missing --workdir: pass --workdir=DIR of a training run (or '
@@ -49,12 +64,12 @@ def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None,
   steps = available_steps(root)
   if not steps:
     raise UserError(f'no checkpoints in {root / "checkpoints"}: train first (python -m '
-                    f'vit_jax.main --workdir={workdir} ...) or pass another --workdir')
+                    f'vit_jax.main --workdir={workdir} ...) or pass another {flags.workdir}')
   if checkpoint is None:
     healthy = [s for s in steps if s not in passed]
     if not healthy:
-      raise UserError(f'every checkpoint in {root / "checkpoints"} is damaged (steps '
-                      f'{", ".join(map(str, steps))}): pass another --workdir')
+      raise UserError(f'every checkpoint in {root / "checkpoints"} is damaged or unverified '
+                      f'(steps {", ".join(map(str, steps))}): pass another {flags.workdir}')
     return root / 'checkpoints' / str(healthy[-1])
   if int(checkpoint) not in steps:
     raise UserError(f'no checkpoint for step {int(checkpoint)} in {root / "checkpoints"}: '
@@ -68,16 +83,16 @@ _REMOVAL_WAIT_S = 5.0  # how long a step that a newer one replaced may take to v
 
 
 def read_step(workdir: Optional[str], checkpoint: Optional[str],
-              read: Callable[[epath.Path], T]) -> T:
+              read: Callable[[epath.Path], T], flags: Flags = COMMANDS) -> T:
   """`read(step_dir)` of the step that --workdir/--checkpoint name (`resolve_checkpoint`), safe
   beside the run that writes them. Such a run removes its older checkpoints (it keeps the newest
   `keep_checkpoints`), possibly while one is read: then the newest step is read again (up to
   _TRIES times); a step named by --checkpoint that is removed while read is one line. Without
-  --checkpoint, a newest step whose files are damaged is passed over, with a note, for the
-  newest healthy one."""
+  --checkpoint, a newest step whose files are damaged (or cannot be verified) is passed over,
+  with a note, for the newest healthy one. `flags`: the caller's spelling of the two choices."""
   passed, tries = [], 0
   while True:
-    step_dir = resolve_checkpoint(workdir, checkpoint, passed)
+    step_dir = resolve_checkpoint(workdir, checkpoint, passed, flags)
     try:
       result = read(step_dir)
       if step_dir.exists():
@@ -86,8 +101,8 @@ def read_step(workdir: Optional[str], checkpoint: Optional[str],
     except Damaged as e:
       if checkpoint not in (None, ''):
         raise
-      print(f'note: {e.args[0].split(": use another step")[0]}; reading the newest healthy '
-            'one', file=sys.stderr, flush=True)
+      print(f'note: {e.args[0].split(_ANOTHER)[0]}; reading the newest healthy one',
+            file=sys.stderr, flush=True)
       passed.append(int(step_dir.name))
     except Exception:  # pylint: disable=broad-except  # a removed step: read another
       if not _removed(step_dir):
@@ -132,18 +147,20 @@ class Damaged(UserError):
   """A checkpoint whose files do not match its manifest (vit_jax/checkpoint/integrity.py)."""
 
 
-def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_collections.ConfigDict]:
+def load_checkpoint(step_dir, *, averaged: bool = False,
+                    flags: Flags = COMMANDS) -> Tuple[dict, ml_collections.ConfigDict]:
   """(params as numpy arrays, the run's config) of one checkpoint step directory. The params
   have the official unrolled names (encoderblock_{i}) whether or not the run scanned its encoder.
 
   averaged=True returns the Polyak average of the params instead (vit_jax/train/polyak.py: what
   the run's evaluations scored) when the run kept one. The step's files are checked against its
-  manifest as they are read (`integrity`): damaged ones raise `Damaged`.
+  manifest as they are read (`integrity`): damaged ones, and ones without a manifest, raise
+  `Damaged` (its hint spelled with `flags`).
   """
   step_dir = _absolute(step_dir)  # orbax finds no metadata under a relative path
   damaged = integrity.damage(step_dir, large=False)
   if damaged:
-    raise _damaged(step_dir, damaged)
+    raise _damaged(step_dir, damaged, flags)
   verification = integrity.Verification(step_dir)  # the array data, beside the read
   try:
     try:
@@ -154,19 +171,23 @@ def load_checkpoint(step_dir, *, averaged: bool = False) -> Tuple[dict, ml_colle
       except Exception:  # pylint: disable=broad-except  # cannot tell: the read's own error
         damaged = None
       if damaged:
-        raise _damaged(step_dir, damaged) from None
+        raise _damaged(step_dir, damaged, flags) from None
       raise
     damaged = verification.result()
   finally:
     verification.cancel()
   if damaged:
-    raise _damaged(step_dir, damaged)
+    raise _damaged(step_dir, damaged, flags)
   return loaded
 
 
-def _damaged(step_dir, what: str) -> Damaged:
-  return Damaged(f'checkpoint {step_dir} is damaged ({what}): use another step '
-                 f'(--checkpoint=STEP; the training run sets it aside when it resumes)')
+_ANOTHER = ': use another step'
+
+
+def _damaged(step_dir, what: str, flags: Flags) -> Damaged:
+  state = 'cannot be verified' if what == integrity.UNVERIFIED else 'is damaged'
+  return Damaged(f'checkpoint {step_dir} {state} ({what}){_ANOTHER} ({flags.step}; the '
+                 f'training run sets it aside when it resumes)')
 
 
 def _read_params(step_dir: epath.Path, averaged: bool) -> Tuple[dict, ml_collections.ConfigDict]:
@@ -214,5 +235,5 @@ def _average_index(opt_state) -> Optional[int]:
   return found[0] if found else None
 
 
-__all__ = ['Damaged', 'available_steps', 'load_checkpoint', 'load_facts', 'read_step',
+__all__ = ['COMMANDS', 'Damaged', 'Flags', 'INIT', 'available_steps', 'load_checkpoint', 'load_facts', 'read_step',
            'resolve_checkpoint']

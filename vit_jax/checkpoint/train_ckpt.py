@@ -10,10 +10,10 @@ the stored layout (`shape_changes`), so a change of `model.scan` alone is not a 
 
 Crash safety: orbax writes each step into a temporary directory and renames it when complete, so
 a process killed mid-write leaves only a temporary directory, which is ignored (and cleaned up on
-the next start). Once a step is complete its `manifest.json` records each file's size and
-checksum (`integrity.py`), and every restore checks the files against it (the array data's
-checksums on a thread while the arrays are read). A step whose own files fail that check (disk
-damage, a truncated copy, a flipped bit) is set aside (moved to
+the next start). Its `manifest.json` (each file's size and checksum, `integrity.py`) is written
+inside that commit, before the rename (`_commit_with_manifest`), and every restore checks the
+files against it (the array data's checksums on a thread while the arrays are read). A step whose
+own files fail that check (disk damage, a truncated copy, a flipped bit, no manifest) is set aside (moved to
 `<workdir>/corrupt_checkpoints/<step>-<time>`, kept, not deleted), whether or not orbax could read
 it, and the previous step is used; any other failure (out of memory, disk, permissions, I/O)
 stops the run with one UserError line and leaves every checkpoint in place. Before its arrays are read, `restore_latest` reads a step's config, facts
@@ -23,6 +23,7 @@ config, other shapes, other data), which also leaves every checkpoint where it i
 and the checkpoints already written stay as they are.
 """
 
+import asyncio
 import dataclasses
 import errno
 import functools
@@ -68,14 +69,14 @@ class Checkpointer:
     self.directory = directory if is_remote(directory) else os.path.abspath(directory)
     self.workdir = workdir
     self._keep = keep
-    self._saved = set()  # steps saved by this run that have no manifest yet
     # A run refused at start-up (config.init of another model) leaves no empty folder behind.
     self._created = not is_remote(directory) and not os.path.exists(self.directory)
     self._manager = self._open()
 
   def _open(self) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
-                                           cleanup_tmp_directories=True)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=self._keep, create=True, cleanup_tmp_directories=True,
+        temporary_path_class=_commit_with_manifest(self.directory))
     return ocp.CheckpointManager(self.directory, options=options,
                                  item_names=('state', 'config', 'facts'))
 
@@ -89,12 +90,11 @@ class Checkpointer:
     items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_dict))
     if facts is not None:
       items['facts'] = ocp.args.JsonSave(facts)
-    self.wait()  # the previous save (orbax waits for it anyway): finished and given its manifest
+    self.wait()  # the previous save (orbax waits for it anyway): its failure said first
     try:
       self._manager.save(step, args=ocp.args.Composite(**items))
     except Exception as e:  # pylint: disable=broad-except
       self._failed_write(e)
-    self._saved.add(step)
 
   def _failed_write(self, error: Exception) -> None:
     """A write that failed for want of space or permission (orbax and tensorstore raise OSError,
@@ -116,16 +116,6 @@ class Checkpointer:
     for name in os.listdir(self.directory):
       if 'orbax-checkpoint-tmp' in name:
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-
-  def _write_manifests(self) -> None:
-    """Gives each step this run saved its manifest once orbax has finished it (process 0; after
-    the step's rename). Steps found on disk are left as they are: their files are not vouched
-    for."""
-    finished = set(self._manager.all_steps())
-    for step in sorted(self._saved & finished):
-      if jax.process_index() == 0:
-        integrity.write_manifest(epath.Path(self.directory) / str(step))
-    self._saved -= finished
 
   def resume_point(self) -> str:
     """'the checkpoint of step N' (the newest complete one on disk) or 'the start'."""
@@ -259,7 +249,8 @@ class Checkpointer:
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)
       source.rename(target)
-      print(f'checkpoint {step} in {self.directory} is damaged ({reason[:240]}); moved it to '
+      state = 'cannot be verified' if reason == integrity.UNVERIFIED else 'is damaged'
+      print(f'checkpoint {step} in {self.directory} {state} ({reason[:240]}); moved it to '
             f'{target} and trying the previous one', file=sys.stderr, flush=True)
     _sync(f'set_aside_{step}')
     self._manager.close()
@@ -279,7 +270,6 @@ class Checkpointer:
       self._manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except  # an async write failed after `save`
       self._failed_write(e)
-    self._write_manifests()
 
   def close(self) -> None:
     try:
@@ -294,6 +284,22 @@ class Checkpointer:
 
 
 CORRUPT_DIR = 'corrupt_checkpoints'
+
+
+def _commit_with_manifest(directory: str):
+  """orbax's commit for `directory` (a rename of the temporary step directory; a commit file on
+  GCS) with the step's manifest written first, on process 0 where orbax commits: no step is
+  ever complete without its manifest, even when the run is killed right after."""
+  base = ocp.path.atomicity_defaults.get_default_temporary_path_class(epath.Path(directory))
+
+  class WithManifest(base):
+
+    async def finalize(self, *args, **kwargs):
+      if self.get_final().name.isdigit():  # the step, not one of its items (state/, config/)
+        await asyncio.to_thread(integrity.write_manifest, self.get())
+      await super().finalize(*args, **kwargs)
+
+  return WithManifest
 
 
 def set_aside_after(workdir: str, step: int) -> List[Tuple[int, str]]:
@@ -321,7 +327,7 @@ def _failure(error: BaseException) -> str:
   """'Type: message' of a failed read: of the error in its chain that says it ran out of memory
   (orbax wraps tensorstore's and XLA's), else of the error itself."""
   described = [f'{type(e).__name__}: {_one_line(e)}' for e in errors.chain(error)]
-  memory = [d for d in described if any(w in d for w in _OUT_OF_MEMORY_WORDS)]
+  memory = [d for d in described if any(w in d for w in errors.OUT_OF_MEMORY_WORDS)]
   return (memory or described)[0]
 
 
@@ -352,10 +358,8 @@ def write_failure_reason(error: BaseException) -> Optional[str]:
 
 def restore_failure_fix(error: BaseException) -> str:
   """What to do about a restore that failed for a reason outside the checkpoint's files."""
-  text = ' '.join(f'{type(e).__name__}: {e}' for e in errors.chain(error))
-  if any(isinstance(e, MemoryError) for e in errors.chain(error)) or any(
-      w in text for w in _OUT_OF_MEMORY_WORDS):
-    return 'free memory (or raise the memory limit: ulimit -v) for the restore'
+  if errors.out_of_memory(error):
+    return f'{errors.MEMORY_FIX} for the restore'
   code = errors.environment_errno(error)
   if code in (errno.ENOSPC, errno.EDQUOT):
     return 'free space on the disk'
@@ -365,11 +369,6 @@ def restore_failure_fix(error: BaseException) -> str:
     return 'fix the disk or file system it is on'
   return ('fix the cause named here (if the checkpoint itself is damaged, move it to '
           f'{CORRUPT_DIR}/ to resume from the previous one)')
-
-
-# Words of out-of-memory failures (XLA's and tensorstore's status, C++'s, Python's threads).
-_OUT_OF_MEMORY_WORDS = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory', 'bad_alloc',
-                        'Cannot allocate memory', "can't start new thread", 'MemoryError')
 
 
 def _sync(name: str) -> None:

@@ -10,8 +10,10 @@ in the same run), utilization (achieved / peak), peak_bytes (compiled step: argu
 --compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
 alternately with ours and prints the ratio (needs `make test-interop`). --profile adds where the
 time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
-The base config is --config (default configs/mnist5k.py: no Polyak averaging or other extras of
-`make train`'s recipe, so the step is the plain trainer's).
+The base config is --config (default: the package's mnist5k recipe, vit_jax/configs/mnist5k.py,
+found from any working directory: no Polyak averaging or other extras of `make train`'s recipe,
+so the step is the plain trainer's). The compute dtype is --dtype, else the config's
+`model.dtype`; both given and different is refused.
 --suite=gpu [--compare=timm] runs a fixed set of runs, each in its own process, and prints one
 table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
 --suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run,
@@ -22,6 +24,7 @@ memory analysis (`make gpu-compiler`; vit_jax/platform/targets.py).
 """
 
 import json
+import os
 import sys
 
 from absl import flags
@@ -35,7 +38,8 @@ _MODEL = flag_groups.model()
 _BATCH = flag_groups.batch_size()
 _IMAGE = flag_groups.image_size()
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'infer', 'input'], 'What to time.')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
+_DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], "Compute dtype (default: the "
+                           "config's model.dtype, float32 in the default config).")
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps (median reported).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'With --compare: alternations of ours and theirs.')
 _COMPARE = flags.DEFINE_enum('compare', None, ['timm'], 'Also time the same model in timm.')
@@ -73,17 +77,30 @@ _SUITE_PROFILE = flags.DEFINE_bool('suite_profile', False, 'Each suite run also 
                                    'LayerNorm, ...), ours against timm.')
 
 # The base config when --config is not given: passed as if it were, so that its overrides
-# (`--config.KEY=VALUE`) are parsed, and refused in one line, as the trainer's are.
-DEFAULT_CONFIG = 'configs/mnist5k.py'
+# (`--config.KEY=VALUE`) are parsed, and refused in one line, as the trainer's are. The package's
+# own file, so that it is found from any working directory.
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              'configs', 'mnist5k.py')
 # Shared flags (flag_groups.py): this command's defaults and meanings.
 _ADAPTED = {
-    'config': (None, f'Base config file (default {DEFAULT_CONFIG}).'),
+    'config': (None, 'Base config file (default: the mnist5k recipe, vit_jax/configs/mnist5k.py).'),
     'model': ('ViT-B/16', 'Variant, e.g. ViT-Ti/16 or R50+ViT-B/16.'),
     'batch_size': (8, 'Batch size.'),
     'image_size': (224, 'Input resolution (pixels).'),
     'data_dir': ('/tmp/vit_jax_benchmark_data', 'Where --mode=input finds or makes its data.'),
     'json': (False, 'Print one JSON object instead of text.'),
 }
+
+
+def compute_dtype(dtype_flag, config_dtype: str, argv) -> str:
+  """The benchmark's compute dtype: --dtype, else the config's model.dtype; UserError when both
+  are on the command line and differ."""
+  if dtype_flag is None:
+    return config_dtype
+  if any(a.startswith('--config.model.dtype=') for a in argv) and config_dtype != dtype_flag:
+    raise cli.UserError(f'--dtype={dtype_flag} and --config.model.dtype={config_dtype} disagree: '
+                        f'pass one of them')
+  return dtype_flag
 
 
 def run_suite() -> int:
@@ -105,22 +122,22 @@ def run_suite() -> int:
   return 0
 
 
-def run_compile_for() -> int:
+def run_compile_for(dtype: str) -> int:
   if _MODE.value == 'input':
     raise cli.UserError('--compile_for compiles a step: use it with --mode=train or infer')
   targets.load_gpu_compiler()  # before JAX starts: cuDNN too where it is in the compiler's folder
   from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
-  ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, _DTYPE.value)
+  ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, dtype)
   result = ours.compile_for(config, targets.parse(_COMPILE_FOR.value), _MODE.value)
   result.update(model=_MODEL.value, mode=_MODE.value, batch_size=_BATCH.value,
-                image_size=_IMAGE.value, dtype=_DTYPE.value, compile_for=_COMPILE_FOR.value)
+                image_size=_IMAGE.value, dtype=dtype, compile_for=_COMPILE_FOR.value)
   m = result['memory_analysis']
   if _JSON.value:
     print(json.dumps(result, indent=1))
   else:
     print(f'{_MODEL.value} {_MODE.value} batch {_BATCH.value} at {_IMAGE.value} px, '
-          f'{_DTYPE.value}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
+          f'{dtype}, compiled for {result["device_kind"]} on this machine (no GPU: cuBLAS '
           f'GEMMs, no autotuning) in {result["compile_s"]:.0f} s:\n  peak {m["peak"] / 1e9:.2f} GB '
           f'= arguments {m["argument"] / 1e9:.2f} + outputs {m["output"] / 1e9:.2f} - aliased '
           f'{m["alias"] / 1e9:.2f} + temporaries {m["temp"] / 1e9:.2f} GB\n  library calls: ' +
@@ -132,8 +149,9 @@ def run(argv) -> int:
   del argv
   if _SUITE.value:
     return run_suite()
+  dtype = compute_dtype(_DTYPE.value, str(_CONFIG.value.model.dtype), sys.argv)
   if _COMPILE_FOR.value:
-    return run_compile_for()
+    return run_compile_for(dtype)
   from vit_jax.benchmarking import compare  # pylint: disable=g-import-not-at-top
   if _STEPS.value < 1 or _BATCH.value < 1:
     raise cli.UserError('--steps and --batch_size must be at least 1')
@@ -146,11 +164,10 @@ def run(argv) -> int:
     return 0
   if _MODE.value == 'train':
     from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
-    ours.set_benchmark_values(_CONFIG.value, _MODEL.value, _BATCH.value, _IMAGE.value,
-                              _DTYPE.value)
+    ours.set_benchmark_values(_CONFIG.value, _MODEL.value, _BATCH.value, _IMAGE.value, dtype)
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,
-      mode=_MODE.value, dtype=_DTYPE.value, steps=_STEPS.value, rounds=_ROUNDS.value,
+      mode=_MODE.value, dtype=dtype, steps=_STEPS.value, rounds=_ROUNDS.value,
       compare_with=_COMPARE.value, input_data=_INPUT.value, input_size=_INPUT_SIZE.value,
       data_dir=_DATA_DIR.value, profile=_PROFILE.value)
   if _JSON.value:

@@ -46,6 +46,9 @@ def run(argv) -> int:
   from vit_jax.train import loop, program  # pylint: disable=g-import-not-at-top
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
+  # Every process of the run on the same workdir, config and command line, before any writes.
+  parallel.check_agreement(parallel.run_record(_WORKDIR.value, config.to_dict(), sys.argv[1:]),
+                           timeout_s=_TIMEOUT.value)
   prog = program.build_program(config, task=task, info=info)  # the mesh and the model, once
   result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)

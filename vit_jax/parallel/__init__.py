@@ -7,7 +7,8 @@ before JAX is imported.
 from vit_jax import lazy
 
 # name -> the module that defines it
-_HOMES = {'describe_run': 'mesh', 'init_distributed': 'mesh', 'make_mesh': 'mesh',
+_HOMES = {'check_agreement': 'mesh', 'describe_run': 'mesh', 'init_distributed': 'mesh',
+          'make_mesh': 'mesh', 'run_record': 'mesh',
           'batch_sharding': 'sharding', 'param_shardings': 'sharding', 'replicated': 'sharding',
           'shard_batch': 'sharding'}
 

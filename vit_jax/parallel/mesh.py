@@ -1,9 +1,10 @@
 """The device mesh ('data', 'fsdp', 'model') and the JAX distributed runtime."""
 
 import dataclasses
+import json
 import os
 import threading
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -226,5 +227,69 @@ def _initialize(kwargs: dict, what: str, timeout_s: int, num_processes: int | No
     watchdog.cancel()
 
 
-__all__ = ['AXES', 'mesh_shape', 'make_mesh', 'init_distributed', 'scheduler_task', 'SchedulerTask',
+def run_record(workdir: str, config: Mapping, argv: Sequence[str]) -> dict:
+  """What every process of one run must share: its workdir, its resolved config (flattened to
+  'key.sub': repr) and its command line without the flags that number the processes."""
+  own = ('--process_id', '-process_id')
+  return {'workdir': str(workdir), 'config': _flat(config),
+          'argv': [a for a in argv if a.split('=')[0] not in own]}
+
+
+def _flat(config: Mapping, prefix: str = '') -> dict:
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, Mapping):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[prefix + key] = repr(value)
+  return out
+
+
+def first_difference(records: Sequence[dict]) -> Optional[str]:
+  """The line refusing a run whose processes disagree (`run_record`s in process order): the
+  first process that differs from process 0, and the first thing it differs in (workdir, then
+  config keys, then the command line); None when all agree."""
+  base = records[0]
+  for index, other in enumerate(records[1:], start=1):
+    found = None
+    if other['workdir'] != base['workdir']:
+      found = f'--workdir is {base["workdir"]} on process 0 but {other["workdir"]}'
+    for key in sorted(set(base['config']) | set(other['config'])) if found is None else ():
+      mine, theirs = base['config'].get(key, 'unset'), other['config'].get(key, 'unset')
+      if mine != theirs:
+        found = f'config.{key} is {mine} on process 0 but {theirs}'
+        break
+    if found is None and other['argv'] != base['argv']:
+      i = next((i for i, (a, b) in enumerate(zip(base['argv'], other['argv'])) if a != b),
+               min(len(base['argv']), len(other['argv'])))
+      mine, theirs = (r['argv'][i] if i < len(r['argv']) else 'nothing' for r in (base, other))
+      found = f'command-line argument {i + 1} is {mine} on process 0 but {theirs}'
+    if found is not None:
+      return (f'the processes of this run disagree: {found} on process {index}; start every '
+              f'process with the same command line (a per-process value such as '
+              f'$SLURM_PROCID in a flag splits the run)')
+  return None
+
+
+def check_agreement(record: dict, *, timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
+  """Where the processes of a multi-process run first meet (after `init_distributed`, before
+  anything is written): every process publishes its `run_record` in the distributed runtime's
+  key-value store, waits for the others and compares them all; a mismatch is the same UserError
+  on every process (`first_difference`). A no-op on one process."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top  # the runtime's store
+  client = distributed.global_state.client
+  directory = 'vit_jax/run_record/'
+  client.key_value_set(f'{directory}{jax.process_index()}', json.dumps(record))
+  client.wait_at_barrier('vit_jax_run_agreement', timeout_in_ms=timeout_s * 1000)
+  found = {int(key.rsplit('/', 1)[-1]): json.loads(value)
+           for key, value in client.key_value_dir_get(directory)}
+  line = first_difference([found[i] for i in sorted(found)])
+  if line is not None:
+    raise UserError(line)
+
+
+__all__ = ['AXES', 'check_agreement', 'first_difference', 'run_record', 'mesh_shape', 'make_mesh',
+           'init_distributed', 'scheduler_task', 'SchedulerTask',
            'describe_run', 'SCHEDULERS', 'DEFAULT_TIMEOUT_S']

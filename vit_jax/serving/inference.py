@@ -19,8 +19,9 @@ from vit_jax.errors import UserError
 def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
             top_k: int = 5) -> List[Dict[str, Any]]:
   """[{'file': path, 'top': [{'class': name, 'index': i, 'probability': p}, ...]}] per path,
-  most probable first (k = min(top_k, number of classes)); a path that is not valid UTF-8 is
-  given with backslash escapes."""
+  most probable first (k = min(top_k, number of classes)). Each path is given back as it came:
+  bytes of a name that are not UTF-8 stay Python's surrogate escapes (U+DC80..U+DCFF, written
+  `\udce9` by `json.dumps`), which `os.fsencode` turns back into the name's bytes."""
   from vit_jax.data import image_files  # pylint: disable=g-import-not-at-top
   if not paths:
     raise UserError('no images given: pass image files (PNG or JPEG) as arguments')
@@ -54,7 +55,7 @@ def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
     probs = np.asarray(forward(params, jnp.asarray(padded)))[:len(chunk)]
     for path, p in zip(chunk, probs):
       order = np.argsort(-p, kind='stable')[:k]
-      results.append({'file': image_files.shown(path), 'top': [
+      results.append({'file': path, 'top': [
           {'class': bundle.class_names[i], 'index': int(i), 'probability': float(p[i])}
           for i in order]})
   if bad:
@@ -65,9 +66,19 @@ def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
 
 
 def format_text(results: Sequence[Dict[str, Any]]) -> str:
-  """One block per file: its path, then '  probability  class' lines."""
+  """One block per file: its path, then '  probability  class' lines (names through
+  `one_line`)."""
   lines = []
   for result in results:
-    lines.append(result['file'])
-    lines += [f'  {t["probability"]:.4f}  {t["class"]}' for t in result['top']]
+    lines.append(one_line(result['file']))
+    lines += [f'  {t["probability"]:.4f}  {one_line(t["class"])}' for t in result['top']]
   return '\n'.join(lines)
+
+
+def one_line(name: str) -> str:
+  """A file or class name for a terminal: bytes that are not UTF-8 and control characters (a
+  newline, a terminal escape) as backslash escapes (`caf\\xe9`, `a\\nb`), so that each name
+  stays on its own line and prints as text."""
+  text = name.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')
+  return ''.join(c if c.isprintable() else c.encode('unicode_escape').decode('ascii')
+                 for c in text)

@@ -76,7 +76,8 @@ class MetricLogger:
   train records get img/s and MFU.
 
   A failed write (disk full, permissions) raises `WriteError` naming the file; what was written
-  before stays."""
+  before stays. The files are opened at the first record, so a run refused before it logs
+  anything (the data or an evaluator refused after the logger was made) leaves none."""
 
   def __init__(self, workdir: str, *, enabled: bool | None = None,
                throughput: Optional[Throughput] = None):
@@ -85,15 +86,18 @@ class MetricLogger:
     self.path = metrics_path(workdir)
     self.tb_dir = os.path.join(workdir, 'tensorboard')
     self._tb = self._jsonl = None
-    if self.enabled:
-      with _writing(self.tb_dir):
-        self._tb = events.EventWriter(self.tb_dir)
-      with _writing(self.path):  # one appending writer: on GCS every flush re-uploads the object
-        self._jsonl = fileio.files_for(self.path).GFile(self.path, 'a')
+
+  def _open(self) -> None:
+    with _writing(self.tb_dir):
+      self._tb = events.EventWriter(self.tb_dir)
+    with _writing(self.path):  # one appending writer: on GCS every flush re-uploads the object
+      self._jsonl = fileio.files_for(self.path).GFile(self.path, 'a')
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
       return
+    if self._jsonl is None:
+      self._open()
     if self.throughput is not None:
       if split == 'train':
         metrics = {**metrics, **self.throughput.measure(step)}

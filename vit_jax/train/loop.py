@@ -251,7 +251,9 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
       for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
                                               lambda: polyak.eval_params(state)):
         logger.write(step, name, extra)
-        _say(f'step {step}: {name} ' + ' '.join(f'{k} {v:.4f}' for k, v in extra.items()))
+        shown = ' '.join(f'{k} {v:.4f}' for k, v in extra.items())
+        # An evaluator whose one metric carries its own name shows the name once.
+        _say(f'step {step}: ' + (shown if list(extra) == [name] else f'{name} {shown}'))
       if step % config.checkpoint_every == 0 or is_last or stop:
         guard.check_held()
         pending.flush()  # the log has every step the checkpoint has (log write errors)

@@ -134,10 +134,12 @@ def load_pretrained(init: str) -> Pretrained:
     raise UserError(f'config.init={init} is neither an .npz file nor a directory: pass a '
                     f'training workdir, a checkpoint step directory or an .npz file')
   if (path / 'checkpoints').is_dir() or not (path / 'state').is_dir():
-    step_dir = restore.resolve_checkpoint(str(path))
+    workdir, step = str(path), None  # its newest healthy step, a damaged newer one passed over
   else:
-    step_dir = restore.resolve_checkpoint(None, str(path))
-  params, config = restore.load_checkpoint(step_dir)
+    workdir, step = None, str(path)
+  params, config, step_dir = restore.read_step(
+      workdir, step, lambda d: (*restore.load_checkpoint(d, flags=restore.INIT), d),
+      flags=restore.INIT)
   return Pretrained(params, _trained_grid(config), str(step_dir))
 
 
