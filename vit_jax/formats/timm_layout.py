@@ -5,6 +5,7 @@ through timm's `HybridEmbed` with a ResNetV2 backbone (`vision_transformer_hybri
 
   ours                                        timm                                      layout
   cls                                         cls_token                                 same
+  registers                                   reg_token                                 same
   Transformer/posembed_input/pos_embedding    pos_embed                                 same
   embedding/{kernel,bias}                     patch_embed.proj.{weight,bias}            HWIO->OIHW
   Transformer/encoderblock_i/
@@ -21,6 +22,13 @@ through timm's `HybridEmbed` with a ResNetV2 backbone (`vision_transformer_hybri
   block{s}/unit{u}/conv{n}, gn{n}             stages.{s-1}.blocks.{u-1}.conv{n}, norm{n}
   block{s}/unit{u}/conv_proj, gn_proj         stages.{s-1}.blocks.{u-1}.downsample.conv, .norm
 
+Register tokens (`num_registers`): here they are added after the position embedding, which covers
+the cls token and the patches. A model with registers maps to timm's layout of its released
+reg-token models, `reg_tokens=R, no_embed_class=True` (pos_embed covers the patches only; the cls
+row is added to cls_token, the same sum timm's forward would make). From timm, either layout
+reads: with `no_embed_class=False` pos_embed also covers the registers, whose rows are added to
+reg_token here (`_prefix_posemb_from_timm`).
+
 LayerNorm / GroupNorm `scale` is timm's `weight`. `pre_logits` (i21k checkpoints) has no timm
 counterpart: converting drops it only when asked (`drop_pre_logits`), as timm's own npz loader does.
 A gap model maps to timm with global_pool='avg', class_token=False, fc_norm=False (the final norm
@@ -31,6 +39,7 @@ carry the `ModelSpec` and the matching timm constructor arguments as JSON metada
 """
 
 import json
+import math
 import os
 import re
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
@@ -83,6 +92,7 @@ SAME, CONV, DENSE, OUT = (_same, _same), (_conv, _conv_back), (_dense, _dense), 
 _BLOCK, _TBLOCK = 'Transformer/encoderblock_{i}/', 'blocks.{i}.'
 _VIT_RULES = (
     ('cls', 'cls_token', SAME),
+    ('registers', 'reg_token', SAME),
     (npz.POSEMB, 'pos_embed', SAME),
     ('embedding/kernel', 'patch_embed.proj.weight', CONV),
     ('embedding/bias', 'patch_embed.proj.bias', SAME),
@@ -177,6 +187,9 @@ def to_timm(params: Any, *, drop_pre_logits: bool = False) -> Dict[str, np.ndarr
                       'VisionTransformer does not have: convert with drop_pre_logits=True '
                       '(--drop_pre_logits), as timm does when it loads such a file')
     flat = {k: v for k, v in flat.items() if not k.startswith('pre_logits/')}
+  if 'registers' in flat and 'cls' in flat and npz.POSEMB in flat:  # timm's no_embed_class
+    flat['cls'] = flat['cls'] + flat[npz.POSEMB][:, :1]
+    flat[npz.POSEMB] = flat[npz.POSEMB][:, 1:]
   qkv = {}
   for key in [k for k in flat if re.search(rf'/{_ATTN}(query|key|value)/', k)]:
     qkv[key] = flat.pop(key)
@@ -198,6 +211,26 @@ def to_timm(params: Any, *, drop_pre_logits: bool = False) -> Dict[str, np.ndarr
   return out
 
 
+def _is_square(n: int) -> bool:
+  return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def _prefix_posemb_from_timm(flat: Dict[str, np.ndarray]) -> None:
+  """Rewrites, in place, a timm pos_embed that does not cover exactly cls + patches into ours:
+  no_embed_class=True (patches only: a zero cls row is prepended) or, with registers, rows for
+  them too (added to reg_token and removed). The layout is told apart by which count of rows
+  leaves a square patch grid."""
+  pe, cls, reg = flat.get('pos_embed'), flat.get('cls_token'), flat.get('reg_token')
+  if pe is None or cls is None or (reg is None and not _is_square(pe.shape[1])):
+    return  # no posemb, a GAP model (prefix tokens never have rows) or cls + patches
+  r = 0 if reg is None else reg.shape[1]
+  if _is_square(pe.shape[1]) or not _is_square(pe.shape[1] - 1 - r):  # no_embed_class=True
+    flat['pos_embed'] = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+  else:  # rows for cls, registers, patches
+    flat['reg_token'] = reg + pe[:, 1:1 + r]
+    flat['pos_embed'] = np.concatenate([pe[:, :1], pe[:, 1 + r:]], axis=1)
+
+
 def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   """A timm state dict (numpy arrays or anything np.asarray takes) -> our param tree."""
   flat = {k: np.asarray(v) for k, v in state_dict.items()}
@@ -206,6 +239,7 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   if 'fc_norm.weight' in flat:
     raise UserError('the timm model has fc_norm (the final norm after pooling), which this '
                     "project's ViT does not have: convert a model built with fc_norm=False")
+  _prefix_posemb_from_timm(flat)
   qkv_keys = [k for k in flat if re.fullmatch(r'blocks\.\d+\.attn\.qkv\.\w+', k)]
   qkv = {k: flat.pop(k) for k in qkv_keys}
   for key, value in qkv.items():
@@ -217,7 +251,7 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   if unmatched:
     raise UserError(f'the timm state dict has keys this project\'s ViT does not have: '
                     f'{_few(sorted(unmatched))}; convert a plain ViT or ViT hybrid '
-                    '(no registers, layer scale, qk-norm or attention pooling)')
+                    '(no layer scale, qk-norm or attention pooling)')
   for key, value in qkv.items():
     i, kind = re.fullmatch(r'blocks\.(\d+)\.attn\.qkv\.(\w+)', key).groups()
     att = f'Transformer/encoderblock_{i}/{_ATTN}'
@@ -256,6 +290,8 @@ def timm_config(spec: ModelSpec) -> Dict[str, Any]:
                 class_token=v['classifier'] != 'gap', fc_norm=False,
                 pos_embed='none' if v['posemb'] == 'none' else 'learn',
                 act_layer='gelu_tanh' if v['gelu_approximate'] else 'gelu')
+  if v['num_registers']:
+    kwargs.update(reg_tokens=v['num_registers'], no_embed_class=True)
   arch = None
   if resnet is not None:
     arch = _TIMM_HYBRIDS.get(spec.model_name)
@@ -275,7 +311,7 @@ def _posemb_table(spec: ModelSpec) -> np.ndarray:
   grid = (spec.image_size // (v['patch_size'][0] * stride),
           spec.image_size // (v['patch_size'][1] * stride))
   table = vit_lib.sincos2d_posemb(*grid, v['hidden_size'])
-  if v['classifier'] != 'gap':
+  if v['classifier'] != 'gap' and not v['num_registers']:  # no_embed_class: patches only
     table = np.concatenate([np.zeros_like(table[:1]), table])
   return table[None]
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.models import variants
 from vit_jax.models.bit import BiT
+from vit_jax.models import vit as vit_lib
 
 
 
@@ -131,10 +132,10 @@ def _vit_macs(model, image_shape: Sequence[int]) -> Tuple[float, float]:
   embedding = gh * gw * ph * pw * channels * d
   macs += embedding
   first = first if resnet is not None else embedding
-  n = gh * gw + (1 if model.classifier in ('token', 'unpooled') else 0)
+  n = gh * gw + vit_lib.num_prefix_tokens(model)  # patches, cls, registers
   # Per block: q, k, v and out projections, Q K^T and the weighted sum of V, the MLP.
   macs += model.num_layers * (4 * n * d * d + 2 * n * n * d + 2 * n * d * m)
-  rows = n if model.classifier == 'unpooled' else 1
+  rows = n - model.num_registers if model.classifier == 'unpooled' else 1
   if model.representation_size is not None:
     macs += rows * d * model.representation_size
     d = model.representation_size

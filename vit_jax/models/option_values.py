@@ -41,6 +41,8 @@ RANGES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     'dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'attention_dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'stochastic_depth': (lambda v: 0 <= v <= 1, 'in [0, 1]'),
+    'num_registers': (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                      'an integer >= 0'),
 }
 DTYPES = ('dtype', 'param_dtype')
 CHECKED = (*CHOICES, *RANGES, *DTYPES)  # every option `check_values` checks

@@ -82,8 +82,10 @@ def input_channels(params) -> int:
 
 def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
   """create_model options that a released params file implies: classifier (cls token or not),
-  representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
+  num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
   options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else 'gap'}
+  if 'registers' in params:
+    options['num_registers'] = int(np.shape(params['registers'])[1])
   if 'pre_logits' in params:
     options['representation_size'] = int(np.shape(params['pre_logits']['kernel'])[-1])
   if 'posembed_input' not in params.get('Transformer', {}):
