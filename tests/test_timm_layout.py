@@ -62,7 +62,8 @@ def _assert_same_tree(got, want):
     ('ViT-Mu/4', 28, 1, 4, {}),
     ('R+ViT-Ze/4', 32, 3, 2, {}),
     ('R+ViT-Ze/4', 32, 3, 2, STAGES),
-], ids=['vit', 'gap', 'mu', 'stem_only', 'stages'])
+    ('ViT-Ze/4', 28, 3, 2, dict(classifier='map')),
+], ids=['vit', 'gap', 'mu', 'stem_only', 'stages', 'map'])
 def test_round_trip_is_exact(name, size, channels, heads, options):
   params = _params(name, size, channels, **options)
   state = timm_layout.to_timm(params)
@@ -308,6 +309,8 @@ def test_what_timm_cannot_hold_is_refused():
   with pytest.raises(UserError, match=r'keys this project\'s ViT does not have: 1 key '
                                       r'\(blocks.0.ls1.gamma\)'):
     timm_layout.from_timm(state, num_heads=2)
+  with pytest.raises(UserError, match=r"timm's attention pool .* also attends to the register"):
+    timm_layout.to_timm(_params('ViT-Ze/4', classifier='map', num_registers=2))
   with pytest.raises(UserError, match='does not split into q, k, v of 3 heads'):
     timm_layout.from_timm(timm_layout.to_timm(_params('ViT-Ze/4')), num_heads=3)
   with pytest.raises(UserError, match='cannot convert 1 key \\(extra/kernel\\)'):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import layout
+from vit_jax.models import vit as vit_lib
 from vit_jax.models.vit import drop_registers
 from vit_jax.models.vit import token_grid  # re-exported: analyses describe grids with it
 
@@ -19,7 +20,7 @@ Grid = Tuple[int, int]
 
 
 def has_cls_token(model) -> bool:
-  return model.classifier in ('token', 'unpooled')
+  return vit_lib.has_cls(model.classifier)
 
 
 def forward_with_attention(model, params, images, batch_size: int = 32):

@@ -21,7 +21,7 @@ def base_config() -> config_dict.ConfigDict:
   # Model: a variant name decoded by vit_jax.models (ViT-B/16, R50+ViT-B/16, ViT-Mu/4, any ViT-X/p).
   c.model_name = 'ViT-B/16'
   c.model = config_dict.ConfigDict()
-  c.model.classifier = 'token'            # token | gap | unpooled
+  c.model.classifier = 'token'            # token | gap | unpooled | map
   c.model.representation_size = placeholder(int)  # pre-logits Dense+tanh width; None = no pre-logits
   c.model.posemb = 'learned'              # learned | sincos2d | none
   c.model.dropout_rate = 0.0              # after every dense layer but qkv, and after adding posemb

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
 
-CLASSIFIERS = ('token', 'gap', 'unpooled')
+CLASSIFIERS = ('token', 'gap', 'unpooled', 'map')
 POSEMBS = ('learned', 'sincos2d', 'none')
 # Rematerialisation of each encoder block: nothing saved ('full'), or only the outputs of the
 # matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).

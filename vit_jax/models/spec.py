@@ -14,6 +14,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.models import resnet as resnet_lib
+from vit_jax.models import vit as vit_lib
 from vit_jax.errors import UserError
 
 _FIELDS = ('model_name', 'num_classes', 'options', 'image_size', 'channels')
@@ -83,7 +84,8 @@ def input_channels(params) -> int:
 def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
   """create_model options that a released params file implies: classifier (cls token or not),
   num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
-  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else 'gap'}
+  pool = 'map' if 'MAPHead_0' in params else 'gap'
+  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else pool}
   if 'registers' in params:
     options['num_registers'] = int(np.shape(params['registers'])[1])
   if 'pre_logits' in params:
@@ -100,7 +102,7 @@ def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any
     raise UserError('the checkpoint has no learned position embedding, so its image size is not '
                     'stored: pass --image_size')
   model = models.create_model(model_name, num_classes=1, **dict(options or {}))
-  tokens = int(np.shape(posemb)[1]) - (model.classifier != 'gap')
+  tokens = int(np.shape(posemb)[1]) - vit_lib.has_cls(model.classifier)
   side = math.isqrt(tokens)
   resnet = resnet_lib.as_resnet_config(model.resnet)
   stride = resnet.stride if resnet is not None else 1

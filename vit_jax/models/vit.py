@@ -149,7 +149,10 @@ class MultiHeadDotProductAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, *, deterministic: bool,
+               kv: Optional[jax.Array] = None) -> jax.Array:
+    """Queries from `x`, keys and values from `kv` (default `x`: self-attention)."""
+    kv = x if kv is None else kv
     width = x.shape[-1]
     head_dim = width // self.num_heads
     dense = lambda name: nn.DenseGeneral(
@@ -160,14 +163,14 @@ class MultiHeadDotProductAttention(nn.Module):
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate, dtype=self.dtype,
                                    head_dim=head_dim)
     if kernel in attention_lib.FUSED:
-      q, k, v = (dense(n)(x) for n in ('query', 'key', 'value'))
+      q, k, v = dense('query')(x), dense('key')(kv), dense('value')(kv)
       y = attention_lib.FUSED[kernel](q / jnp.sqrt(head_dim).astype(q.dtype), k, v)
     else:
       # Heads-major [B, H, N, hd] for the two attention matmuls: each is then a plain batched
       # matmul over (B, H), with no transposes inside it. Same math and params.
       names = ('batch', 'heads', 'tokens', 'kv')
-      q, k, v = (constrain(jnp.swapaxes(dense(n)(x), 1, 2), names)
-                 for n in ('query', 'key', 'value'))
+      q, k, v = (constrain(jnp.swapaxes(dense(n)(y), 1, 2), names)
+                 for n, y in (('query', x), ('key', kv), ('value', kv)))
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       logits = jnp.einsum('bhqd,bhkd->bhqk', q, k)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
@@ -242,6 +245,29 @@ class Encoder1DBlock(nn.Module):
     y = mlp(self.mlp_dim, self.dropout_rate, self.gelu_approximate, fp8=self.fp8,
             dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock_0')(y, deterministic)
     return constrain(x + self._drop_path(y, drop_path_rate, deterministic), TOKENS)
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling (big_vision's `MAPHead`, timm's `global_pool='map'`): a learned
+  probe token attends to the tokens, then a pre-LN MLP with a residual; -> [B, D]."""
+  num_heads: int
+  mlp_dim: int
+  gelu_approximate: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    b, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
+    probe = jnp.broadcast_to(probe.astype(x.dtype), (b, 1, d))
+    y = MultiHeadDotProductAttention(self.num_heads, implementation='einsum', dtype=self.dtype,
+                                     param_dtype=self.param_dtype)(probe, deterministic=True,
+                                                                   kv=x)
+    z = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype)(y)
+    y = y + MlpBlock(self.mlp_dim, gelu_approximate=self.gelu_approximate, dtype=self.dtype,
+                     param_dtype=self.param_dtype)(z, True)
+    return y[:, 0]
 
 
 def scanned_blocks(block, x: jax.Array, rates: Optional[jax.Array], *,
@@ -345,7 +371,8 @@ def check_image_size(height: int, width: int, *, patch_size, resnet, hidden_size
 class VisionTransformer(nn.Module):
   """ViT classifier: NHWC images in [-1, 1] -> float32 logits [B, num_classes].
 
-  With classifier='unpooled' the output is per token, [B, N, num_classes] (N includes cls).
+  classifier='map' pools by attention (`MAPHead`, params under MAPHead_0), as 'gap' without a
+  cls token. With classifier='unpooled' the output is per token, [B, N, num_classes] (N includes cls).
   `resnet` (None, a `ResNetConfig` or a mapping {num_layers, width_factor}) adds the hybrid stem.
   `stochastic_depth` is the drop-path rate of the last block; block i uses rate * i / (L - 1).
   `dtype` is the compute dtype of the stem and encoder; pre_logits and head run in float32.
@@ -428,8 +455,8 @@ class VisionTransformer(nn.Module):
         x = jnp.take_along_axis(x, corrupt['source'][..., None], axis=1)
         x = jnp.where(corrupt['use_mask'][..., None], mask.astype(x.dtype), x)
 
-    has_cls = self.classifier in ('token', 'unpooled')
-    if has_cls:
+    with_cls = has_cls(self.classifier)
+    if with_cls:
       cls = self.param('cls', nn.initializers.zeros, (1, 1, d), self.param_dtype)
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
     registers = None
@@ -439,7 +466,7 @@ class VisionTransformer(nn.Module):
 
     x = Encoder(
         num_layers=self.num_layers, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-        posemb=self.posemb, has_cls=has_cls, dropout_rate=self.dropout_rate,
+        posemb=self.posemb, has_cls=with_cls, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.stochastic_depth, gelu_approximate=self.gelu_approximate,
         remat=self.remat, scan=self.scan, attention=self.attention, fp8=self.fp8,
@@ -451,6 +478,9 @@ class VisionTransformer(nn.Module):
       x = x[:, 0]
     elif self.classifier == 'gap':
       x = jnp.mean(x, axis=1)
+    elif self.classifier == 'map':
+      x = MAPHead(self.num_heads, self.mlp_dim, self.gelu_approximate, dtype=self.dtype,
+                  param_dtype=self.param_dtype)(x)
     # 'unpooled': keep every token but the registers.
 
     x = x.astype(jnp.float32)
@@ -464,10 +494,15 @@ class VisionTransformer(nn.Module):
                     param_dtype=self.param_dtype, name='head')(x)
 
 
+def has_cls(classifier: str) -> bool:
+  """Whether a ViT with this classifier has a cls token (the others pool the patch tokens)."""
+  return classifier in ('token', 'unpooled')
+
+
 def num_prefix_tokens(model: VisionTransformer) -> int:
   """Tokens before the patch tokens in the encoder's sequence: the cls token (classifier 'token'
   or 'unpooled') and the registers. Everything that reads tokens skips these (or the registers)."""
-  return int(model.classifier in ('token', 'unpooled')) + model.num_registers
+  return int(has_cls(model.classifier)) + model.num_registers
 
 
 def drop_registers(model: VisionTransformer, tokens, axis: int = 1):
