@@ -122,3 +122,12 @@ def test_format_names():
   with pytest.raises(UserError, match=r'--format=tflite is not an export format: use savedmodel '
                                       r'or stablehlo or onnx'):
     formats.check(['onnx', 'tflite'])
+
+
+def test_a_mixer_exports_as_a_vit_does(tmp_path):
+  bundle = tiny_bundle('Mixer-Ze/4')
+  path = str(tmp_path / stablehlo.FILENAME)
+  assert stablehlo.save(bundle, path) <= EXACT
+  images = exported.check_images(bundle, 2)
+  np.testing.assert_allclose(stablehlo.load_and_run(path, images)[1], jax_logits(bundle, images),
+                             rtol=0, atol=EXACT * np.abs(jax_logits(bundle, images)).max())

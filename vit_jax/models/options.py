@@ -26,13 +26,14 @@ from vit_jax.errors import UserError
 from vit_jax.models import option_values
 from vit_jax.models import variants
 from vit_jax.models.bit import BiT
+from vit_jax.models.mixer import MlpMixer
 from vit_jax.models.resnet import as_resnet_config
 from vit_jax.models.vit import VisionTransformer
 
-FAMILIES = (VisionTransformer, BiT)
+FAMILIES = (VisionTransformer, BiT, MlpMixer)
 
 # Values of options a family does not have that describe it as it is.
-IMPLIED: Dict[type, Dict[str, Any]] = {BiT: {'classifier': 'gap'}}
+IMPLIED: Dict[type, Dict[str, Any]] = {BiT: {'classifier': 'gap'}, MlpMixer: {'classifier': 'gap'}}
 
 _NOT_OPTIONS = ('num_classes', 'parent', 'name')
 

@@ -70,8 +70,8 @@ class ModelSpec:
 
 def input_channels(params) -> int:
   """Image channels a model was trained on (from its first conv kernel: a hybrid's `conv_root`,
-  a BiT's `root_block/conv_root`, or a ViT's patch `embedding`)."""
-  for path in (('conv_root',), ('root_block', 'conv_root'), ('embedding',)):
+  a BiT's `root_block/conv_root`, a ViT's patch `embedding` or a Mixer's `stem`)."""
+  for path in (('conv_root',), ('root_block', 'conv_root'), ('embedding',), ('stem',)):
     node = params
     for key in path:
       node = node.get(key) if hasattr(node, 'get') else None
@@ -83,7 +83,10 @@ def input_channels(params) -> int:
 
 def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
   """create_model options that a released params file implies: classifier (cls token or not),
-  num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
+  num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d).
+  A Mixer (MixerBlock_0) has none of these options."""
+  if 'MixerBlock_0' in params:
+    return {}
   pool = 'map' if 'MAPHead_0' in params else 'gap'
   options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else pool}
   if 'registers' in params:
@@ -96,7 +99,12 @@ def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any]] = None) -> int:
-  """The square input size that gives the token count of a learned position embedding."""
+  """The square input size that gives the token count of a learned position embedding (a
+  Mixer: of its token-mixing MLP)."""
+  mixing = params.get('MixerBlock_0', {}).get('token_mixing', {}).get('Dense_0', {})
+  if 'kernel' in mixing:
+    side = math.isqrt(int(np.shape(mixing['kernel'])[0]))
+    return side * models.create_model(model_name, num_classes=1).patch[0]
   posemb = params.get('Transformer', {}).get('posembed_input', {}).get('pos_embedding')
   if posemb is None:
     raise UserError('the checkpoint has no learned position embedding, so its image size is not '
