@@ -145,7 +145,7 @@ def test_models_md_options_table_is_the_option_policy():
   """Every option in declaration order, its default, the families that take it, and for the
   options with a fixed set or range of values exactly those."""
   rows = table(_read('docs/models.md'), ('option', 'default', 'values', 'models', 'meaning'))
-  families = {'ViT': 'VisionTransformer', 'BiT': 'BiT'}
+  families = {'ViT': 'VisionTransformer', 'BiT': 'BiT', 'Mixer': 'MlpMixer'}
   doc = {code(r[0]): (code(r[1]), tuple(families[f.strip()] for f in r[3].split(',')))
          for r in rows}
   takes = lambda name: tuple(c.__name__ for c in options.FAMILIES

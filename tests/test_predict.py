@@ -122,12 +122,17 @@ def test_bundle_and_converted_files_predict_the_same(run, tmp_path):
 def test_cli_export_then_predict_json(run, tmp_path):
   out = tmp_path / 'bundle'
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'export', f'--workdir={run["workdir"]}',
-                         f'--out={out}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         f'--out={out}', '--format=savedmodel,stablehlo'], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.strip().splitlines() == [
+  lines = proc.stdout.strip().splitlines()
+  assert [line.split(' (logits checked: relative error ')[0] for line in lines] == [
       f'wrote {out}: ViT-Ze/4, 3 classes, 28x28x3',
       f'wrote {out / "saved_model"}: TensorFlow SavedModel, serving_default: images uint8 '
-      '[batch, 28, 28, 3] -> probabilities']
+      '[batch, 28, 28, 3] -> probabilities',
+      f'wrote {out / "model.stablehlo"}: StableHLO for jax.export.deserialize: images uint8 '
+      '[batch, 28, 28, 3] -> (probabilities, logits)']
+  assert all(float(line.split('relative error ')[1].rstrip(')')) <= 1e-5 for line in lines[1:])
   _check_saved_model_with_tensorflow_alone(out, run, tmp_path)
   paths = list(run['images'])
   proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'predict', f'--bundle={out}', '--json',

@@ -62,7 +62,8 @@ def _assert_same_tree(got, want):
     ('ViT-Mu/4', 28, 1, 4, {}),
     ('R+ViT-Ze/4', 32, 3, 2, {}),
     ('R+ViT-Ze/4', 32, 3, 2, STAGES),
-], ids=['vit', 'gap', 'mu', 'stem_only', 'stages'])
+    ('ViT-Ze/4', 28, 3, 2, dict(classifier='map')),
+], ids=['vit', 'gap', 'mu', 'stem_only', 'stages', 'map'])
 def test_round_trip_is_exact(name, size, channels, heads, options):
   params = _params(name, size, channels, **options)
   state = timm_layout.to_timm(params)
@@ -123,9 +124,13 @@ def _timm_style_forward(sd, images_nchw, heads, pool):
   b, _, h, wd = images_nchw.shape
   x = images_nchw.reshape(b, c, h // p, p, wd // p, p).transpose(0, 2, 4, 1, 3, 5)
   x = x.reshape(b, -1, c * p * p) @ w.reshape(d, -1).T + sd['patch_embed.proj.bias']
-  if 'cls_token' in sd:
-    x = np.concatenate([np.broadcast_to(sd['cls_token'], (b, 1, d)), x], axis=1)
-  x = x + sd['pos_embed']
+  prefix = [np.broadcast_to(sd[k], (b,) + sd[k].shape[1:]) for k in ('cls_token', 'reg_token')
+            if k in sd]
+  if sd['pos_embed'].shape[1] == x.shape[1]:  # no_embed_class: the prefix tokens get no posemb
+    x = np.concatenate(prefix + [x + sd['pos_embed']], axis=1)
+  else:
+    x = np.concatenate(prefix + [x], axis=1) + sd['pos_embed']
+  num_prefix = sum(t.shape[1] for t in prefix)
   i = 0
   while f'blocks.{i}.norm1.weight' in sd:
     y = _layer_norm(x, sd, f'blocks.{i}.norm1')
@@ -141,7 +146,7 @@ def _timm_style_forward(sd, images_nchw, heads, pool):
     x = x + _linear(y, sd, f'blocks.{i}.mlp.fc2')
     i += 1
   x = _layer_norm(x, sd, 'norm')
-  x = x[:, 0] if pool == 'token' else x.mean(1)
+  x = x[:, 0] if pool == 'token' else x[:, num_prefix:].mean(1)
   return _linear(x, sd, 'head')
 
 
@@ -163,6 +168,40 @@ def test_converted_state_dict_computes_the_same_logits(classifier):
   wrong = _timm_style_forward(state, images.transpose(0, 3, 1, 2), 2, 'token' if
                               classifier == 'token' else 'avg')
   assert np.abs(wrong - ours).max() > 1e-3
+
+
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_register_tokens_convert_both_ways_with_the_same_logits(classifier):
+  """Registers: ours -> timm (reg_tokens, no_embed_class=True) computes our logits, and back; a
+  timm state dict whose pos_embed also covers cls and the registers (no_embed_class=False) reads
+  with its logits."""
+  spec = ModelSpec('ViT-Ze/4', 10, dict(classifier=classifier, num_registers=3), 28, 3)
+  model = spec.build()
+  params = _params('ViT-Ze/4', channels=3, seed=4, **spec.options)
+  images = np.random.RandomState(5).uniform(-1, 1, (3, 28, 28, 3)).astype(np.float32)
+  ours = np.asarray(model.apply({'params': params}, images, train=False))
+  kwargs = timm_layout.timm_config(spec)['kwargs']
+  assert (kwargs['reg_tokens'], kwargs['no_embed_class']) == (3, True)
+  state = timm_layout.to_timm(params)
+  assert state['reg_token'].shape == (1, 3, 32) and state['pos_embed'].shape == (1, 49, 32)
+  pool = 'token' if classifier == 'token' else 'avg'
+  nchw = images.transpose(0, 3, 1, 2)
+  scale = np.abs(ours).max()
+  assert scale > 0.5
+  np.testing.assert_allclose(_timm_style_forward(state, nchw, 2, pool), ours, atol=2e-5 * scale)
+  back = timm_layout.from_timm(state, num_heads=2)
+  np.testing.assert_allclose(model.apply({'params': back}, images, train=False), ours,
+                             atol=2e-6 * scale)
+  if classifier == 'token':  # rows for cls, the registers and the patches
+    rows = np.random.RandomState(6).normal(0, 0.3, (1, 3, 32)).astype(np.float32)
+    pe = params['Transformer']['posembed_input']['pos_embedding']
+    state = {**state, 'cls_token': params['cls'],
+             'pos_embed': np.concatenate([pe[:, :1], rows, pe[:, 1:]], axis=1)}
+    theirs = _timm_style_forward(state, nchw, 2, pool)
+    back = timm_layout.from_timm(state, num_heads=2)
+    np.testing.assert_allclose(model.apply({'params': back}, images, train=False), theirs,
+                               atol=2e-5 * scale)
+    assert np.abs(theirs - ours).max() > 1e-3  # the register rows count: the check can fail
 
 
 def test_timm_config_of_registered_and_small_models():
@@ -266,11 +305,12 @@ def test_what_timm_cannot_hold_is_refused():
   with pytest.raises(UserError, match='fc_norm'):
     timm_layout.from_timm(state, num_heads=2)
   del state['fc_norm.weight']
-  state['reg_token'] = np.zeros((1, 4, 32), np.float32)
   state['blocks.0.ls1.gamma'] = np.zeros(32, np.float32)
-  with pytest.raises(UserError, match=r'keys this project\'s ViT does not have: 2 keys '
-                                      r'\(blocks.0.ls1.gamma, reg_token\)'):
+  with pytest.raises(UserError, match=r'keys this project\'s ViT does not have: 1 key '
+                                      r'\(blocks.0.ls1.gamma\)'):
     timm_layout.from_timm(state, num_heads=2)
+  with pytest.raises(UserError, match=r"timm's attention pool .* also attends to the register"):
+    timm_layout.to_timm(_params('ViT-Ze/4', classifier='map', num_registers=2))
   with pytest.raises(UserError, match='does not split into q, k, v of 3 heads'):
     timm_layout.from_timm(timm_layout.to_timm(_params('ViT-Ze/4')), num_heads=3)
   with pytest.raises(UserError, match='cannot convert 1 key \\(extra/kernel\\)'):

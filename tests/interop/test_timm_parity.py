@@ -135,3 +135,51 @@ def test_convert_cli_output_loads_into_timm(tmp_path):
   error = _relative(_timm_logits(timm_model, images), _ours(spec, params, images))
   FIGURES.append(('ViT-Ti/16', 'ours .npz -> convert CLI -> timm', error))
   assert error <= 1e-5
+
+
+def _both_ways(spec, label, seed, tmp_path):
+  """ours -> .safetensors -> timm and timm -> .safetensors -> ours for `spec`'s timm model (built
+  from `timm_config`); returns the timm model."""
+  cfg = timm_layout.timm_config(spec)
+  timm_model = timm.create_model(cfg['architecture'], pretrained=False, **cfg['kwargs']).eval()
+  params = _our_params(spec, seed=seed)
+  path = str(tmp_path / 'ours.safetensors')
+  timm_layout.save_safetensors(path, params, spec=spec)
+  timm_model.load_state_dict(safetensors.torch.load_file(path), strict=True)
+  images = _images(seed)
+  error = _relative(_timm_logits(timm_model, images), _ours(spec, params, images))
+  FIGURES.append((label, 'ours -> .safetensors -> timm', error))
+  assert error <= 1e-5
+  torch.manual_seed(seed)
+  with torch.no_grad():
+    for p in timm_model.parameters():
+      p.add_(0.02 * torch.randn_like(p))
+  path = str(tmp_path / 'timm.safetensors')
+  safetensors.torch.save_file({k: v.contiguous() for k, v in timm_model.state_dict().items()},
+                              path)
+  params, _ = timm_layout.load_safetensors(path, num_heads=spec.variant()['num_heads'])
+  params = npz.fit_to_model(params, spec.build(), (224, 224, 3), name=label)  # exact key set
+  images = _images(seed + 1)
+  error = _relative(_ours(spec, params, images), _timm_logits(timm_model, images))
+  FIGURES.append((label, 'timm -> .safetensors -> ours', error))
+  assert error <= 1e-5
+  return timm_model
+
+
+# Register tokens: timm's layout of its reg-token models (reg_tokens=R, no_embed_class=True), with
+# a cls token and with global average pooling (as timm's vit_*_reg4_gap_* models).
+REGISTER_CASES = {'token': dict(), 'gap': dict(classifier='gap')}
+
+
+@pytest.mark.parametrize('pool', sorted(REGISTER_CASES))
+def test_register_models_convert_both_ways(pool, tmp_path):
+  spec = ModelSpec('ViT-Ti/16', NUM_CLASSES, dict(num_registers=4, **REGISTER_CASES[pool]), 224, 3)
+  timm_model = _both_ways(spec, f'ViT-Ti/16 reg4 {pool}', 5, tmp_path)
+  assert timm_model.num_prefix_tokens == (pool == 'token') + 4
+
+
+def test_map_head_models_convert_both_ways(tmp_path):
+  """classifier='map' and timm's global_pool='map' (AttentionPoolLatent), both directions."""
+  spec = ModelSpec('ViT-Ti/16', NUM_CLASSES, dict(classifier='map'), 224, 3)
+  timm_model = _both_ways(spec, 'ViT-Ti/16 map', 7, tmp_path)
+  assert timm_model.attn_pool is not None and timm_model.num_prefix_tokens == 0

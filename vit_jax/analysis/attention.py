@@ -12,19 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import layout
+from vit_jax.models import vit as vit_lib
+from vit_jax.models.vit import drop_registers
 from vit_jax.models.vit import token_grid  # re-exported: analyses describe grids with it
 
 Grid = Tuple[int, int]
 
 
 def has_cls_token(model) -> bool:
-  return model.classifier in ('token', 'unpooled')
+  return vit_lib.has_cls(model.classifier)
 
 
 def forward_with_attention(model, params, images, batch_size: int = 32):
   """Runs `model` (train=False) on `images`; returns (logits [B, K], attention [L, B, H, N, N]).
 
-  `params` may be in either encoder layout; a scanned model sows its layers' weights stacked,
+  N counts the cls token and the patches; a model's register tokens are left out (rows and
+  columns: the patches' attention to them is not redistributed). `params` may be in either
+  encoder layout; a scanned model sows its layers' weights stacked,
   which come out per layer like the unrolled model's. Always with the einsum attention kernel, the
   one that sows the weights, whatever `model.attention` the run trained with (same parameters,
   same logits up to float rounding).
@@ -38,7 +42,9 @@ def forward_with_attention(model, params, images, batch_size: int = 32):
     blocks = layout.unstack_blocks(state['intermediates'])['Transformer']
     attn = [blocks[f'encoderblock_{i}']['MultiHeadDotProductAttention_0']['attention_weights'][0]
             for i in range(model.num_layers)]
-    return logits, jnp.stack(attn).astype(jnp.float32)
+    attn = jnp.stack(attn).astype(jnp.float32)
+    # Register tokens are no part of any figure: their queries and keys are dropped.
+    return logits, drop_registers(model, drop_registers(model, attn, axis=3), axis=4)
 
   images = np.asarray(images, np.float32)
   outs = [run(params, images[i:i + batch_size]) for i in range(0, len(images), batch_size)]

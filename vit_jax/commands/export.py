@@ -2,41 +2,43 @@
 
 Writes BUNDLE/params.npz (the released .npz layout) and BUNDLE/model.json (model name, options,
 resolution, channels, class names, eval preprocessing); `python -m vit_jax predict --bundle=BUNDLE`
-then needs neither the workdir nor its dataset. BUNDLE/saved_model is the same predict function as
-a TensorFlow SavedModel (vit_jax/serving/saved_model.py; --nosaved_model skips it). Sources as for predict
+then needs neither the workdir nor its dataset. `--format` adds the predict function in deployment
+formats (vit_jax/serving/formats.py): savedmodel (BUNDLE/saved_model, the default), stablehlo
+(BUNDLE/model.stablehlo), onnx (BUNDLE/model.onnx); each is run on a batch and its logits compared
+with the JAX model's before it is reported written. Sources as for predict
 (vit_jax/commands/flag_groups.py): --workdir [--checkpoint=STEP], --bundle, or --checkpoint=FILE
---model=NAME.
+--model=NAME, or released weights by name.
 """
 
-import os
 import sys
 
 from absl import flags
 
 from vit_jax import cli
 from vit_jax.commands import flag_groups
+from vit_jax.serving import formats
 
 _SOURCE = flag_groups.model_source()
 _OUT = flag_groups.out()
-_SAVED_MODEL = flags.DEFINE_bool(
-    'saved_model', True, 'Also write BUNDLE/saved_model, a TensorFlow SavedModel of the predict '
-    'function (uint8 images in, probabilities out) for TF Serving.')
+_FORMAT = flags.DEFINE_list(
+    'format', list(formats.DEFAULT), 'Deployment formats written into the bundle beside '
+    f'params.npz, comma-separated: {", ".join(formats.FORMATS)} (empty: the bundle only).')
 
 
 def run(argv) -> int:
-  from vit_jax.serving import bundle as bundle_lib  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {" ".join(argv[1:])}: export takes only flags')
+  names = formats.check(_FORMAT.value)
+  from vit_jax.serving import bundle as bundle_lib  # pylint: disable=g-import-not-at-top
   bundle = _SOURCE.resolve()
   bundle_lib.save(bundle, _OUT.value)
   spec = bundle.spec
   print(f'wrote {_OUT.value}: {spec.model_name}, {spec.num_classes} classes, '
         f'{spec.image_size}x{spec.image_size}x{spec.channels}')
-  if _SAVED_MODEL.value:
-    from vit_jax.serving import saved_model  # pylint: disable=g-import-not-at-top
-    path = saved_model.save(bundle, os.path.join(_OUT.value, saved_model.DIRNAME))
-    print(f'wrote {path}: TensorFlow SavedModel, serving_default: images uint8 '
-          f'[batch, {spec.image_size}, {spec.image_size}, {spec.channels}] -> probabilities')
+  for name in names:
+    path, error = formats.write(bundle, name, _OUT.value)
+    print(f'wrote {path}: {formats.describe(bundle, name)} (logits checked: relative error '
+          f'{error:.1e})')
   return 0
 
 

@@ -21,7 +21,7 @@ def base_config() -> config_dict.ConfigDict:
   # Model: a variant name decoded by vit_jax.models (ViT-B/16, R50+ViT-B/16, ViT-Mu/4, any ViT-X/p).
   c.model_name = 'ViT-B/16'
   c.model = config_dict.ConfigDict()
-  c.model.classifier = 'token'            # token | gap | unpooled
+  c.model.classifier = 'token'            # token | gap | unpooled | map
   c.model.representation_size = placeholder(int)  # pre-logits Dense+tanh width; None = no pre-logits
   c.model.posemb = 'learned'              # learned | sincos2d | none
   c.model.dropout_rate = 0.0              # after every dense layer but qkv, and after adding posemb
@@ -44,6 +44,9 @@ def base_config() -> config_dict.ConfigDict:
   c.model.fp8 = False                     # encoder dense layers as fp8 matmuls, delayed scaling
                                           # (NVIDIA GPUs of compute capability >= 8.9 only);
                                           # evaluation and exported weights run them in dtype
+  # Model options of issue 59's models (docs/models.md).
+  c.model.num_registers = 0               # register tokens after cls: attended to, never pooled;
+                                          # 0 = the original model (same params)
 
   # Data: any tensorflow-datasets name; mnist5k and digits are embedded, read from their arrays.
   c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)

@@ -5,6 +5,7 @@ through timm's `HybridEmbed` with a ResNetV2 backbone (`vision_transformer_hybri
 
   ours                                        timm                                      layout
   cls                                         cls_token                                 same
+  registers                                   reg_token                                 same
   Transformer/posembed_input/pos_embedding    pos_embed                                 same
   embedding/{kernel,bias}                     patch_embed.proj.{weight,bias}            HWIO->OIHW
   Transformer/encoderblock_i/
@@ -15,11 +16,24 @@ through timm's `HybridEmbed` with a ResNetV2 backbone (`vision_transformer_hybri
       out/kernel [H,D/H,D]                    blocks.i.attn.proj.weight [D,D]           transposed
     MlpBlock_0/Dense_0, Dense_1               blocks.i.mlp.fc1, blocks.i.mlp.fc2        transposed
   Transformer/encoder_norm                    norm                                      same
+  MAPHead_0/ (classifier 'map')               attn_pool.                                timm's
+    probe                                       latent                                  AttentionPoolLatent
+    MultiHeadDotProductAttention_0/query        q                                       [D,H,D/H]->[D,D]
+    MultiHeadDotProductAttention_0/{key,value}  kv (k rows, then v rows)
+    MultiHeadDotProductAttention_0/out          proj                                    transposed
+    LayerNorm_0, MlpBlock_0/Dense_{0,1}         norm, mlp.fc{1,2}
   head                                        head                                      transposed
   hybrid stem (prefix patch_embed.backbone.; stem-only hybrids have no `stem.`):
   conv_root, gn_root                          stem.conv, stem.norm                      HWIO->OIHW
   block{s}/unit{u}/conv{n}, gn{n}             stages.{s-1}.blocks.{u-1}.conv{n}, norm{n}
   block{s}/unit{u}/conv_proj, gn_proj         stages.{s-1}.blocks.{u-1}.downsample.conv, .norm
+
+Register tokens (`num_registers`): here they are added after the position embedding, which covers
+the cls token and the patches. A model with registers maps to timm's layout of its released
+reg-token models, `reg_tokens=R, no_embed_class=True` (pos_embed covers the patches only; the cls
+row is added to cls_token, the same sum timm's forward would make). From timm, either layout
+reads: with `no_embed_class=False` pos_embed also covers the registers, whose rows are added to
+reg_token here (`_prefix_posemb_from_timm`).
 
 LayerNorm / GroupNorm `scale` is timm's `weight`. `pre_logits` (i21k checkpoints) has no timm
 counterpart: converting drops it only when asked (`drop_pre_logits`), as timm's own npz loader does.
@@ -31,6 +45,7 @@ carry the `ModelSpec` and the matching timm constructor arguments as JSON metada
 """
 
 import json
+import math
 import os
 import re
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
@@ -76,30 +91,53 @@ def _out_back(x, heads):
   return x.T.reshape(heads, -1, x.shape[0])
 
 
+def _heads_in(x, _):  # [D, H, D/H] -> [H*D/H, D]; biases [H, D/H] -> [H*D/H]
+  return x.reshape(x.shape[0], -1).T if x.ndim == 3 else x.reshape(-1)
+
+
+def _heads_in_back(x, heads):
+  return x.T.reshape(x.shape[1], heads, -1) if x.ndim == 2 else x.reshape(heads, -1)
+
+
 SAME, CONV, DENSE, OUT = (_same, _same), (_conv, _conv_back), (_dense, _dense), (_out, _out_back)
+HEADS_IN = (_heads_in, _heads_in_back)
 
 # (our key, timm key, (to timm, from timm)). {i} is the same number on both sides; {s}, {u} count
 # from 1 here and from 0 in timm ({s-1}, {u-1}).
 _BLOCK, _TBLOCK = 'Transformer/encoderblock_{i}/', 'blocks.{i}.'
+_MAP, _TMAP = 'MAPHead_0/', 'attn_pool.'
+_MAP_KV = (f'{_MAP}{_ATTN}key/', f'{_MAP}{_ATTN}value/')
+
+def _out_norm_mlp(ours: str, theirs: str, proj: str, norm: str, tnorm: str) -> tuple:
+  """Rules of an attention's out projection, the LayerNorm before the MLP and the MLP (an encoder
+  block's, or the attention-pool head's)."""
+  return ((ours + _ATTN + 'out/kernel', theirs + proj + '.weight', OUT),
+          (ours + _ATTN + 'out/bias', theirs + proj + '.bias', SAME),
+          (ours + norm + '/scale', theirs + tnorm + '.weight', SAME),
+          (ours + norm + '/bias', theirs + tnorm + '.bias', SAME),
+          (ours + 'MlpBlock_0/Dense_0/kernel', theirs + 'mlp.fc1.weight', DENSE),
+          (ours + 'MlpBlock_0/Dense_0/bias', theirs + 'mlp.fc1.bias', SAME),
+          (ours + 'MlpBlock_0/Dense_1/kernel', theirs + 'mlp.fc2.weight', DENSE),
+          (ours + 'MlpBlock_0/Dense_1/bias', theirs + 'mlp.fc2.bias', SAME))
+
+
 _VIT_RULES = (
     ('cls', 'cls_token', SAME),
+    ('registers', 'reg_token', SAME),
     (npz.POSEMB, 'pos_embed', SAME),
     ('embedding/kernel', 'patch_embed.proj.weight', CONV),
     ('embedding/bias', 'patch_embed.proj.bias', SAME),
     (_BLOCK + 'LayerNorm_0/scale', _TBLOCK + 'norm1.weight', SAME),
     (_BLOCK + 'LayerNorm_0/bias', _TBLOCK + 'norm1.bias', SAME),
-    (_BLOCK + _ATTN + 'out/kernel', _TBLOCK + 'attn.proj.weight', OUT),
-    (_BLOCK + _ATTN + 'out/bias', _TBLOCK + 'attn.proj.bias', SAME),
-    (_BLOCK + 'LayerNorm_1/scale', _TBLOCK + 'norm2.weight', SAME),
-    (_BLOCK + 'LayerNorm_1/bias', _TBLOCK + 'norm2.bias', SAME),
-    (_BLOCK + 'MlpBlock_0/Dense_0/kernel', _TBLOCK + 'mlp.fc1.weight', DENSE),
-    (_BLOCK + 'MlpBlock_0/Dense_0/bias', _TBLOCK + 'mlp.fc1.bias', SAME),
-    (_BLOCK + 'MlpBlock_0/Dense_1/kernel', _TBLOCK + 'mlp.fc2.weight', DENSE),
-    (_BLOCK + 'MlpBlock_0/Dense_1/bias', _TBLOCK + 'mlp.fc2.bias', SAME),
+    *_out_norm_mlp(_BLOCK, _TBLOCK, 'attn.proj', 'LayerNorm_1', 'norm2'),
     ('Transformer/encoder_norm/scale', 'norm.weight', SAME),
     ('Transformer/encoder_norm/bias', 'norm.bias', SAME),
     ('head/kernel', 'head.weight', DENSE),
     ('head/bias', 'head.bias', SAME),
+    (_MAP + 'probe', _TMAP + 'latent', SAME),
+    (_MAP + _ATTN + 'query/kernel', _TMAP + 'q.weight', HEADS_IN),
+    (_MAP + _ATTN + 'query/bias', _TMAP + 'q.bias', HEADS_IN),
+    *_out_norm_mlp(_MAP, _TMAP, 'proj', 'LayerNorm_0', 'norm'),
 )
 _BACKBONE = 'patch_embed.backbone.'
 _UNIT, _TUNIT = 'block{s}/unit{u}/', _BACKBONE + 'stages.{s-1}.blocks.{u-1}.'
@@ -177,11 +215,21 @@ def to_timm(params: Any, *, drop_pre_logits: bool = False) -> Dict[str, np.ndarr
                       'VisionTransformer does not have: convert with drop_pre_logits=True '
                       '(--drop_pre_logits), as timm does when it loads such a file')
     flat = {k: v for k, v in flat.items() if not k.startswith('pre_logits/')}
-  qkv = {}
-  for key in [k for k in flat if re.search(rf'/{_ATTN}(query|key|value)/', k)]:
-    qkv[key] = flat.pop(key)
+  if 'registers' in flat and 'cls' in flat and npz.POSEMB in flat:  # timm's no_embed_class
+    flat['cls'] = flat['cls'] + flat[npz.POSEMB][:, :1]
+    flat[npz.POSEMB] = flat[npz.POSEMB][:, 1:]
+  if 'registers' in flat and any(k.startswith(_MAP) for k in flat):
+    raise UserError("timm's attention pool (global_pool='map') also attends to the register "
+                    'tokens, which never reach the head here: convert a map model without '
+                    'registers')
+  encoder_qkv = re.compile(rf'Transformer/encoderblock_\d+/{_ATTN}(query|key|value)/')
+  qkv = {key: flat.pop(key) for key in [k for k in flat if encoder_qkv.match(k)]}
+  kv = {key: flat.pop(key) for key in [k for k in flat if k.startswith(_MAP_KV)]}
   rules = _VIT_RULES + _hybrid_rules(flat)
   out, unmatched = _convert_names(flat, rules, to_timm=True, heads=0)
+  for kind in ('kernel', 'bias') if kv else ():
+    out[f'{_TMAP}kv.{"weight" if kind == "kernel" else "bias"}'] = np.ascontiguousarray(
+        np.concatenate([_heads_in(kv[f'{p}{kind}'], 0) for p in _MAP_KV], axis=0))
   if unmatched:
     raise UserError(f'cannot convert {_few(sorted(unmatched, key=_forward_order))} '
                     'to timm names: pass params of this project\'s ViT or hybrid')
@@ -198,6 +246,26 @@ def to_timm(params: Any, *, drop_pre_logits: bool = False) -> Dict[str, np.ndarr
   return out
 
 
+def _is_square(n: int) -> bool:
+  return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def _prefix_posemb_from_timm(flat: Dict[str, np.ndarray]) -> None:
+  """Rewrites, in place, a timm pos_embed that does not cover exactly cls + patches into ours:
+  no_embed_class=True (patches only: a zero cls row is prepended) or, with registers, rows for
+  them too (added to reg_token and removed). The layout is told apart by which count of rows
+  leaves a square patch grid."""
+  pe, cls, reg = flat.get('pos_embed'), flat.get('cls_token'), flat.get('reg_token')
+  if pe is None or cls is None or (reg is None and not _is_square(pe.shape[1])):
+    return  # no posemb, a GAP model (prefix tokens never have rows) or cls + patches
+  r = 0 if reg is None else reg.shape[1]
+  if _is_square(pe.shape[1]) or not _is_square(pe.shape[1] - 1 - r):  # no_embed_class=True
+    flat['pos_embed'] = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+  else:  # rows for cls, registers, patches
+    flat['reg_token'] = reg + pe[:, 1:1 + r]
+    flat['pos_embed'] = np.concatenate([pe[:, :1], pe[:, 1 + r:]], axis=1)
+
+
 def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   """A timm state dict (numpy arrays or anything np.asarray takes) -> our param tree."""
   flat = {k: np.asarray(v) for k, v in state_dict.items()}
@@ -206,8 +274,10 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   if 'fc_norm.weight' in flat:
     raise UserError('the timm model has fc_norm (the final norm after pooling), which this '
                     "project's ViT does not have: convert a model built with fc_norm=False")
+  _prefix_posemb_from_timm(flat)
   qkv_keys = [k for k in flat if re.fullmatch(r'blocks\.\d+\.attn\.qkv\.\w+', k)]
   qkv = {k: flat.pop(k) for k in qkv_keys}
+  kv = {k: flat.pop(k) for k in (f'{_TMAP}kv.weight', f'{_TMAP}kv.bias') if k in flat}
   for key, value in qkv.items():
     if value.shape[0] % 3 or (value.shape[0] // 3) % num_heads:
       raise UserError(f'{key} has shape {value.shape}, which does not split into q, k, v of '
@@ -217,7 +287,11 @@ def from_timm(state_dict: Mapping[str, Any], *, num_heads: int) -> Params:
   if unmatched:
     raise UserError(f'the timm state dict has keys this project\'s ViT does not have: '
                     f'{_few(sorted(unmatched))}; convert a plain ViT or ViT hybrid '
-                    '(no registers, layer scale, qk-norm or attention pooling)')
+                    '(no layer scale, qk-norm or attention pooling)')
+  for key, value in kv.items():
+    kind = 'kernel' if key.endswith('weight') else 'bias'
+    for prefix, part in zip(_MAP_KV, np.split(value, 2, axis=0)):
+      out[f'{prefix}{kind}'] = np.ascontiguousarray(_heads_in_back(part, num_heads))
   for key, value in qkv.items():
     i, kind = re.fullmatch(r'blocks\.(\d+)\.attn\.qkv\.(\w+)', key).groups()
     att = f'Transformer/encoderblock_{i}/{_ATTN}'
@@ -248,14 +322,16 @@ def timm_config(spec: ModelSpec) -> Dict[str, Any]:
   v = spec.variant()
   resnet = resnet_lib.as_resnet_config(v['resnet'])
   ph, pw = v['patch_size']
-  pool = {'token': 'token', 'gap': 'avg', 'unpooled': ''}[v['classifier']]
+  pool = {'token': 'token', 'gap': 'avg', 'unpooled': '', 'map': 'map'}[v['classifier']]
   kwargs = dict(img_size=spec.image_size, patch_size=ph if ph == pw else [ph, pw],
                 in_chans=spec.channels, num_classes=spec.num_classes, embed_dim=v['hidden_size'],
                 depth=v['num_layers'], num_heads=v['num_heads'],
                 mlp_ratio=v['mlp_dim'] / v['hidden_size'], global_pool=pool,
-                class_token=v['classifier'] != 'gap', fc_norm=False,
+                class_token=vit_lib.has_cls(v['classifier']), fc_norm=False,
                 pos_embed='none' if v['posemb'] == 'none' else 'learn',
                 act_layer='gelu_tanh' if v['gelu_approximate'] else 'gelu')
+  if v['num_registers']:
+    kwargs.update(reg_tokens=v['num_registers'], no_embed_class=True)
   arch = None
   if resnet is not None:
     arch = _TIMM_HYBRIDS.get(spec.model_name)
@@ -275,7 +351,7 @@ def _posemb_table(spec: ModelSpec) -> np.ndarray:
   grid = (spec.image_size // (v['patch_size'][0] * stride),
           spec.image_size // (v['patch_size'][1] * stride))
   table = vit_lib.sincos2d_posemb(*grid, v['hidden_size'])
-  if v['classifier'] != 'gap':
+  if vit_lib.has_cls(v['classifier']) and not v['num_registers']:  # else: patches only
     table = np.concatenate([np.zeros_like(table[:1]), table])
   return table[None]
 

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.models import variants
 from vit_jax.models.bit import BiT
+from vit_jax.models.mixer import MlpMixer
+from vit_jax.models import vit as vit_lib
 
 
 
@@ -54,7 +56,9 @@ def largest_activation(model_name: str, image_size: int, batch: int) -> int:
   """Values in the largest activation of `model_name` on `batch` images of `image_size` px, from
   its shape alone: batch x the larger of the transformer's tokens x width (patches + 1) and a
   ResNet's first feature map (image / 4 squared x channels after the stem or its first stage)."""
-  _, kwargs = variants.decode(model_name)
+  cls, kwargs = variants.decode(model_name)
+  if cls is MlpMixer:  # tokens x the channel-mixing MLP's hidden width
+    return batch * (image_size // kwargs['patch_size'][0]) ** 2 * kwargs['channels_mlp_dim']
   if 'hidden_size' in kwargs:  # a ViT or a hybrid
     resnet, patch = kwargs['resnet'], kwargs['patch_size'][0]
     stride = patch * (resnet.stride if resnet is not None else 1)
@@ -131,10 +135,10 @@ def _vit_macs(model, image_shape: Sequence[int]) -> Tuple[float, float]:
   embedding = gh * gw * ph * pw * channels * d
   macs += embedding
   first = first if resnet is not None else embedding
-  n = gh * gw + (1 if model.classifier in ('token', 'unpooled') else 0)
+  n = gh * gw + vit_lib.num_prefix_tokens(model)  # patches, cls, registers
   # Per block: q, k, v and out projections, Q K^T and the weighted sum of V, the MLP.
   macs += model.num_layers * (4 * n * d * d + 2 * n * n * d + 2 * n * d * m)
-  rows = n if model.classifier == 'unpooled' else 1
+  rows = n - model.num_registers if model.classifier == 'unpooled' else 1
   if model.representation_size is not None:
     macs += rows * d * model.representation_size
     d = model.representation_size
@@ -152,13 +156,26 @@ def _bit_macs(model, image_shape: Sequence[int]) -> Tuple[float, float]:
   return first + macs + c * model.num_classes, first
 
 
+def _mixer_macs(model, image_shape: Sequence[int]) -> Tuple[float, float]:
+  """The same for an MLP-Mixer (models/mixer.py): the stem, per block the token-mixing MLP
+  (over the n patches, for each of the d channels) and the channel-mixing MLP, the head."""
+  h, w, channels = image_shape
+  ph, pw = model.patch
+  n, d = (h // ph) * (w // pw), model.hidden_size
+  first = n * ph * pw * channels * d
+  block = 2 * d * n * model.tokens_mlp_dim + 2 * n * d * model.channels_mlp_dim
+  return first + model.num_layers * block + d * model.num_classes, first
+
+
 def _macs(model, image_shape):
+  if isinstance(model, MlpMixer):
+    return _mixer_macs(model, image_shape)
   return (_bit_macs if isinstance(model, BiT) else _vit_macs)(model, image_shape)
 
 
 def forward_flops(model: nn.Module, image_shape: Sequence[int]) -> float:
   """Matmul and convolution FLOPs (2 per multiply-add) of one image's forward pass through
-  `model` (a VisionTransformer, hybrid or BiT module) on images of `image_shape` (H, W, C)."""
+  `model` (a VisionTransformer, hybrid, BiT or MLP-Mixer module) on images of `image_shape` (H, W, C)."""
   return 2. * _macs(model, image_shape)[0]
 
 

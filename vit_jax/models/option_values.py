@@ -15,7 +15,7 @@ import numpy as np
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
 
-CLASSIFIERS = ('token', 'gap', 'unpooled')
+CLASSIFIERS = ('token', 'gap', 'unpooled', 'map')
 POSEMBS = ('learned', 'sincos2d', 'none')
 # Rematerialisation of each encoder block: nothing saved ('full'), or only the outputs of the
 # matmuls without batch dimensions, i.e. the Dense layers ('dots'; attention matmuls recomputed).
@@ -42,6 +42,8 @@ RANGES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     'dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'attention_dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'stochastic_depth': (lambda v: 0 <= v <= 1, 'in [0, 1]'),
+    'num_registers': (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                      'an integer >= 0'),
 }
 DTYPES = ('dtype', 'param_dtype')
 CHECKED = (*CHOICES, *RANGES, *DTYPES)  # every option `check_values` checks

@@ -33,7 +33,8 @@ from vit_jax.models import variants
 jnp = lazy.Module('jax.numpy')
 
 # Values of options a family does not have that describe it as it is (family: its class name).
-IMPLIED: Dict[str, Dict[str, Any]] = {'BiT': {'classifier': 'gap'}}
+IMPLIED: Dict[str, Dict[str, Any]] = {'BiT': {'classifier': 'gap'},
+                                      'MlpMixer': {'classifier': 'gap'}}
 
 _NOT_OPTIONS = ('num_classes', 'parent', 'name')
 
@@ -48,8 +49,8 @@ def _tables() -> Dict[str, Any]:
   """FAMILIES (the module classes), DEFAULTS (every option of every family, in declaration order,
   with the default of its first declaration) and OPTIONS (their names)."""
   # pylint: disable-next=g-import-not-at-top
-  from vit_jax.models import bit, vit  # Flax
-  families = (vit.VisionTransformer, bit.BiT)
+  from vit_jax.models import bit, mixer, vit  # Flax
+  families = (vit.VisionTransformer, bit.BiT, mixer.MlpMixer)
   defaults: Dict[str, Any] = {}
   for cls in families:
     for name, default in _fields(cls).items():

@@ -86,7 +86,7 @@ def params_at_image_size(params, model, old_size: int, new_size: int, *,
   """`params` (a nested dict) of `model` trained at `old_size`, for images of `new_size`: the
   learned position embedding resized to the new patch grid (a copy; the rest shared). Models
   without one (sincos2d / none posemb, BiT) need nothing and come back as they are."""
-  from vit_jax.models.vit import token_grid  # pylint: disable=g-import-not-at-top
+  from vit_jax.models.vit import has_cls, token_grid  # pylint: disable=g-import-not-at-top
   node = params
   for key in POSEMB_PATH:
     node = node.get(key) if hasattr(node, 'get') else None
@@ -97,8 +97,8 @@ def params_at_image_size(params, model, old_size: int, new_size: int, *,
   if new_grid[0] < 1 or new_grid[0] * unit != new_size:
     raise UserError(f'--image_size={new_size} is not a multiple of the model\'s {unit}-pixel '
                     f'patches: pass a multiple of {unit}')
-  resized = resize_posemb(np.asarray(node), old_grid, new_grid, has_cls=model.classifier != 'gap',
-                          method=method)
+  resized = resize_posemb(np.asarray(node), old_grid, new_grid,
+                          has_cls=has_cls(model.classifier), method=method)
   out = dict(params)
   inner = out
   for key in POSEMB_PATH[:-1]:

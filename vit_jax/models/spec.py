@@ -17,6 +17,7 @@ from vit_jax import models
 from vit_jax.errors import UserError
 
 resnet_lib = lazy.Module('vit_jax.models.resnet')  # Flax: loaded when a model is built
+vit_lib = lazy.Module('vit_jax.models.vit')
 
 _FIELDS = ('model_name', 'num_classes', 'options', 'image_size', 'channels')
 LAYOUT_OPTIONS = ('scan',)  # options that choose how params are laid out, not what they are
@@ -71,8 +72,8 @@ class ModelSpec:
 
 def input_channels(params) -> int:
   """Image channels a model was trained on (from its first conv kernel: a hybrid's `conv_root`,
-  a BiT's `root_block/conv_root`, or a ViT's patch `embedding`)."""
-  for path in (('conv_root',), ('root_block', 'conv_root'), ('embedding',)):
+  a BiT's `root_block/conv_root`, a ViT's patch `embedding` or a Mixer's `stem`)."""
+  for path in (('conv_root',), ('root_block', 'conv_root'), ('embedding',), ('stem',)):
     node = params
     for key in path:
       node = node.get(key) if hasattr(node, 'get') else None
@@ -84,8 +85,14 @@ def input_channels(params) -> int:
 
 def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
   """create_model options that a released params file implies: classifier (cls token or not),
-  representation_size (pre_logits) and posemb (learned if stored, else sincos2d)."""
-  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else 'gap'}
+  num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d).
+  A Mixer (MixerBlock_0) has none of these options."""
+  if 'MixerBlock_0' in params:
+    return {}
+  pool = 'map' if 'MAPHead_0' in params else 'gap'
+  options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else pool}
+  if 'registers' in params:
+    options['num_registers'] = int(np.shape(params['registers'])[1])
   if 'pre_logits' in params:
     options['representation_size'] = int(np.shape(params['pre_logits']['kernel'])[-1])
   if 'posembed_input' not in params.get('Transformer', {}):
@@ -94,13 +101,18 @@ def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any]] = None) -> int:
-  """The square input size that gives the token count of a learned position embedding."""
+  """The square input size that gives the token count of a learned position embedding (a
+  Mixer: of its token-mixing MLP)."""
+  mixing = params.get('MixerBlock_0', {}).get('token_mixing', {}).get('Dense_0', {})
+  if 'kernel' in mixing:
+    side = math.isqrt(int(np.shape(mixing['kernel'])[0]))
+    return side * models.create_model(model_name, num_classes=1).patch[0]
   posemb = params.get('Transformer', {}).get('posembed_input', {}).get('pos_embedding')
   if posemb is None:
     raise UserError('the checkpoint has no learned position embedding, so its image size is not '
                     'stored: pass --image_size')
   model = models.create_model(model_name, num_classes=1, **dict(options or {}))
-  tokens = int(np.shape(posemb)[1]) - (model.classifier != 'gap')
+  tokens = int(np.shape(posemb)[1]) - vit_lib.has_cls(model.classifier)
   side = math.isqrt(tokens)
   resnet = resnet_lib.as_resnet_config(model.resnet)
   stride = resnet.stride if resnet is not None else 1

@@ -44,13 +44,26 @@ BIT_DEPTHS: Dict[int, Tuple[int, ...]] = {
 # ViT-Mu/4 and R+ViT-Mu/4 cost per image; R14x0.5 is the tiny one for tests (docs/models.md).
 BIT_SMALL: Tuple[str, ...] = ('BiT-R50x0.5', 'BiT-R26x0.5', 'BiT-R14x0.5')
 
+# MLP-Mixer sizes (the Mixer paper, Table 1; the original repository's configs/models.py): width,
+# blocks, token-mixing and channel-mixing MLP widths. 'Ze' is a tiny one for tests.
+MIXER_BASES: Dict[str, Dict[str, int]] = {
+    'S': dict(hidden_size=512, num_layers=8, tokens_mlp_dim=256, channels_mlp_dim=2048),
+    'B': dict(hidden_size=768, num_layers=12, tokens_mlp_dim=384, channels_mlp_dim=3072),
+    'L': dict(hidden_size=1024, num_layers=24, tokens_mlp_dim=512, channels_mlp_dim=4096),
+    'Ze': dict(hidden_size=32, num_layers=2, tokens_mlp_dim=16, channels_mlp_dim=64),
+}
+MIXERS: Tuple[str, ...] = ('Mixer-S/32', 'Mixer-S/16', 'Mixer-B/32', 'Mixer-B/16', 'Mixer-L/32',
+                           'Mixer-L/16', 'Mixer-Ze/4')
+
 # Registered names: the released / reference models plus the small CPU ones.
 VARIANTS: Tuple[str, ...] = (
     'ViT-Ti/16', 'ViT-S/16', 'ViT-S/32', 'ViT-B/8', 'ViT-B/16', 'ViT-B/32', 'ViT-L/16',
     'ViT-L/32', 'ViT-H/14', 'ViT-Mu/4', 'ViT-Ze/4', *HYBRIDS,
-    *(f'BiT-R{depth}x{width}' for depth in (50, 101, 152) for width in (1, 2, 3, 4)), *BIT_SMALL)
+    *(f'BiT-R{depth}x{width}' for depth in (50, 101, 152) for width in (1, 2, 3, 4)), *BIT_SMALL,
+    *MIXERS)
 
 _VIT_NAME = re.compile(r'ViT-(?P<base>[A-Za-z]+)/(?P<patch>\d+)')
+_MIXER_NAME = re.compile(r'Mixer-(?P<base>[A-Za-z]+)/(?P<patch>\d+)')
 _BIT_NAME = re.compile(r'BiT-R(?P<depth>\d+)x(?P<width>\d+(?:\.\d+)?)')
 
 
@@ -58,7 +71,8 @@ def _unknown(name: str) -> UserError:
   return UserError(
       f'unknown model {name!r}: use ViT-<base>/<patch> with base in {",".join(BASES)} '
       f'(e.g. ViT-B/16, ViT-Mu/4), BiT-R<depth>x<width> with depth in '
-      f'{",".join(map(str, BIT_DEPTHS))} (e.g. BiT-R50x1), or one of: {", ".join(VARIANTS)}')
+      f'{",".join(map(str, BIT_DEPTHS))} (e.g. BiT-R50x1), Mixer-<base>/<patch> with base in '
+      f'{",".join(MIXER_BASES)} (e.g. Mixer-B/16), or one of: {", ".join(VARIANTS)}')
 
 
 def family(name: str) -> Tuple[str, Dict[str, Any]]:
@@ -78,6 +92,12 @@ def family(name: str) -> Tuple[str, Dict[str, Any]]:
     root_width(width)  # a UserError unless 64 x width splits into the GroupNorm groups
     return 'BiT', dict(num_layers=BIT_DEPTHS[int(match['depth'])],
                        width_factor=int(width) if width.is_integer() else width)
+  match = _MIXER_NAME.fullmatch(name)
+  if match is not None:
+    if match['base'] not in MIXER_BASES or int(match['patch']) < 1:
+      raise _unknown(name)
+    patch = int(match['patch'])
+    return 'MlpMixer', dict(patch_size=(patch, patch), **MIXER_BASES[match['base']])
   match = _VIT_NAME.fullmatch(name)
   if match is None or match['base'] not in BASES or int(match['patch']) < 1:
     raise _unknown(name)
@@ -88,11 +108,12 @@ def family(name: str) -> Tuple[str, Dict[str, Any]]:
 def decode(name: str) -> Tuple[type, Dict[str, Any]]:
   """Variant name -> (module class, its kwargs but num_classes and options)."""
   # pylint: disable-next=g-import-not-at-top
-  from vit_jax.models import bit, resnet, vit  # Flax: loaded once a name is known to be valid
+  from vit_jax.models import bit, mixer, resnet, vit  # Flax: loaded once a name is known to be valid
   cls_name, kwargs = family(name)
   if kwargs.get('resnet') is not None:
     kwargs['resnet'] = resnet.ResNetConfig(**kwargs['resnet'])
-  return {'VisionTransformer': vit.VisionTransformer, 'BiT': bit.BiT}[cls_name], kwargs
+  return {'VisionTransformer': vit.VisionTransformer, 'BiT': bit.BiT,
+          'MlpMixer': mixer.MlpMixer}[cls_name], kwargs
 
 
 def decode_variant(name: str) -> Dict[str, Any]:

@@ -6,6 +6,7 @@ map 1:1:
   [conv_root, gn_root, block1/unit1/conv1, ...]     hybrid stem (only when `resnet` is set)
   embedding/{kernel,bias}                            patch embedding, Conv p x p stride p
   cls                                                [1,1,D] (classifier 'token' or 'unpooled')
+  registers                                          [1,R,D] (num_registers R > 0 only)
   Transformer/posembed_input/pos_embedding           [1,N(+1),D] (posemb 'learned' only)
   Transformer/encoderblock_{i}/LayerNorm_0, MultiHeadDotProductAttention_0/{query,key,value,out},
                                LayerNorm_1, MlpBlock_0/{Dense_0,Dense_1}
@@ -22,6 +23,12 @@ encoder block (scanned, 'none' still recomputes the elementwise ops: `SCAN_NO_RE
 
 `attention` selects the attention kernel (vit_jax/models/attention.py: einsum | dot_product |
 cudnn | flash | auto).
+
+`num_registers=R` adds R register tokens (Darcet et al., "Vision Transformers Need Registers";
+timm's `reg_tokens`): learned tokens placed after the cls token once the position embedding is
+added (they have no position), attended to in every block, and dropped before the head:
+`num_prefix_tokens` is the one count of the tokens before the patches (cls and registers) that
+every reader of the token sequence skips. R = 0 is the original model with the same params.
 
 `fp8=True` runs the encoder's dense layers (query, key, value, out, Dense_0, Dense_1) through
 `vit_jax.models.fp8.Fp8Dot`: fp8 matmuls with delayed scaling, whose scales live in their own
@@ -70,6 +77,7 @@ GELU_REMAT_POLICY = jax.checkpoint_policies.save_only_these_names(MLP_HIDDEN)
 SCAN_NO_REMAT_POLICY = jax.checkpoint_policies.dots_saveable
 LN_EPS = 1e-6
 POSEMB_STDDEV = 0.02  # "from BERT", as the original.
+REGISTER_STDDEV = 1e-6  # timm's init of its reg_token
 MLP_BIAS_STDDEV = 1e-6
 
 
@@ -142,7 +150,10 @@ class MultiHeadDotProductAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, *, deterministic: bool,
+               kv: Optional[jax.Array] = None) -> jax.Array:
+    """Queries from `x`, keys and values from `kv` (default `x`: self-attention)."""
+    kv = x if kv is None else kv
     width = x.shape[-1]
     head_dim = width // self.num_heads
     dense = lambda name: nn.DenseGeneral(
@@ -153,14 +164,14 @@ class MultiHeadDotProductAttention(nn.Module):
     kernel = attention_lib.resolve(self.implementation, self.dropout_rate, dtype=self.dtype,
                                    head_dim=head_dim)
     if kernel in attention_lib.FUSED:
-      q, k, v = (dense(n)(x) for n in ('query', 'key', 'value'))
+      q, k, v = dense('query')(x), dense('key')(kv), dense('value')(kv)
       y = attention_lib.FUSED[kernel](q / jnp.sqrt(head_dim).astype(q.dtype), k, v)
     else:
       # Heads-major [B, H, N, hd] for the two attention matmuls: each is then a plain batched
       # matmul over (B, H), with no transposes inside it. Same math and params.
       names = ('batch', 'heads', 'tokens', 'kv')
-      q, k, v = (constrain(jnp.swapaxes(dense(n)(x), 1, 2), names)
-                 for n in ('query', 'key', 'value'))
+      q, k, v = (constrain(jnp.swapaxes(dense(n)(y), 1, 2), names)
+                 for n, y in (('query', x), ('key', kv), ('value', kv)))
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       logits = jnp.einsum('bhqd,bhkd->bhqk', q, k)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
@@ -237,6 +248,29 @@ class Encoder1DBlock(nn.Module):
     return constrain(x + self._drop_path(y, drop_path_rate, deterministic), TOKENS)
 
 
+class MAPHead(nn.Module):
+  """Multihead attention pooling (big_vision's `MAPHead`, timm's `global_pool='map'`): a learned
+  probe token attends to the tokens, then a pre-LN MLP with a residual; -> [B, D]."""
+  num_heads: int
+  mlp_dim: int
+  gelu_approximate: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    b, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
+    probe = jnp.broadcast_to(probe.astype(x.dtype), (b, 1, d))
+    y = MultiHeadDotProductAttention(self.num_heads, implementation='einsum', dtype=self.dtype,
+                                     param_dtype=self.param_dtype)(probe, deterministic=True,
+                                                                   kv=x)
+    z = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype)(y)
+    y = y + MlpBlock(self.mlp_dim, gelu_approximate=self.gelu_approximate, dtype=self.dtype,
+                     param_dtype=self.param_dtype)(z, True)
+    return y[:, 0]
+
+
 def scanned_blocks(block, x: jax.Array, rates: Optional[jax.Array], *,
                    num_layers: int, train: bool) -> jax.Array:
   """The encoder blocks as ONE `nn.scan`ned layer (`model.scan=True`): the block's params (and
@@ -273,10 +307,15 @@ class Encoder(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, grid: Tuple[int, int], train: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, *, grid: Tuple[int, int], train: bool,
+               registers: Optional[jax.Array] = None) -> jax.Array:
+    """`registers` [1, R, D] go after the cls token once the position embedding is added."""
     if self.posemb != 'none':
       x = AddPositionEmbs(self.posemb, grid, self.has_cls, self.param_dtype,
                           name='posembed_input')(x)
+    if registers is not None:
+      regs = jnp.broadcast_to(registers.astype(x.dtype), (x.shape[0],) + registers.shape[1:])
+      x = jnp.concatenate([x[:, :int(self.has_cls)], regs, x[:, int(self.has_cls):]], axis=1)
     x = constrain(nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train), TOKENS)
     policy = remat_policy(self.remat)
     if self.scan and policy is None:
@@ -333,7 +372,8 @@ def check_image_size(height: int, width: int, *, patch_size, resnet, hidden_size
 class VisionTransformer(nn.Module):
   """ViT classifier: NHWC images in [-1, 1] -> float32 logits [B, num_classes].
 
-  With classifier='unpooled' the output is per token, [B, N, num_classes] (N includes cls).
+  classifier='map' pools by attention (`MAPHead`, params under MAPHead_0), as 'gap' without a
+  cls token. With classifier='unpooled' the output is per token, [B, N, num_classes] (N includes cls).
   `resnet` (None, a `ResNetConfig` or a mapping {num_layers, width_factor}) adds the hybrid stem.
   `stochastic_depth` is the drop-path rate of the last block; block i uses rate * i / (L - 1).
   `dtype` is the compute dtype of the stem and encoder; pre_logits and head run in float32.
@@ -360,6 +400,7 @@ class VisionTransformer(nn.Module):
   with_mask_token: bool = False  # masked patch prediction: a learnable [mask] patch embedding
   scan: bool = False  # the blocks as one scanned layer, params stacked [L, ...] (see `init`)
   fp8: bool = False  # the encoder's dense layers in fp8 with delayed scaling (models/fp8.py)
+  num_registers: int = 0  # register tokens: attended to, never pooled (num_prefix_tokens)
 
   @nn.nowrap
   def init_with_output(self, rngs, *args, **kwargs):
@@ -415,25 +456,33 @@ class VisionTransformer(nn.Module):
         x = jnp.take_along_axis(x, corrupt['source'][..., None], axis=1)
         x = jnp.where(corrupt['use_mask'][..., None], mask.astype(x.dtype), x)
 
-    has_cls = self.classifier in ('token', 'unpooled')
-    if has_cls:
+    with_cls = has_cls(self.classifier)
+    if with_cls:
       cls = self.param('cls', nn.initializers.zeros, (1, 1, d), self.param_dtype)
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
+    registers = None
+    if self.num_registers:
+      registers = self.param('registers', nn.initializers.normal(REGISTER_STDDEV),
+                             (1, self.num_registers, d), self.param_dtype)
 
     x = Encoder(
         num_layers=self.num_layers, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-        posemb=self.posemb, has_cls=has_cls, dropout_rate=self.dropout_rate,
+        posemb=self.posemb, has_cls=with_cls, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.stochastic_depth, gelu_approximate=self.gelu_approximate,
         remat=self.remat, scan=self.scan, attention=self.attention, fp8=self.fp8,
         dtype=self.dtype, param_dtype=self.param_dtype,
-        name='Transformer')(x, grid=(h, w), train=train)
+        name='Transformer')(x, grid=(h, w), train=train, registers=registers)
 
+    x = drop_registers(self, x)
     if self.classifier == 'token':
       x = x[:, 0]
     elif self.classifier == 'gap':
       x = jnp.mean(x, axis=1)
-    # 'unpooled': keep every token.
+    elif self.classifier == 'map':
+      x = MAPHead(self.num_heads, self.mlp_dim, self.gelu_approximate, dtype=self.dtype,
+                  param_dtype=self.param_dtype)(x)
+    # 'unpooled': keep every token but the registers.
 
     x = x.astype(jnp.float32)
     if self.representation_size is not None:
@@ -444,6 +493,27 @@ class VisionTransformer(nn.Module):
     return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
                     bias_init=nn.initializers.constant(self.head_bias_init), dtype=jnp.float32,
                     param_dtype=self.param_dtype, name='head')(x)
+
+
+def has_cls(classifier: str) -> bool:
+  """Whether a ViT with this classifier has a cls token (the others pool the patch tokens)."""
+  return classifier in ('token', 'unpooled')
+
+
+def num_prefix_tokens(model: VisionTransformer) -> int:
+  """Tokens before the patch tokens in the encoder's sequence: the cls token (classifier 'token'
+  or 'unpooled') and the registers. Everything that reads tokens skips these (or the registers)."""
+  return int(has_cls(model.classifier)) + model.num_registers
+
+
+def drop_registers(model: VisionTransformer, tokens, axis: int = 1):
+  """`tokens` (the encoder's sequence, along `axis`) without the register tokens."""
+  if not model.num_registers:
+    return tokens
+  keep = np.r_[:num_prefix_tokens(model) - model.num_registers,
+               num_prefix_tokens(model):tokens.shape[axis]]
+  return jnp.take(tokens, keep, axis=axis) if isinstance(tokens, jax.Array) else np.take(
+      tokens, keep, axis=axis)
 
 
 def token_grid(model: VisionTransformer,

@@ -15,37 +15,23 @@ import shutil
 import numpy as np
 
 from vit_jax.errors import UserError
+from vit_jax.serving import exported
 from vit_jax.serving.bundle import Bundle
 
 DIRNAME = 'saved_model'
-PLATFORMS = ('cpu', 'cuda', 'tpu')
 
 
-def predict_fn(bundle: Bundle):
-  """(params, uint8 images) -> (probabilities, logits), the function that is exported."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  model = bundle.spec.build()
-
-  def predict(params, images):
-    x = (images.astype(jnp.float32) - 127.5) / 127.5
-    logits = model.apply({'params': params}, x, train=False).astype(jnp.float32)
-    if bundle.output == 'sigmoid':
-      return jax.nn.sigmoid(logits), logits
-    return jax.nn.softmax(logits, axis=-1), logits
-  return predict
-
-
-def save(bundle: Bundle, out: str) -> str:
+def save(bundle: Bundle, out: str) -> float:
   """Writes the SavedModel directory `out` (an existing one is replaced once the new one is
-  complete); returns its path."""
+  complete and gives the JAX model's logits); returns its relative logit error
+  (`exported.check`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top
   spec = bundle.spec
   shape = (spec.image_size, spec.image_size, spec.channels)
   converted = jax2tf.convert(
-      predict_fn(bundle), polymorphic_shapes=[None, f'(b, {", ".join(map(str, shape))})'],
-      with_gradient=False, native_serialization_platforms=PLATFORMS)
+      exported.predict_fn(bundle), polymorphic_shapes=[None, f'(b, {", ".join(map(str, shape))})'],
+      with_gradient=False, native_serialization_platforms=exported.PLATFORMS)
   module = tf.Module()
   module.params = tf.nest.map_structure(lambda v: tf.Variable(np.asarray(v), trainable=False),
                                         bundle.params)
@@ -65,10 +51,17 @@ def save(bundle: Bundle, out: str) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     raise UserError(f'cannot write the SavedModel {out} ({type(e).__name__}: '
                     f'{" ".join(str(e).split())[:200]}): export with --nosaved_model to skip it')
+  try:
+    serve = tf.saved_model.load(tmp).signatures['serving_default']
+    error = exported.check(bundle, lambda x: serve(images=tf.constant(x))['logits'].numpy(),
+                           f'the SavedModel {out}')
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   if os.path.exists(out):
     shutil.rmtree(out)
   os.replace(tmp, out)
-  return out
+  return error
 
 
-__all__ = ['DIRNAME', 'PLATFORMS', 'predict_fn', 'save']
+__all__ = ['DIRNAME', 'save']

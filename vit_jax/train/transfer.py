@@ -27,6 +27,7 @@ from etils import epath
 
 from vit_jax import models
 from vit_jax.models import layout
+from vit_jax.models import vit as vit_lib
 from vit_jax.models import spec as model_spec
 from vit_jax.models.posemb_resize import Grid, resize_posemb, square_grid
 from vit_jax.formats import npz as npz_lib
@@ -179,7 +180,7 @@ def read_init(init: str, params, *, model, image_size: int, method: str) -> Tran
   pretrained = load_pretrained(init)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
   values = transfer_params(pretrained.params, layout.unstack_blocks(abstract),
-                           has_cls=model.classifier != 'gap', old_grid=pretrained.grid,
+                           has_cls=vit_lib.has_cls(model.classifier), old_grid=pretrained.grid,
                            new_grid=models.token_grid(model, image_size), method=method,
                            what=f'config.init={init}')
   if layout.is_stacked(abstract):  # a scanned model: its blocks stacked as its params are
