@@ -44,9 +44,10 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
   config.eval_split = 'test[:64]'
   validate.check_config(config)
   bad = extending.get_config()
-  bad.evaluators = ('confidense',)
-  with pytest.raises(UserError, match=r"^unknown evaluator 'confidense' in config.evaluators: use "
-                                      r'one of confidence, fewshot, real'):
+  bad.evals.confidence.type = 'confidense'
+  with pytest.raises(UserError, match=r"^unknown evaluator type 'confidense' in "
+                                      r'config.evals.confidence.type: use one of confidence, '
+                                      r'fewshot, knn'):
     validate.check_config(bad)
   bad = extending.get_config()
   bad.pp.train = 'pad_crop(pad=2)|brightness(delta=40, gamma=2)'
@@ -60,6 +61,28 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
   confidence = [(r['step'], r['confidence']) for r in rows if r['split'] == 'confidence']
   assert [step for step, _ in confidence] == [2, 4]
   assert all(0.1 <= value <= 1.0 for _, value in confidence), confidence
+
+  # The evaluate command's library scores the checkpoint on the config's own entry and k-NN,
+  # writes the table, and a rerun finds both in it.
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  model, params, stored, identity = checkpoint.load_run_checkpoint(workdir, None)
+  lines = []
+  out = checkpoint.evaluate(model, params, stored, identity, ['confidence', 'knn'],
+                            workdir=workdir, say=lines.append)
+  assert identity['step'] == 4 and sorted(out['results']) == ['confidence', 'knn']
+  assert out['results']['confidence']['metrics']['confidence'] == pytest.approx(
+      confidence[-1][1], abs=1e-5)
+  assert 0.0 <= out['results']['knn']['metrics']['top1'] <= 1.0
+  assert out['results']['knn']['dataset']['name'] == 'mnist5k'
+  for name in ('results.json', 'results.md', 'results.png'):
+    assert os.path.isfile(os.path.join(out['directory'], name)), name
+  lines.clear()
+  checkpoint.evaluate(model, params, stored, identity, ['confidence', 'knn'], workdir=workdir,
+                      say=lines.append)
+  assert lines == ['confidence: in the table already (step 4)', 'knn: in the table already '
+                   '(step 4)']
+  with pytest.raises(UserError, match=r"^unknown evaluator 'knm': use one of confidence, eval, "):
+    checkpoint.evaluate(model, params, stored, identity, ['knm'], workdir=workdir)
 
   # The train stream runs the op: each image's background (0 in mnist5k) is shifted by one amount
   # in [0, 40] (negative shifts clip to 0), different between images.
@@ -75,19 +98,19 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
 
 
 def test_the_docs_show_the_registering_code_of_configs_extending():
-  """Each registered function docs/data.md and docs/recipes.md show is configs/extending.py's."""
+  """Each registered function docs/data.md and docs/evaluation.md show is configs/extending.py's."""
   with open(os.path.join(ROOT, 'configs', 'extending.py')) as f:
     code = f.read()
   shown = {name: re.findall(r'```python\n(.*?)```', _doc(name), re.S)
-           for name in ('data.md', 'recipes.md')}
+           for name in ('data.md', 'evaluation.md')}
   registering = [(name, block) for name, blocks in shown.items() for block in blocks
                  if '.register(' in block]
-  assert [name for name, _ in registering] == ['data.md', 'recipes.md']
+  assert [name for name, _ in registering] == ['data.md', 'evaluation.md']
   for name, block in registering:
     assert block in code, f'docs/{name} shows code that configs/extending.py does not hold'
 
 
-@pytest.mark.parametrize('doc, table', [('data.md', ops.table), ('recipes.md', registry.table)],
+@pytest.mark.parametrize('doc, table', [('data.md', ops.table), ('evaluation.md', registry.table)],
                          ids=['ops', 'evaluators'])
 def test_the_docs_list_every_registered_entry(doc, table):
   """The table in the docs is the registry's (regenerate it with `ops.table()` or

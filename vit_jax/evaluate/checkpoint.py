@@ -139,7 +139,7 @@ def evaluate(model, params, config, identity: dict, names: Sequence[str], *, wor
                                     time.perf_counter() - start)
       if writer:
         results_lib.save(out_dir, identity, table)
-      say(f'{name}: ' + ', '.join(f'{k} {v:.4f}' for k, v in metrics.items())
+      say(f'{name}: ' + ', '.join(f'{k} {results_lib.fmt(k, v)}' for k, v in metrics.items())
           + f' ({table[name]["seconds"]:.1f} s)')
     current = None
   except KeyboardInterrupt:

@@ -248,11 +248,20 @@ def top1(run: Run, split: Optional[str] = None) -> Evaluation:
   `eval_split`); the run's return value and learning curve read the entry named `eval`."""
   c = run.config
   split = split or c.eval_split
-  batches, step = run.eval_batches(split), run.scoring_step()
+  built = []  # (batches, step), made on the first call
+
+  def batches_and_step():
+    if not built:
+      built.append((run.eval_batches(split), run.scoring_step()))
+    return built[0]
+
+  if run.data is not None:
+    batches_and_step()  # a bad split fails as the run starts, not at its first evaluation
   from vit_jax import tasks  # pylint: disable=g-import-not-at-top
   metric = tasks.get_task(c).metric_name
 
   def evaluate(params):
+    batches, step = batches_and_step()
     totals = None
     for batch in batches:
       out = step(params, run.shard(batch))

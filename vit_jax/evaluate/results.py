@@ -69,6 +69,11 @@ def describe_checkpoint(checkpoint: dict) -> str:
   return f'step {checkpoint["step"]} of {checkpoint["path"]} (content {checkpoint["content"]})'
 
 
+def fmt(metric: str, value: float) -> str:
+  """A metric as the table shows it: fractions to 4 decimals, others to 4 significant digits."""
+  return f'{value:.4f}' if metric not in _NOT_PLOTTED and 0 <= value <= 1 else f'{value:.4g}'
+
+
 def markdown(checkpoint: dict, results: Dict[str, dict]) -> str:
   """One row per metric: evaluator, type, dataset (name and fingerprint), metric, value."""
   lines = [f'Evaluation of {describe_checkpoint(checkpoint)}', '',
@@ -80,7 +85,7 @@ def markdown(checkpoint: dict, results: Dict[str, dict]) -> str:
     if data.get('fingerprint'):
       dataset += f' ({data["fingerprint"]})'
     for metric, value in r['metrics'].items():
-      lines.append(f'| {name} | {r["type"]} | {dataset} | {metric} | {value:.4f} |')
+      lines.append(f'| {name} | {r["type"]} | {dataset} | {metric} | {fmt(metric, value)} |')
   return '\n'.join(lines)
 
 
@@ -111,5 +116,5 @@ def plot(directory: str, checkpoint: dict, results: Dict[str, dict]) -> Optional
   return path
 
 
-__all__ = ['FORMAT', 'VERSION', 'describe_checkpoint', 'done', 'load', 'markdown', 'plot', 'row',
-           'save']
+__all__ = ['FORMAT', 'VERSION', 'describe_checkpoint', 'done', 'fmt', 'load', 'markdown',
+           'plot', 'row', 'save']
