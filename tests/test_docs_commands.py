@@ -128,7 +128,7 @@ COMMANDS = {
     'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet2012 --workdir':
         Fails(_NO_DATA),
     # docs/evaluation.md
-    f'{_PY} evaluate --workdir=runs/default --evals=knn,linear_probe,fewshot': Run(),
+    'python -m vit_jax evaluate --workdir=runs/default --evals=knn,linear_probe,fewshot': Run(),
     # docs/data.md, docs/evaluation.md: an op and an evaluator of a config file's own
     'python -m vit_jax.main --config=configs/extending.py --workdir=runs/extending':
         Run(_FAST_TRAIN),

@@ -22,7 +22,7 @@ _EVALS = flags.DEFINE_list('evals', [], 'Evaluators: config.evals entries, regis
 _WEIGHTS = flags.DEFINE_string('weights', None, 'Released weights by name (python -m vit_jax '
                                'weights), or a params .npz with --model, instead of a run.')
 _MODEL = flag_groups.model()
-_DATASET = flags.DEFINE_string('dataset', None, 'Dataset the evaluators read with --weights.')
+_DATASET = flag_groups.dataset()
 _BATCH_SIZE = flag_groups.batch_size()
 _DATA_DIR = flag_groups.data_dir()
 
@@ -75,6 +75,7 @@ def run(argv) -> int:
 def main():
   flag_groups.adapt('batch_size', help='Images per forward pass (all devices); default: the '
                     "run's eval_batch_size.")
+  flag_groups.adapt('dataset', help='Dataset the evaluators read with --weights.')
   cli.run_main(run)
 
 

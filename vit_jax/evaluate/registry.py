@@ -74,8 +74,8 @@ class Scheduled:
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What an evaluator is built from. `eval_fn`: the compiled eval step of the run's task (built
-  on first use when absent); `cache`: where features are kept (`features.FeatureCache`; None =
-  recomputed each time, as during training)."""
+  on first use when absent); `cache`: where features are kept (`features.FeatureCache`, used on
+  one process; None = recomputed each time, as during training)."""
   config: Any
   model: Any
   mesh: Any
@@ -116,8 +116,9 @@ class Run:
     if 'extractor' not in self._memo:
       self._memo['extractor'] = features.Extractor(self.model, self.mesh, self.param_shardings)
     info = self.info(dataset)
-    cache = self.cache and self.cache.for_data(features.dataset_identity(info), split,
-                                               self.eval_pp)
+    # One process only: processes that saw different chunks on disk would gather out of step.
+    cache = (self.cache.for_data(features.dataset_identity(info), split, self.eval_pp)
+             if self.cache is not None and jax.process_count() == 1 else None)
     return self._memo['extractor'](params, self.eval_batches(split, dataset), cache)
 
   def scoring_step(self) -> Callable:
