@@ -84,6 +84,7 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
   with pytest.raises(UserError, match=r"^unknown evaluator 'knm': use one of confidence, eval, "):
     checkpoint.evaluate(model, params, stored, identity, ['knm'], workdir=workdir)
 
+
   # The train stream runs the op: each image's background (0 in mnist5k) is shifted by one amount
   # in [0, 40] (negative shifts clip to 0), different between images.
   plain = dict(config_pp.train_pp(config), ops='pad_crop(pad=2)')
@@ -95,6 +96,19 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
     assert len(level) == 1 and 0 <= level[0] <= 40
     shifts.append(int(level[0]))
   assert len(set(shifts)) > 5
+
+  # The same params as a local weights file: scored by name of the file, on a dataset named.
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
+  weights = str(tmp_path / 'ze.npz')
+  npz.save_npz(weights, params)
+  with pytest.raises(UserError, match=r'carries no dataset: pass --dataset=NAME'):
+    checkpoint.load_weights(weights, 'ViT-Ze/4', None)
+  model, params, base, identity = checkpoint.load_weights(weights, 'ViT-Ze/4', 'mnist5k')
+  assert identity['weights'] == weights and len(identity['content']) == 16
+  out = checkpoint.evaluate(model, params, base, identity, ['knn'], workdir=str(tmp_path / 'w'),
+                            say=lines.append)
+  assert out['directory'].endswith('weights_' + weights.replace('/', '_'))
+  assert 0.0 <= out['results']['knn']['metrics']['top1'] <= 1.0
 
 
 def test_the_docs_show_the_registering_code_of_configs_extending():

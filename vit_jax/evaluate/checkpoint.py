@@ -77,7 +77,7 @@ def load_weights(source: str, model_name: Optional[str], dataset: Optional[str])
                     f'lists them) nor a params file')
   model, params, spec = inputs.load_params_file(source, model_name)
   config = common.base_config()
-  config.model_name, config.dataset, config.image_size = spec.name, dataset, spec.image_size
+  config.model_name, config.dataset, config.image_size = spec.model_name, dataset, spec.image_size
   return model, params, config, file_identity(source, path)
 
 
