@@ -246,3 +246,23 @@ def test_a_registered_evaluator_is_built_with_its_options_and_run_when_due():
     registry.EVALUATORS.unregister('count_test')
   with pytest.raises(UserError, match="unknown evaluator type 'count_test'"):
     registry.check(config)
+
+
+def test_the_evaluate_command_resolves_entries_types_and_suites():
+  """`--evals` names: an entry of config.evals (its options), a registered type (its defaults),
+  a suite (its members); an unknown name lists all three kinds."""
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = _config()
+  config.evals.knn.k = 5
+  registry.register_suite('suite_test', ('knn', 'top1'))
+  try:
+    resolved = registry.resolve(config, ['suite_test', 'linear_probe'])
+    assert list(resolved) == ['knn', 'top1', 'linear_probe']
+    assert resolved['knn'][0].keywords['k'] == 5 and resolved['top1'][0].keywords == {}
+    with pytest.raises(UserError, match=r"^unknown evaluator 'knm': use one of eval, fewshot, "
+                                        r'knn, linear_probe, real, suite_test, top1 '):
+      registry.resolve(config, ['knm'])
+    with pytest.raises(ValueError, match='registered twice'):
+      registry.register_suite('suite_test', ())
+  finally:
+    del registry.SUITES['suite_test']
