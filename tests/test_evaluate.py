@@ -131,7 +131,7 @@ def test_features_are_cached_per_chunk_and_a_stopped_extraction_resumes(tmp_path
   batches = _batches()
   identity = {'step': 10, 'content': 'abc'}
   cache = features.FeatureCache(str(tmp_path), identity, chunk_batches=2).for_data(
-      {'name': 'd', 'fingerprint': 'f1'}, 'test', {'ops': 'resize'})
+      {'name': 'd', 'fingerprint': 'f1'}, 'test', {'ops': 'resize'}, 4)
   with pytest.raises(KeyboardInterrupt):
     cache.extract(_Counting(stop=5), None, batches)
   assert sorted(os.listdir(cache.path)) == ['chunk_00000.npz', 'chunk_00001.npz']
@@ -149,14 +149,15 @@ def test_features_are_cached_per_chunk_and_a_stopped_extraction_resumes(tmp_path
 
 def test_a_changed_checkpoint_or_dataset_is_other_data(tmp_path):
   data, pp = {'name': 'd', 'fingerprint': 'f1'}, {'ops': 'resize'}
-  key = lambda ckpt, data, split='test': features.FeatureCache(
-      str(tmp_path), ckpt).for_data(data, split, pp).key
+  key = lambda ckpt, data, split='test', batch=8: features.FeatureCache(
+      str(tmp_path), ckpt).for_data(data, split, pp, batch).key
   base = key({'step': 10, 'content': 'abc'}, data)
   assert base == key({'step': 10, 'content': 'abc'}, dict(data))
   assert len({base, key({'step': 10, 'content': 'abd'}, data),
               key({'step': 20, 'content': 'abc'}, data),
               key({'step': 10, 'content': 'abc'}, dict(data, fingerprint='f2')),
-              key({'step': 10, 'content': 'abc'}, data, 'train')}) == 5
+              key({'step': 10, 'content': 'abc'}, data, 'train'),
+              key({'step': 10, 'content': 'abc'}, data, batch=16)}) == 6
 
 
 # ---------------------------------------------------------------- results table

@@ -7,10 +7,10 @@ the register tokens or any other token. Batches are sharded over the mesh's data
 features of all processes are gathered in the batches' order and the padding rows dropped.
 
 `FeatureCache(directory, identity)` keeps them in `<directory>/<key>/`, the key a digest of the
-checkpoint's step and content, the dataset's identity, the split and the preprocessing, so a
-changed checkpoint or dataset is other data, never a hit. Each chunk of batches is written as it
-is done (a temporary file renamed), so an extraction stopped by a signal resumes at its first
-missing chunk.
+checkpoint's step and content, the dataset's identity, the split, the preprocessing and the
+batch size, so a changed checkpoint or dataset is other data, never a hit. Each chunk of batches
+is written as it is done (a temporary file renamed), so an extraction stopped by a signal
+resumes at its first missing chunk.
 """
 
 import hashlib
@@ -96,11 +96,12 @@ class FeatureCache:
     self.directory, self.identity, self.chunk_batches = directory, identity, chunk_batches
     self.key = None
 
-  def for_data(self, dataset_identity: dict, split: str, pp) -> 'FeatureCache':
-    """This cache narrowed to one dataset split under one preprocessing."""
+  def for_data(self, dataset_identity: dict, split: str, pp, batch_size: int) -> 'FeatureCache':
+    """This cache narrowed to one dataset split under one preprocessing, read in batches of
+    `batch_size` (which sets the chunks' bounds)."""
     out = FeatureCache(self.directory, self.identity, self.chunk_batches)
     out.key = digest({'checkpoint': self.identity, 'dataset': dataset_identity, 'split': split,
-                      'pp': pp})
+                      'pp': pp, 'batch_size': int(batch_size), 'chunk': self.chunk_batches})
     return out
 
   @property

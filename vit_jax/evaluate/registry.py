@@ -117,7 +117,8 @@ class Run:
       self._memo['extractor'] = features.Extractor(self.model, self.mesh, self.param_shardings)
     info = self.info(dataset)
     # One process only: processes that saw different chunks on disk would gather out of step.
-    cache = (self.cache.for_data(features.dataset_identity(info), split, self.eval_pp)
+    cache = (self.cache.for_data(features.dataset_identity(info), split, self.eval_pp,
+                                 self.config.eval_batch_size)
              if self.cache is not None and jax.process_count() == 1 else None)
     return self._memo['extractor'](params, self.eval_batches(split, dataset), cache)
 
