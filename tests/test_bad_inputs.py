@@ -78,7 +78,7 @@ CASES = [
           'register one: docs/data.md']),
     Case('unknown evaluator', _main('--config.evals.knn.type=knm'),
          ["unknown evaluator type 'knm' in --config.evals.knn.type: use one of fewshot, knn, "
-          'linear_probe, real, top1', 'docs/evaluation.md']),
+          'linear_probe, real, robustness, top1', 'docs/evaluation.md']),
     Case('image size not divisible by patch', _main('--config.image_size=30'),
          ['image size 30 is not divisible by the patch size 4', 'use a multiple of 4']),
     Case('fp8 on a CPU', _main('--config.model.fp8=True'),

@@ -20,7 +20,8 @@ from PIL import Image
 from vit_jax.configs import mnist5k
 from helpers import ROOT, file_tree
 from vit_jax import data as data_lib
-from vit_jax.data import archive_index, config_pp, folder, image_files, specs
+from vit_jax.data import config_pp, folder, image_files, specs
+from vit_jax.data.archive import building
 from vit_jax.errors import UserError
 from vit_jax.train import logs, loop, program
 
@@ -148,7 +149,7 @@ def test_disk_full_while_indexing_a_folder(tmp_path, monkeypatch):
 
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-  monkeypatch.setattr(archive_index, 'write_json', full)
+  monkeypatch.setattr(building, 'write_json', full)
   with pytest.raises(UserError, match=r'^cannot write the index in .*/tfds/vit_jax_index/'
                                       r'images-[0-9a-f]{12}-[0-9a-f]{16} \(No space left on '
                                       r'device\): free space there or set \$VIT_JAX_INDEX_DIR'):

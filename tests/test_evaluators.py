@@ -168,7 +168,8 @@ def test_config_evals_entries_are_checked_before_anything_is_built():
   validate.check_config(_config())
   cases = [
       (('knn', 'type', 'rael'), r"^unknown evaluator type 'rael' in config.evals.knn.type: use "
-       r'one of fewshot, knn, linear_probe, real, top1 \(or register one: docs/evaluation.md\)$'),
+       r'one of fewshot, knn, linear_probe, real, robustness, top1 \(or register one: '
+       r'docs/evaluation.md\)$'),
       (('knn', 'kk', 3), r'^config.evals.knn.kk is not an option of evaluator type knn: use '
        r'dataset, train_split, eval_split, k, temperature, weighting \(or every\)$'),
       (('knn', 'k', 0), r'^config.evals.knn.k=0 must be at least 1'),
@@ -260,7 +261,7 @@ def test_the_evaluate_command_resolves_entries_types_and_suites():
     assert list(resolved) == ['knn', 'top1', 'linear_probe']
     assert resolved['knn'][0].keywords['k'] == 5 and resolved['top1'][0].keywords == {}
     with pytest.raises(UserError, match=r"^unknown evaluator 'knm': use one of eval, fewshot, "
-                                        r'knn, linear_probe, real, suite_test, top1 '):
+                                        r'knn, linear_probe, real, robustness, suite_test, '):
       registry.resolve(config, ['knm'])
     with pytest.raises(ValueError, match='registered twice'):
       registry.register_suite('suite_test', ())

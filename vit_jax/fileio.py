@@ -1,5 +1,6 @@
 """Local or remote paths (gs:// and the like): the one rule telling them apart, and the file
-calls for each (tf.io.gfile for remote paths only, so local file work never imports TensorFlow)."""
+calls for each (tf.io.gfile for remote paths only, so local file work never imports TensorFlow);
+and the user's cache directory (`user_cache`), where rebuildable files are kept."""
 
 import os
 import re
@@ -9,6 +10,14 @@ _REMOTE = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
 
 def is_remote(path: str) -> bool:
   return bool(_REMOTE.match(path))
+
+
+def user_cache(*parts: str, environ=None) -> str:
+  """A path under the user's cache for vit_jax: $XDG_CACHE_HOME/vit_jax/..., else
+  ~/.cache/vit_jax/... (what is kept there can be rebuilt)."""
+  env = os.environ if environ is None else environ
+  base = env.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(base, 'vit_jax', *parts)
 
 
 def gfile():
@@ -57,4 +66,4 @@ def error_reason(error: Exception) -> str:
   return reason.splitlines()[0].rsplit('; ', 1)[-1] if reason else type(error).__name__
 
 
-__all__ = ['error_reason', 'errors_for', 'files_for', 'gfile', 'is_remote']
+__all__ = ['error_reason', 'errors_for', 'files_for', 'gfile', 'is_remote', 'user_cache']

@@ -17,7 +17,7 @@ position embeddings are resized to the new resolution (vit_jax/train/transfer.py
 Arguments:
   model     any variant, short (B/16, R50+B/16) or registered (ViT-B/16) name
   dataset   imagenet2012 | cifar10 | cifar100 | oxford_iiit_pet | oxford_flowers102 |
-            vtab/<task> (the 19 VTAB-1k tasks, see vit_jax/configs/recipes.py) | mnist5k | digits
+            vtab/<task> (the 19 VTAB-1k tasks, vit_jax/data/sources/vtab.py) | mnist5k | digits
   lr        default: see vit_jax/configs/recipes.py; the paper picks it from recipes.lr_grid(dataset)
             on the dev split
   dev       true: train on the train split minus the held-out dev part and evaluate on that part
@@ -31,6 +31,7 @@ Expected: P Table 2 / Table 5; the mnist5k recipe is measured in docs/recipes.md
 
 from vit_jax.configs import common
 from vit_jax.configs import recipes
+from vit_jax.data.sources import vtab
 from vit_jax.errors import UserError
 
 
@@ -64,21 +65,17 @@ def _table4(c, dataset: str, args) -> None:
 
 
 def _vtab(c, task: str, args) -> None:
-  if task not in recipes.VTAB_TASKS:
-    raise UserError(f'unknown VTAB task {task!r}: use one of {", ".join(recipes.VTAB_TASKS)}')
-  if recipes.VTAB_TASKS[task] is None:
-    raise UserError(f'VTAB task {task} needs labels derived from other features (counts, '
-                    f'distances, bins), which the input pipeline does not support yet: use one of '
-                    f'{", ".join(k for k, v in recipes.VTAB_TASKS.items() if v)}')
-  name, test = recipes.VTAB_TASKS[task]
-  c.dataset = name
-  train, dev = recipes.VTAB_TRAIN_IMAGES, recipes.VTAB_DEV_IMAGES
+  """A VTAB-1k task: train on train800val200 (dev: train800, evaluated on val200), test on the
+  task's test split."""
+  if task not in vtab.TASKS:
+    raise UserError(f'unknown VTAB task {task!r}: use one of {", ".join(vtab.TASKS)}')
+  c.dataset = vtab.PREFIX + task
   c.total_steps, c.warmup_steps = recipes.VTAB_STEPS, recipes.VTAB_WARMUP
   c.lr = args['lr'] or recipes.VTAB_LR
   if args['dev']:
-    c.train_split, c.eval_split = f'train[:{train}]', f'train[{train}:{train + dev}]'
+    c.train_split, c.eval_split = 'train800', 'val200'
   else:
-    c.train_split, c.eval_split = f'train[:{train + dev}]', test
+    c.train_split, c.eval_split = 'train800val200', 'test'
   c.eval_every = c.checkpoint_every = 500
   c.log_every = 50
 

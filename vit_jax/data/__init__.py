@@ -8,9 +8,10 @@
 Modules, by role:
   sources        `embedded` with `mnist5k` and `digits` (datasets inside installed packages, read
                  from their arrays), `folder` (a folder of class folders) and `releases`
-                 (ImageNet-21k and ILSVRC2012), both read in place over `archive_index` (the
+                 (ImageNet-21k and ILSVRC2012), both read in place over `vit_jax.data.archive` (the
                  index of an archive or folder), `image_files` (single image files, for
-                 prediction);
+                 prediction); `sources/` (sources chosen by a registered name prefix: VTAB-1k's
+                 tasks, the ImageNet robustness sets, or a config file's own);
   catalog/info   `catalog` (the embedded datasets' arrays and split expressions, no TensorFlow),
                  `info` (which source serves a name; tfds datasets, never downloading),
                  `offline_info` (tfds info of the datasets built here);

@@ -4,19 +4,20 @@ Layout: PATH/<class name>/**/<file>.jpg|.jpeg|.png (extensions in any case; imag
 folders belong to the class folder above them). Label i is the i-th class folder name in sorted
 order. Names starting with '.' (hidden files and folders) are ignored.
 
-The folder is read where it is, through the index the ImageNet releases use (archive_index.py,
-layout 'folders'): no copy of the images is written. The index (every image's file, size and
-class: small metadata) is written once per folder content under `archive_index.index_base`
-(`<data_dir>/vit_jax_index/`, or $VIT_JAX_INDEX_DIR; data_dir: the config's `data_dir`, else
-tfds' default `~/tensorflow_datasets`), in a directory named by a fingerprint of every file's
-relative path, size and modification time: a folder changed in any way (a file added, removed,
-renamed or rewritten) is indexed again, and a run resumed after such a change is told that its
-data changed (vit_jax/data/identity.py).
+The folder is read where it is, through the index the ImageNet releases use (vit_jax/data/archive/,
+layout 'folders'): no copy of the images is written. The index (every image's file, size, class
+and checksum: small metadata) is written once per folder content under
+`archive.folder_index_base` ($VIT_JAX_INDEX_DIR, else `<data_dir>/vit_jax_index/` when the
+config gives a `data_dir`, else `$XDG_CACHE_HOME/vit_jax/index/`, by default
+`~/.cache/vit_jax/index/`), in a directory named by the folder's path and a fingerprint of every
+file's relative path, size and modification time: a folder changed in any way (a file added,
+removed, renamed or rewritten) is indexed again, the indexes of its earlier contents are removed,
+and a run resumed after such a change is told that its data changed (vit_jax/data/identity.py).
 
-Indexing lists every file by archive_index's rules and decodes each image once with
-`preprocess.decode` (the op the input pipelines use). Skipped, and named in one line on stderr
-(counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and files
-beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
+Indexing lists every file by the rules of vit_jax/data/archive/layouts.py and decodes each image
+once with `preprocess.decode` (the op the input pipelines use). Skipped, and named in one line on
+stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and
+files beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
 cannot be read ('unreadable': dangling symbolic links, links to a folder that loop or lead out of
 their class folder, no read permission, special files), and second names of a file reached
 twice through links ('duplicate': the image is read once). A class folder that links to another
@@ -44,14 +45,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vit_jax import quiet
-from vit_jax.data import archive_index
+from vit_jax.data import archive
 from vit_jax.data import catalog
 from vit_jax.data import releases
 from vit_jax.data.image_files import shown
 from vit_jax.errors import UserError
 
 PREFIX = catalog.FOLDER_PREFIX
-EXTENSIONS = archive_index.IMAGE_EXTENSIONS
+EXTENSIONS = archive.IMAGE_EXTENSIONS
 TEST_FRACTION = 0.1
 _CHECKED = 'checked.json'  # in the index directory: the images that do not decode
 _SHOWN = 3  # file names shown per kind in the skip summary
@@ -76,7 +77,7 @@ def list_folder(root: str) -> Listing:
     what = 'is not a directory' if os.path.exists(root) else 'does not exist'
     raise UserError(f'{where}: {root} {what}; give a folder with one sub-folder of JPEG/PNG '
                     'images per class')
-  units, _ = archive_index.list_units(root, 'folders')
+  units, _ = archive.list_units(root, 'folders')
   classes = tuple(u.name for u in units)
   if not classes:
     raise UserError(f'{where} has no class sub-folders: put the images in {root}/<class name>/ '
@@ -87,7 +88,7 @@ def list_folder(root: str) -> Listing:
   return Listing(root=root, classes=classes)
 
 
-def find_corrupt(index: archive_index.Index) -> List[int]:
+def find_corrupt(index: archive.Index) -> List[int]:
   """The rows of `index` whose image the input pipeline's decoder cannot decode."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy, optional)
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
@@ -127,21 +128,21 @@ def assign_splits(images: Sequence[Tuple[str, int]]) -> Dict[str, List[Tuple[str
   return splits
 
 
-def _corrupt_rows(index: archive_index.Index) -> List[int]:
+def _corrupt_rows(index: archive.Index) -> List[int]:
   """`find_corrupt` once per index (kept in its directory)."""
   path = os.path.join(index.directory, _CHECKED)
-  checked = archive_index.read_json(path)
+  checked = archive.read_json(path)
   if isinstance(checked, dict) and checked.get('content') == index.content:
     return checked['corrupt']
   rows = find_corrupt(index)
   try:
-    archive_index.write_json(path, dict(content=index.content, corrupt=rows))
+    archive.write_json(path, dict(content=index.content, corrupt=rows))
   except OSError as e:
-    raise UserError(archive_index.write_failure(e, index.directory)) from None
+    raise UserError(archive.write_failure(e, index.directory)) from None
   return rows
 
 
-def _skipped(index: archive_index.Index, corrupt: Sequence[int]) -> Dict[str, Tuple[str, ...]]:
+def _skipped(index: archive.Index, corrupt: Sequence[int]) -> Dict[str, Tuple[str, ...]]:
   """What the folder's index left out, by the kinds of the module docstring (shown names)."""
   notes = index.notes
   kinds = {'corrupt': [index.name(r) for r in corrupt],
@@ -167,7 +168,7 @@ def load(dataset: str, data_dir: Optional[str]) -> releases.Release:
     raise UserError(f"dataset {dataset!r} names no folder: use 'folder:/path/to/images'")
   root = _root(dataset)
   list_folder(root)  # the folder's own errors first
-  index = releases.load_index(root, 'folders', releases.data_dir_of(data_dir), deep=True)
+  index = releases.load_index(root, 'folders', archive.folder_index_base(data_dir), deep=True)
   corrupt = _corrupt_rows(index)
   skipped = _skipped(index, corrupt)
   valid = np.ones(len(index), bool)

@@ -9,11 +9,12 @@ predictions carry the names it was trained with (not the names the folder has no
 The fingerprint hashes the class names, the split sizes and, for a tfds dataset, the name and size
 of every prepared file (not their bytes: reading a large dataset at every start would cost
 minutes); for a source read in place (a folder, an ImageNet release), the content digest of its
-index instead (`content`: every image's name, size and the checksum of its last bytes, and the
-splits' rows and labels; archive_index.py), so another archive with the same classes and counts
-is other data. Where the data lives (`data_dir`, a copy on another disk) is no part of it. An
-identity recorded before sources read in place had a content digest is checked on its class
-names and split sizes.
+index instead (`content`: every image's name, size and the CRC-32 of all its bytes, computed
+once at indexing, and the splits' rows and labels; vit_jax/data/archive/), so another archive
+with the same classes and counts, or an image changed in place, is other data. Where the data
+lives (`data_dir`, a copy on another disk) is no part of it. An identity recorded without a
+content digest, or with one of another checksum (`checksum`), is checked on its class names and
+split sizes.
 """
 
 import hashlib
@@ -51,9 +52,12 @@ def identify(info) -> Optional[dict]:
   identity = {'class_names': names, 'split_sizes': sizes}
   if info.release is not None:
     identity['content'] = info.release.content
+    identity['checksum'] = info.release.checksum
     hashed = dict(identity)
   else:
-    hashed = dict(identity, files=_prepared_files(os.fspath(info.data_dir)))
+    # A registered source without prepared files (data_dir '') is known by its names and sizes.
+    files = _prepared_files(os.fspath(info.data_dir)) if info.data_dir else []
+    hashed = dict(identity, files=files)
   identity['fingerprint'] = hashlib.sha256(
       json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:16]
   return identity
@@ -63,7 +67,9 @@ def changes(recorded: Optional[dict], current: Optional[dict]) -> List[str]:
   """What differs between two identities, in words; [] when either is unknown or they match."""
   if not recorded or not current or recorded.get('fingerprint') == current.get('fingerprint'):
     return []
-  legacy = 'content' in current and 'content' not in recorded  # recorded without a digest
+  # recorded without a digest, or with a digest of another checksum
+  legacy = 'content' in current and ('content' not in recorded or
+                                     recorded.get('checksum') != current.get('checksum'))
   out = []
   old, new = recorded.get('class_names') or [], current.get('class_names') or []
   if old != new:

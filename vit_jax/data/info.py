@@ -21,6 +21,7 @@ from vit_jax.data import embedded
 from vit_jax.data import folder
 from vit_jax.data import offline_info
 from vit_jax.data import releases
+from vit_jax.data import sources
 from vit_jax.errors import UserError
 
 # Dataset names listed as examples in the "unknown dataset" message.
@@ -47,6 +48,9 @@ class DatasetInfo:
   builder: Optional[tfds.core.DatasetBuilder] = dataclasses.field(default=None, repr=False,
                                                                   compare=False)
   embedded: Any = dataclasses.field(default=None, repr=False, compare=False)
+  # The registered source serving the name (`vit_jax.data.sources`), which answers for its splits,
+  # classes and records.
+  source: Any = dataclasses.field(default=None, repr=False, compare=False)
 
   @property
   def skipped(self) -> dict:
@@ -55,6 +59,8 @@ class DatasetInfo:
 
   def num_examples(self, split) -> int:
     """Number of examples in a tfds split string ('train', 'train[:90%]', 'train+test', ...)."""
+    if self.source is not None:
+      return self.source.num_examples(split)
     if self.release is not None:
       return sum(len(rows) for _, rows, _ in self.release.select(split))
     if self.embedded is not None:
@@ -68,6 +74,8 @@ class DatasetInfo:
 
   @property
   def class_names(self) -> tuple[str, ...]:
+    if self.source is not None:
+      return tuple(self.source.class_names)
     if self.release is not None:
       return self.release.classes
     if self.embedded is not None:
@@ -77,13 +85,25 @@ class DatasetInfo:
 
 def get_info(dataset: str, data_dir: Optional[str]) -> DatasetInfo:
   """Returns the `DatasetInfo` of a prepared dataset or a release read in place (releases.py);
-  raises `UserError` if it is unknown/absent."""
+  raises `UserError` if it is unknown/absent. A name with a registered prefix is served by its
+  source (`vit_jax.data.sources`)."""
+  source = sources.load(dataset, data_dir)
+  if source is not None:
+    return info_from_source(source)
   if dataset in catalog.EMBEDDED:
     return info_from_embedded(catalog.EMBEDDED[dataset])
   release = find_release(dataset, data_dir)
   if release is not None:
     return info_from_release(release)
   return info_from_builder(load_builder(dataset, data_dir))
+
+
+def info_from_source(source) -> DatasetInfo:
+  """The info of a dataset served by a registered source (`sources.Source`)."""
+  return DatasetInfo(name=source.name, data_dir=source.data_dir, num_classes=source.num_classes,
+                     image_shape=tuple(source.image_shape), image_key='image', label_key='label',
+                     split_sizes=dict(source.split_sizes), tfds_info=None, source=source,
+                     release=getattr(source, 'release', None))
 
 
 def info_from_embedded(module) -> DatasetInfo:

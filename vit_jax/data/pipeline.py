@@ -38,10 +38,12 @@ thread waits for it holding the GIL (a native stack of the waiting process ends 
 A release read in place (`releases`: ImageNet-21k, the ILSVRC2012 archives) streams record keys
 instead of image bytes: the shuffle and the resumption skip work on keys, each batch's images are
 read in place (`_Reader`), decoded and preprocessed one by one, and an image that does not decode
-is skipped and logged (`_release_batch`, `_counting_skipped`); the stream stays a pure function of
-the seed. A read that fails (a file changed, gone or unreadable since it was indexed) and a train
-batch whose every image fails to decode stop the stream with one `UserError` line (`_said`),
-never a hang or an endless run of skipped images.
+is skipped (`_release_batch`), named in one warning the first time a run meets it and counted in
+one line when the stream ends (`_counting_skipped`); once it is named, later meetings hand the
+decoder no bytes, so libjpeg's own complaint about the file is not repeated epoch after epoch.
+The stream stays a pure function of the seed. A read that fails (a file changed, gone or
+unreadable since it was indexed) and a train batch whose every image fails to decode stop the
+stream with one `UserError` line (`_said`), never a hang or an endless run of skipped images.
 """
 
 import sys
@@ -53,7 +55,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from vit_jax.platform import cpus
-from vit_jax.data import archive_index
+from vit_jax.data import archive
 from vit_jax.data import catalog
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
@@ -146,7 +148,7 @@ def train_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
                      cycle_length=PARALLEL_CALLS, num_parallel_calls=PARALLEL_CALLS,
                      deterministic=True)
   ds = ds.prefetch(prefetch).with_options(_options())
-  return _counting_skipped(_said(ds.as_numpy_iterator(), reader, release.name), release)
+  return _counting_skipped(_said(ds.as_numpy_iterator(), reader, release.name), reader)
 
 
 # The key under which a release's train batches carry the record keys of the corrupt images they
@@ -162,18 +164,23 @@ def _release_records(release, share) -> tf.data.Dataset:
 
 class _Reader:
   """keys int64 [n] -> their images' bytes, tf.string [n], read in place (releases.read), as a
-  TF op. A read that fails (archive_index.ReadError: a file changed, gone or unreadable) fails
+  TF op. A read that fails (archive.ReadError: a file changed, gone or unreadable) fails
   the op, and so the stream, and is kept in `failure`, which `_said` raises as its one line: a
   read error is never an undecodable image, and never skipped."""
 
   def __init__(self, release):
     self.release = release
     self.failure = None
+    self.undecodable = set()  # keys of images known not to decode: read as no bytes
 
   def _read(self, keys):
     try:
-      return np.asarray(releases.read(self.release, keys) + [b''], dtype=object)[:-1], True
-    except archive_index.ReadError as e:  # failed by the assertion below (a raise here would
+      encoded = releases.read(self.release, keys)
+      for i, key in enumerate(keys.tolist()):
+        if key in self.undecodable:
+          encoded[i] = b''  # fails to decode as before, without libjpeg's line again
+      return np.asarray(encoded + [b''], dtype=object)[:-1], True
+    except archive.ReadError as e:  # failed by the assertion below (a raise here would
       if self.failure is None:            # also log its traceback through TensorFlow)
         self.failure = e
       return np.full(len(keys), b'', dtype=object), False
@@ -276,19 +283,33 @@ def real_label_set_batches(release, split, *, batch_size: int, spec: specs.Spec,
                              read=_Reader(release))
 
 
-def _counting_skipped(batches, release) -> Iterator[dict[str, np.ndarray]]:
-  """The batches without `_SKIPPED`; each skipped image is one warning line on stderr (its name
-  and the count so far) and in the absl log."""
-  count = 0
-  for batch in batches:
-    for key in batch.pop(_SKIPPED).tolist():
-      if key >= 0:
-        count += 1
-        line = (f'skipped an image of {release.name} that does not decode: '
-                f'{releases.image_name(release, key)} ({count} so far in this run)')
-        logging.warning(line)
-        print(f'warning: {line}', file=sys.stderr, flush=True)
-    yield batch
+def _counting_skipped(batches, reader: _Reader) -> Iterator[dict[str, np.ndarray]]:
+  """The batches without `_SKIPPED`; an image skipped is one warning line on stderr (and in the
+  absl log) the first time this run meets it, and, when the stream ends, one line counts them."""
+  release, met = reader.release, 0
+  try:
+    for batch in batches:
+      for key in batch.pop(_SKIPPED).tolist():
+        if key < 0:
+          continue
+        met += 1
+        if key not in reader.undecodable:
+          reader.undecodable.add(key)
+          _warn(f'skipped an image of {release.name} that does not decode: '
+                f'{releases.image_name(release, key)} (skipped whenever it is met; named once)')
+      yield batch
+  finally:
+    if reader.undecodable:
+      n = len(reader.undecodable)
+      names = releases.listed(sorted(releases.image_name(release, k) for k in reader.undecodable))
+      _warn(f'{n} image{"s" if n > 1 else ""} of {release.name} did not decode and '
+            f'{"were" if n > 1 else "was"} skipped {met} time{"s" if met > 1 else ""} in this '
+            f'run: {names}')
+
+
+def _warn(line: str) -> None:
+  logging.warning(line)
+  print(f'warning: {line}', file=sys.stderr, flush=True)
 
 
 class EvalBatches:
@@ -331,19 +352,23 @@ def eval_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
                source_records(ds_info, shares[process_index], cache))
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
                                 batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
-                                read=_Reader(release) if release else None)
+                                read=_Reader(release) if release else None,
+                                border=getattr(ds_info.source, 'border', 0))
   return batches, num_batches
 
 
 def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_batches: int,
                         batch_size: int, spec: specs.Spec, stored_shape,
-                        label_shape: tuple[int, ...] = (), read=None) -> EvalBatches:
+                        label_shape: tuple[int, ...] = (), read=None,
+                        border: int = 0) -> EvalBatches:
   """`num_batches` batches {'image', 'label', 'mask'} of `count` (stored image, label) records
   (`source_records`; with `read`, a `_Reader`: (key, label) records whose images it reads).
 
   The last real batch is padded with zero images, zero labels and mask 0, then all-padding
   batches follow up to `num_batches`. Labels are int32 of shape [B, *label_shape] (a multi-hot
-  label set has label_shape (K,)). `records` may be None when `count` is 0.
+  label set has label_shape (K,)). `records` may be None when `count` is 0. `border` pixels
+  are cropped from each side of every decoded image first (ObjectNet's 1-pixel frame; a
+  source's `border`).
   """
   channels = preprocess.decode_channels(stored_shape)
   size = spec.image_size
@@ -352,7 +377,10 @@ def padded_eval_batches(records: Optional[tf.data.Dataset], *, count: int, num_b
   label_pad = [[0, 0]] * len(label_shape)
 
   def process_example(stored):
-    return preprocess.eval_preprocess(preprocess.decode(stored, channels), spec, out_channels)
+    image = preprocess.decode(stored, channels)
+    if border:
+      image = image[border:-border, border:-border]
+    return preprocess.eval_preprocess(image, spec, out_channels)
 
   def process_batch(stored, labels):
     return pad(_map_examples(process_example, stored, out_spec), labels)
@@ -430,7 +458,10 @@ def split_records(info: info_lib.DatasetInfo, split, *, cache: bool):
 def source_records(info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
   """(stored image, label) of `split` of a tfds dataset or an embedded one, in read order: the
   encoded bytes of a tfds record (optionally cached in memory), or the uint8 pixels of an
-  embedded dataset's arrays, read in place (`preprocess.decode` takes either)."""
+  embedded dataset's arrays, read in place (`preprocess.decode` takes either); a registered
+  source's own records (`sources.Source.records`)."""
+  if info.source is not None:
+    return info.source.records(split, cache).with_options(_options())
   if info.embedded is not None:
     images, labels = catalog.in_read_order(info.name, split)
     return tf.data.Dataset.from_tensor_slices((images, labels)).with_options(_options())

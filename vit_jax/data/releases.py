@@ -1,6 +1,6 @@
 """ImageNet-21k and ImageNet-1k as their releases are downloaded, read in place through an index
-(`archive_index`): `dataset=imagenet21k`, and `dataset=imagenet2012` when it is not prepared as
-a tfds dataset.
+(`vit_jax.data.archive`): `dataset=imagenet21k`, and `dataset=imagenet2012` when it is not
+prepared as a tfds dataset.
 
 ImageNet-21k, under `<data_dir>/imagenet21k/`: the "whole" archive
 (`fall11_whole.tar` or `winter21_whole.tar`, a tar of per-synset tars), or the per-synset tars
@@ -27,11 +27,12 @@ entries named like synsets ('n' and 8 digits); some synsets as tars and others a
 refused in one line naming both kinds; any other entry beside them (a README, a
 'backup_n01440764.tar') is a stray, named in a `note:` line and not read. A "whole" archive
 beside per-synset tars or folders is the one read (the note names the others). Inside a synset,
-links, duplicates and files that are not images follow archive_index.py's rules, each kind
-named in a `note:` line.
+links, duplicates and files that are not images follow the rules of
+vit_jax/data/archive/layouts.py, each kind named in a `note:` line.
 
-The index is built on first use under `archive_index.index_base(data_dir)` (`<data_dir>/
-vit_jax_index/`, or $VIT_JAX_INDEX_DIR), in parallel, resumable after a kill (archive_index.py).
+The index is built on first use under `archive.index_base(data_dir)` (`<data_dir>/
+vit_jax_index/`, or $VIT_JAX_INDEX_DIR), in parallel, resumable after a kill
+(vit_jax/data/archive/building.py).
 The images stay where they are: nothing is copied or decoded up front. A devkit, ground truth or
 `real.json` that cannot be read is one `UserError` line naming the file.
 """
@@ -50,7 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax.data import archive_index
+from vit_jax.data import archive
 from vit_jax.data import catalog
 from vit_jax.data import image_files
 from vit_jax.errors import UserError
@@ -68,7 +69,7 @@ I1K_LABEL_LIST = 'validation_labels.txt'
 @dataclasses.dataclass
 class Split:
   """The images of one split: index rows in stored order, their labels, and the index."""
-  index: archive_index.Index
+  index: archive.Index
   rows: np.ndarray    # int64 [n]
   labels: np.ndarray  # int32 [n]
 
@@ -86,10 +87,12 @@ class Release:
   def split_sizes(self) -> Dict[str, int]:
     return {name: len(s.rows) for name, s in self.splits.items()}
 
+  checksum = archive.CHECKSUM  # of each image's bytes, in `content`
+
   @property
   def content(self) -> str:
     """A digest of what the splits read: each index's content digest (every image's name, size
-    and last bytes; archive_index.py) and each split's rows and labels."""
+    and the CRC-32 of all its bytes; vit_jax/data/archive/) and each split's rows and labels."""
     digest = hashlib.sha256()
     for name, split in sorted(self.splits.items()):
       digest.update(f'{name}\0{split.index.content}\0'.encode())
@@ -175,14 +178,14 @@ def is_synset(name: str) -> bool:
   return SYNSET.fullmatch(name) is not None
 
 
-def load_index(root: str, layout: str, data_dir: str, **kwargs) -> archive_index.Index:
-  """The index of the source at `root` (archive_index.load), its units split over the hosts."""
-  return archive_index.load(root, layout, archive_index.index_base(data_dir),
-                            shard=_host_shard(), **kwargs)
+def load_index(root: str, layout: str, base: str, **kwargs) -> archive.Index:
+  """The index of the source at `root` (archive.load) under `base`, its units split over the
+  hosts."""
+  return archive.load(root, layout, base, shard=_host_shard(), **kwargs)
 
 
-def _index(root: str, layout: str, data_dir: str) -> archive_index.Index:
-  index = load_index(root, layout, data_dir, unit_name=is_synset)
+def _index(root: str, layout: str, data_dir: str) -> archive.Index:
+  index = load_index(root, layout, archive.index_base(data_dir), unit_name=is_synset)
   if _host_shard()[0] == 0:
     for line in note_lines(index, 'synset'):
       print(f'note: {line}', file=sys.stderr, flush=True)
@@ -198,8 +201,8 @@ def listed(names: Sequence[str]) -> str:
   return ', '.join(shown) + (f', ... ({len(names)} in all)' if len(names) > _SHOWN else '')
 
 
-def note_lines(index: archive_index.Index, unit: str) -> List[str]:
-  """What indexing left out of a source, one line per kind (archive_index.NOTE_KINDS)."""
+def note_lines(index: archive.Index, unit: str) -> List[str]:
+  """What indexing left out of a source, one line per kind (archive.NOTE_KINDS)."""
   what = {  # kind: (one, several, why)
       'stray': (f'entry that is no {unit}', f'entries that are no {unit}', 'not read'),
       'non_image': ('file that is not a JPEG/PNG image', 'files that are not JPEG/PNG images',
@@ -208,9 +211,11 @@ def note_lines(index: archive_index.Index, unit: str) -> List[str]:
                        f'a loop, or a link out of its {unit}'),
       'unreadable': ('entry that cannot be read', 'entries that cannot be read', 'left out'),
       'duplicate': ('image that is there twice', 'images that are there twice', 'read once'),
+      'unit_twice': (f'{unit} tar stored twice in the archive (appended)',
+                     f'{unit} tars stored twice in the archive (appended)', 'the last copy read'),
   }
   lines = []
-  for kind in archive_index.NOTE_KINDS:
+  for kind in archive.NOTE_KINDS:
     names = index.notes.get(kind)
     if names:
       one, several, why = what[kind]
@@ -219,7 +224,7 @@ def note_lines(index: archive_index.Index, unit: str) -> List[str]:
   return lines
 
 
-def _class_split(index: archive_index.Index, classes: Sequence[str]) -> Split:
+def _class_split(index: archive.Index, classes: Sequence[str]) -> Split:
   """The images of per-class units, labelled by their unit's place in `classes`, in hash order."""
   label_of = {name: i for i, name in enumerate(classes)}
   unit_labels = np.asarray([label_of[u] for u in index.units], np.int32)

@@ -318,6 +318,28 @@ def real(run: Run, dataset: str = 'imagenet2012_real', split: str = 'validation'
       cache=c.cache))
 
 
+def _check_robustness(config, sets):
+  del config
+  from vit_jax.evaluate import robustness as robustness_lib  # pylint: disable=g-import-not-at-top
+  try:
+    robustness_lib.set_names(sets)
+  except ValueError as e:
+    raise UserError(f'sets={sets!r}: {e}') from None
+
+
+@register('robustness', check=_check_robustness)
+def robustness(run: Run, sets: str = 'all') -> Evaluation:
+  """Top-1 of an ImageNet classifier on the robustness sets (`sets`: all, or names joined by +
+  such as imagenet_r+imagenet_a), each over its own classes (vit_jax/evaluate/robustness.py),
+  read from `data_dir`."""
+  from vit_jax.evaluate import robustness as robustness_lib  # pylint: disable=g-import-not-at-top
+  c = run.config
+  return Evaluation(robustness_lib.RobustnessEvaluator(
+      model=run.model, mesh=run.mesh, param_shardings=run.param_shardings,
+      sets=robustness_lib.set_names(sets), data_dir=c.data_dir, batch_size=c.eval_batch_size,
+      pp=run.eval_pp, cache=c.cache))
+
+
 def _train_test(run: Run, params, dataset, train_split, test_split):
   """The features of both splits (read once per params; cached where the run caches)."""
   info = run.info(dataset)
@@ -375,4 +397,4 @@ def linear_probe(run: Run, dataset: Optional[str] = None, train_split: str = 'tr
 
 __all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
            'fewshot', 'knn', 'linear_probe', 'periodic_evaluators', 'real', 'register',
-           'register_suite', 'resolve', 'run_due', 'table', 'top1']
+           'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1']

@@ -20,6 +20,7 @@ to compile: JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS).
 import os
 from typing import Mapping, Optional
 
+from vit_jax import fileio
 from vit_jax.platform import cpus
 
 ENV = 'VIT_JAX_COMPILATION_CACHE'
@@ -35,8 +36,7 @@ def cache_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
   value = env.get(ENV)
   if value is not None:
     return None if value.strip().lower() in OFF or not value.strip() else value
-  base = env.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(base, 'vit_jax', 'xla', cpus.fingerprint())
+  return fileio.user_cache('xla', cpus.fingerprint(), environ=env)
 
 
 def enable() -> Optional[str]:

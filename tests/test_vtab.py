@@ -1,0 +1,246 @@
+"""VTAB-1k: the 19 tasks' splits against the benchmark's (google-research/task_adaptation,
+task_adaptation/data/*.py, 'train800', 'val200', 'train800val200' and 'test' of each data class),
+the 7 derived labels on tfds-shaped records checked by hand, slices of a task's splits mapped to
+tfds expressions, and the paper's group means."""
+
+import importlib
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vit_jax.data import info as info_lib
+from vit_jax.data import sources
+from vit_jax.data.sources import vtab
+from vit_jax.errors import UserError
+
+# The tfds train/validation/test sizes of the prepared datasets the benchmark's rules cut.
+TFDS_SIZES = {
+    'caltech101': {'train': 3060, 'test': 6084},
+    'cifar100': {'train': 50000, 'test': 10000},
+    'oxford_iiit_pet': {'train': 3680, 'test': 3669},
+    'svhn_cropped': {'train': 73257, 'test': 26032},
+    'eurosat/rgb': {'train': 27000},
+    'resisc45': {'train': 31500},
+    'clevr': {'train': 70000, 'validation': 15000, 'test': 15000},
+    'dsprites': {'train': 737280},
+}
+
+# task -> (train800val200, test) as task_adaptation writes them for these sizes.
+BENCHMARK = {
+    'caltech101': ('train[:800]+train[2754:2954]', 'test'),
+    'cifar100': ('train[:800]+train[45000:45200]', 'test'),
+    'dtd': ('train[:800]+validation[:200]', 'test'),
+    'oxford_flowers102': ('train[:800]+validation[:200]', 'test'),
+    'oxford_iiit_pet': ('train[:800]+train[2944:3144]', 'test'),
+    'sun397': ('train[:800]+validation[:200]', 'test'),
+    'svhn': ('train[:800]+train[65931:66131]', 'test'),
+    'patch_camelyon': ('train[:800]+validation[:200]', 'test'),
+    'eurosat': ('train[:800]+train[16200:16400]', 'train[21600:]'),
+    'resisc45': ('train[:800]+train[18900:19100]', 'train[25200:]'),
+    'diabetic_retinopathy': ('train[:800]+validation[:200]', 'test'),
+    'clevr_count': ('train[:800]+train[63000:63200]', 'validation'),
+    'clevr_distance': ('train[:800]+train[63000:63200]', 'validation'),
+    'dmlab': ('train[:800]+validation[:200]', 'test'),
+    'kitti_distance': ('train[:800]+validation[:200]', 'test'),
+    'dsprites_location': ('train[:800]+train[589824:590024]', 'train[663552:]'),
+    'dsprites_orientation': ('train[:800]+train[589824:590024]', 'train[663552:]'),
+    'smallnorb_azimuth': ('train[:800]+test[:200]', 'test[50%:]'),
+    'smallnorb_elevation': ('train[:800]+test[:200]', 'test[50%:]'),
+}
+
+
+def test_the_19_tasks_have_the_benchmarks_splits():
+  assert set(vtab.TASKS) == set(BENCHMARK) and len(vtab.TASKS) == 19
+  assert sorted(t for g in vtab.GROUPS.values() for t in g) == sorted(vtab.TASKS)
+  for name, (trainval, test) in BENCHMARK.items():
+    task = vtab.TASKS[name]
+    splits = task.splits(TFDS_SIZES.get(task.tfds_name, {}))
+    assert (splits['train800val200'], splits['test']) == (trainval, test), name
+    train, val = trainval.split('+')
+    assert (splits['train800'], splits['val200']) == (train, val), name
+
+
+def _tensors(record):
+  return tf.nest.map_structure(tf.constant, record)
+
+
+def test_clevr_labels_by_hand():
+  """Count: objects - 3; distance: the nearest object's depth in bins [0, 8, 8.5, 9, 9.5, 10]."""
+  def clevr(depths):
+    n = len(depths)
+    return _tensors({'objects': {'size': np.zeros(n, np.int64),
+                                 'pixel_coords': np.asarray([[10.0, 20.0, d] for d in depths],
+                                                            np.float32)}})
+  count, distance = vtab.LABELS['clevr_count'], vtab.LABELS['clevr_distance']
+  assert int(count(clevr([9.0] * 3))) == 0 and int(count(clevr([9.0] * 10))) == 7
+  cases = {(12.0, 7.9, 9.0): 0, (8.2, 11.0, 9.0): 1, (9.7, 8.6): 2, (9.2, 12.0, 30.0): 3,
+           (9.9,): 4, (10.5, 11.0): 5}
+  for depths, label in cases.items():
+    assert int(distance(clevr(list(depths)))) == label, depths
+
+
+def test_kitti_distance_by_hand():
+  """The nearest car, van or truck (types 0-2) in bins [<8, <20, <999 m]; 3 when there is none;
+  pedestrians (type 3) and others are ignored."""
+  def kitti(objects):
+    return _tensors({'objects': {
+        'type': np.asarray([t for t, _ in objects], np.int64),
+        'location': np.asarray([[1.0, 1.5, z] for _, z in objects], np.float32).reshape(-1, 3)}})
+  label = vtab.LABELS['kitti_distance']
+  assert int(label(kitti([(0, 30.0), (1, 5.0)]))) == 0
+  assert int(label(kitti([(3, 2.0), (2, 12.0)]))) == 1
+  assert int(label(kitti([(0, 45.0), (4, 3.0)]))) == 2
+  assert int(label(kitti([(3, 4.0), (7, 9.0)]))) == 3
+  assert int(label(kitti([]))) == 3
+
+
+def test_dsprites_and_smallnorb_labels_by_hand():
+  """dSprites: x position (32 values) and orientation (40 values) in 16 equal bins; smallNORB:
+  its azimuth and elevation features as they are."""
+  location, orientation = vtab.LABELS['dsprites_location'], vtab.LABELS['dsprites_orientation']
+  for x, want in ((0, 0), (1, 0), (2, 1), (17, 8), (31, 15)):
+    assert int(location(_tensors({'label_x_position': np.int64(x)}))) == want
+  for o, want in ((0, 0), (2, 0), (3, 1), (5, 2), (39, 15)):
+    assert int(orientation(_tensors({'label_orientation': np.int64(o)}))) == want
+  record = _tensors({'label_azimuth': np.int64(7), 'label_elevation': np.int64(3)})
+  assert int(vtab.label_fn(vtab.TASKS['smallnorb_azimuth'])(record)) == 7
+  assert int(vtab.label_fn(vtab.TASKS['smallnorb_elevation'])(record)) == 3
+  png = tf.io.encode_png(tf.constant([[[0], [1]]], tf.uint8))
+  assert vtab.image_fn(vtab.TASKS['dsprites_location'])(png).numpy().ravel().tolist() == [0, 255]
+  assert vtab.image_fn(vtab.TASKS['dtd']) is None
+
+
+def _fake_builder(sizes, num_classes=47):
+  class Feature:
+    shape = (None, None, 3)
+  names = [f'c{i}' for i in range(num_classes)]
+  label = types.SimpleNamespace(num_classes=num_classes, names=names)
+  info = types.SimpleNamespace(
+      splits={k: types.SimpleNamespace(num_examples=v) for k, v in sizes.items()},
+      features={'image': Feature(), 'label': label})
+  return types.SimpleNamespace(info=info, data_dir='/nowhere/dtd/3.0.1')
+
+
+def test_slices_of_a_task_split_read_the_matching_tfds_records():
+  source = vtab.VtabSource('vtab/dtd', vtab.TASKS['dtd'],
+                           _fake_builder({'train': 1880, 'validation': 1880, 'test': 1880}))
+  assert source.split_sizes == {'train800': 800, 'val200': 200, 'train800val200': 1000,
+                                'test': 1880}
+  assert source.tfds_split('train800val200') == 'train[0:800]+validation[0:200]'
+  assert source.tfds_split('train800val200[700:900]') == 'train[700:800]+validation[0:100]'
+  assert source.tfds_split('test[:50%]') == 'test[0:940]'
+  assert source.num_examples('train800val200[:90%]') == 900
+  assert source.class_names[:2] == ('c0', 'c1') and source.num_classes == 47
+  with pytest.raises(UserError, match="bad split 'train' for dataset 'vtab/dtd'.*train800"):
+    source.num_examples('train')
+  derived = vtab.VtabSource('vtab/clevr_count', vtab.TASKS['clevr_count'],
+                            _fake_builder({'train': 70000, 'validation': 15000}, 0))
+  assert derived.num_classes == 8 and derived.class_names == tuple('01234567')
+  assert derived.tfds_split('val200') == 'train[63000:63200]'
+
+
+def test_vtab_names_are_served_by_their_source_and_unknown_tasks_refused(tmp_path):
+  assert sources.find('vtab/dtd') == 'vit_jax.data.sources.vtab'
+  assert sources.find('cifar10') is None
+  with pytest.raises(UserError, match="unknown VTAB task 'mnist'.*caltech101, cifar100"):
+    info_lib.get_info('vtab/mnist', str(tmp_path))
+  with pytest.raises(UserError, match="dataset 'dtd' is not prepared"):
+    info_lib.get_info('vtab/dtd', str(tmp_path))
+
+
+def test_group_means_and_mean_as_the_paper_reports():
+  top1 = {t: 0.5 for t in vtab.GROUPS['natural']}
+  top1.update({t: 0.8 for t in vtab.GROUPS['specialized']})
+  top1.update({t: 0.2 for t in vtab.GROUPS['structured']})
+  got = vtab.aggregate(top1)
+  assert got == pytest.approx({'natural': 0.5, 'specialized': 0.8, 'structured': 0.2,
+                               'mean': (7 * 0.5 + 4 * 0.8 + 8 * 0.2) / 19})
+  del top1['dmlab']
+  assert set(vtab.aggregate(top1)) == {'natural', 'specialized'}
+  with pytest.raises(ValueError, match='not VTAB tasks: mnist'):
+    vtab.aggregate({'mnist': 1.0})
+
+
+def _tiny_smallnorb(data_dir: str) -> None:
+  """smallNORB as tfds reads it (its own builder, features and version), prepared in `data_dir`
+  from generated images: 800 train and 400 test examples, elevation = example number % 9, each
+  image a flat gray whose level says its elevation."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  norb = importlib.import_module('tensorflow_datasets.datasets.smallnorb.smallnorb_dataset_builder')
+
+  class TinyNorb(norb.Builder, skip_registration=True):
+    name = 'smallnorb'
+    __module__ = norb.__name__  # tfds reads the builder's files (README, citation) beside it
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):  # pylint: disable=no-self-argument
+      return epath.Path(norb.__file__)
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {'train': self._generate_examples(800), 'test': self._generate_examples(400)}
+
+    def _generate_examples(self, num):  # pylint: disable=arguments-differ
+      for i in range(num):
+        image = np.full((96, 96, 1), 20 * (i % 9), np.uint8)
+        yield i, {'image': image, 'image2': image, 'label_category': 0, 'instance': 0,
+                  'label_elevation': i % 9, 'label_azimuth': i % 18, 'label_lighting': 0}
+
+  TinyNorb(data_dir=data_dir).download_and_prepare(download_config=tfds.download.DownloadConfig(
+      try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
+
+
+def test_a_vtab_task_streams_its_derived_splits_and_a_run_trains_on_it(tmp_path):
+  """vtab/smallnorb_elevation on a prepared tfds smallNORB: train800 is train[:800], val200
+  test[:200], their labels the elevation feature; a tiny model fine-tunes a few steps on it."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from vit_jax import data  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / 'tfds')
+  _tiny_smallnorb(data_dir)
+  info = data.get_info('vtab/smallnorb_elevation', data_dir)
+  assert info.split_sizes == {'train800': 800, 'val200': 200, 'train800val200': 1000,
+                              'test': 200}
+  assert info.num_classes == 9 and info.source.tfds_split('test') == 'test[200:400]'
+  records = list(pipeline.source_records(info, 'val200', cache=False).as_numpy_iterator())
+  assert len(records) == 200 and sorted({int(label) for _, label in records}) == list(range(9))
+
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
+  config.dataset, config.data_dir = 'vtab/smallnorb_elevation', data_dir
+  config.train_split, config.eval_split = 'train800', 'val200'
+  config.warmup_steps, config.eval_every, config.progress = 1, 4, False
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  evals = [r for r in rows if 'accuracy' in r and r['split'] != 'train']
+  assert evals and evals[-1]['step'] == 4 and 0.0 <= evals[-1]['accuracy'] <= 1.0
+
+
+def test_the_vtab_sweep_runs_the_19_tasks_and_its_table_gives_the_papers_columns(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  from vit_jax.sweeps import spec  # pylint: disable=g-import-not-at-top
+  sweep = spec.load(os.path.join(os.path.dirname(__file__), '..', 'experiments', 'vtab',
+                                 'sweep.py'))
+  runs = sweep.grid_runs()
+  assert sorted(r.value('dataset') for r in runs) == sorted(f'vtab/{t}' for t in vtab.TASKS)
+  results = tmp_path / 'results.csv'
+  lines = ['phase,run,dataset,accuracy,status,seconds']
+  lines += [f'final,{t},vtab/{t},{0.9 if t in vtab.GROUPS["natural"] else 0.6},done,1'
+            for t in vtab.TASKS if t != 'dmlab'] + ['final,dmlab,vtab/dmlab,,failed,1']
+  results.write_text('\n'.join(lines) + '\n')
+  top1 = vtab.from_sweep(str(results))
+  assert len(top1) == 18 and top1['dtd'] == 0.9 and top1['eurosat'] == 0.6
+  text = vtab.table(top1)
+  assert '| natural | dtd | 90.0 |' in text and '| natural | mean | 90.0 |' in text
+  assert '| specialized | mean | 60.0 |' in text
+  assert 'structured | mean' not in text and 'all 19' not in text  # dmlab failed
+  top1['dmlab'] = 0.6
+  assert f'| all 19 | mean | {100 * (7 * 0.9 + 12 * 0.6) / 19:.1f} |' in vtab.table(top1)
