@@ -8,7 +8,7 @@ Run:
 example's own seed (the run stays exactly resumable); `confidence` logs the mean top softmax
 probability on the eval split (split `confidence` of metrics.jsonl) at every evaluation.
 Registered when this file is loaded, they are checked by the config validation like the built-in
-ones (docs/data.md, docs/recipes.md). Arguments as configs/mnist5k.py's.
+ones (docs/data.md, docs/evaluation.md). Arguments as configs/mnist5k.py's.
 """
 
 import jax
@@ -30,9 +30,8 @@ def brightness(image, ctx, delta=32):
 
 
 @registry.register('confidence')
-def confidence(run, every=None):
-  """The mean top softmax probability on the eval split, every `every` steps (default: at each
-  evaluation)."""
+def confidence(run):
+  """The mean top softmax probability on the eval split."""
   batches = run.eval_batches()
 
   @jax.jit
@@ -47,11 +46,11 @@ def confidence(run, every=None):
       total, count = total + float(top), count + float(n)
     return {'confidence': total / count}
 
-  return registry.Periodic(every or run.config.eval_every, evaluate)
+  return registry.Evaluation(evaluate)
 
 
 def get_config(arg: str | None = None):
   c = mnist5k.get_config(arg)
   c.pp.train = 'pad_crop(pad=2)|brightness(delta=40)'
-  c.evaluators = ('fewshot', 'real', 'confidence')
+  c.evals.confidence = dict(type='confidence')  # at every evaluation (every: unset)
   return c

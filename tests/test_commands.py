@@ -13,8 +13,8 @@ from vit_jax import cli
 from vit_jax.commands import COMMANDS
 from helpers import ROOT
 
-NAMES = ['train', 'predict', 'export', 'convert', 'analyze', 'fewshot', 'sweep', 'bench', 'launch',
-         'weights']
+NAMES = ['train', 'predict', 'export', 'convert', 'analyze', 'fewshot', 'evaluate', 'sweep', 'bench',
+         'launch', 'weights']
 
 
 def _run(*args):

@@ -127,7 +127,9 @@ COMMANDS = {
     'W=runs/recipes; python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
     'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet2012 --workdir':
         Fails(_NO_DATA),
-    # docs/data.md, docs/recipes.md: an op and an evaluator of a config file's own
+    # docs/evaluation.md
+    'python -m vit_jax evaluate --workdir=runs/default --evals=knn,linear_probe,fewshot': Run(),
+    # docs/data.md, docs/evaluation.md: an op and an evaluator of a config file's own
     'python -m vit_jax.main --config=configs/extending.py --workdir=runs/extending':
         Run(_FAST_TRAIN),
     # docs/data.md

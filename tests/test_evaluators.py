@@ -160,59 +160,110 @@ def _config(**values):
   return config
 
 
-def test_config_evaluators_are_checked_before_anything_is_built():
-  """An unknown name lists the registered evaluators; arguments must fit; a key that turns an
-  evaluator on needs it listed; no name twice. Each is one line naming the key."""
+def test_config_evals_entries_are_checked_before_anything_is_built():
+  """An unknown type lists the registered ones; an unknown option names its key; option values
+  are checked by the type; `every` is a step count; 'train' is the train metrics' split. Each
+  is one line naming the key."""
   from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
   validate.check_config(_config())
   cases = [
-      (dict(evaluators=('fewshot', 'rael')), r"^unknown evaluator 'rael' in config.evaluators: "
-       r'use one of fewshot, real, robustness \(or register one: docs/recipes.md\)$'),
-      (dict(evaluators=('fewshot(5)',)), r'^config.evaluators: fewshot\(5\) does not fit '
-       r'evaluator fewshot\(\): too many positional arguments$'),
-      (dict(evaluators=('real',), fewshot=dict(every=100)),
-       r"^config.fewshot.every=100 turns on the fewshot evaluator, which "
-       r"config.evaluators=\('real',\) does not list: add 'fewshot' to it"),
-      (dict(evaluators=('fewshot', 'fewshot')), r'^config.evaluators names fewshot twice'),
-      (dict(evaluators=('fewshot|',)), r"^config.evaluators='fewshot\|' is not a list of calls"),
+      (('knn', 'type', 'rael'), r"^unknown evaluator type 'rael' in config.evals.knn.type: use "
+       r'one of fewshot, knn, linear_probe, real, robustness, top1 \(or register one: '
+       r'docs/evaluation.md\)$'),
+      (('knn', 'kk', 3), r'^config.evals.knn.kk is not an option of evaluator type knn: use '
+       r'dataset, train_split, eval_split, k, temperature, weighting \(or every\)$'),
+      (('knn', 'k', 0), r'^config.evals.knn.k=0 must be at least 1'),
+      (('knn', 'weighting', 'gauss'), r"^config.evals.knn.weighting='gauss': use one of exp, "
+       r'uniform$'),
+      (('linear_probe', 'holdout', 1.0), r'^config.evals.linear_probe.holdout=1.0 must be a '
+       r'fraction between 0 and 1'),
+      (('linear_probe', 'l2_grid', ()), r'^config.evals.linear_probe.l2_grid=\(\) must be one '
+       r'or more L2 strengths'),
+      (('fewshot', 'shots', (0, 5)), r'^config.evals.fewshot.shots=\(0, 5\) must be positive'),
+      (('fewshot', 'every', -1), r'^config.evals.fewshot.every=-1 must be a number of steps'),
   ]
-  for values, message in cases:
+  for (name, key, value), message in cases:
+    config = _config()
+    config.evals[name][key] = value
     with pytest.raises(UserError, match=message):
-      validate.check_config(_config(**values))
-  validate.check_config(_config(evaluators=(), fewshot=dict(every=0)))  # none: fine
+      validate.check_config(config)
+  config = _config()
+  config.evals.train = dict(type='top1')
+  with pytest.raises(UserError, match=r"^config.evals.train: 'train' is the train metrics"):
+    validate.check_config(config)
+  config = _config()
+  config.evals.extra = dict(k=3)
+  with pytest.raises(UserError, match=r'^config.evals.extra must be an entry with a type'):
+    validate.check_config(config)
 
 
-def test_a_registered_evaluator_is_built_with_its_arguments_and_run_when_due():
-  """A test's own evaluator: registered, named with an argument, built once with the run's
-  context, called at its steps and the last; one that returns None is off."""
+def test_naming_an_entry_is_enough_and_every_is_its_schedule():
+  """The entries that run in training are those with `every` > 0 or unset (= eval_every), by
+  name; overriding an entry's `every` switches it on, nothing else to list."""
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = _config()
+  config.eval_every = 7
+  run = registry.Run(config, model=None, mesh=None, param_shardings=None, data=None, eval_pp={},
+                     eval_fn=lambda params, batch: None)
+  config.evals.eval.split = 'test[:8]'
+  built = registry.periodic_evaluators
+  names = lambda c: [(e.name, e.type, e.every) for e in built(c, run)]
+  assert names(config)[:1] == [('eval', 'top1', 7)] and len(names(config)) == 1
+  config.evals.knn.every = 500
+  assert names(config) == [('eval', 'top1', 7), ('knn', 'knn', 500)]
+
+
+def test_a_registered_evaluator_is_built_with_its_options_and_run_when_due():
+  """A test's own evaluator type: registered, given an entry with an option, built once with the
+  run's context, called at its steps and the last; an entry with every=0 is not built."""
   from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
   built = []
 
   @registry.register('count_test')
-  def count_test(run, every=3, off=False):  # pylint: disable=unused-variable
+  def count_test(run, start=0):  # pylint: disable=unused-variable
     """Counts its calls."""
-    built.append((run.config.dataset, run.data))
-    if off:
-      return None
+    built.append((run.config.dataset, run.data, start))
     calls = []
-    return registry.Periodic(every, lambda params: {'calls': float(len(calls.append(params) or
-                                                                       calls))})
+    return registry.Evaluation(
+        lambda params: {'calls': float(start + len(calls.append(params) or calls))})
 
   try:
-    config = _config(evaluators=('count_test(every=2)',))
+    config = _config()
+    config.evals = ml_collections.ConfigDict({'counter': dict(type='count_test', every=2,
+                                                              start=10)})
     registry.check(config)
-    evaluators = registry.periodic_evaluators(config, model=None, mesh=None, param_shardings=None,
-                                              eval_pp={}, data='info')
-    assert built == [('mnist5k', 'info')] and [(n, e) for n, e, _ in evaluators] == [
-        ('count_test', 2)]
-    due = [(step, name, metrics) for step in range(1, 6) for name, metrics in
+    run = registry.Run(config, model=None, mesh=None, param_shardings=None, data='info',
+                       eval_pp={})
+    evaluators = registry.periodic_evaluators(config, run)
+    assert built == [('mnist5k', 'info', 10)]
+    assert [(e.name, e.every) for e in evaluators] == [('counter', 2)]
+    due = [(step, e.name, metrics) for step in range(1, 6) for e, metrics in
            registry.run_due(evaluators, step, step == 5, lambda: 'params')]
-    assert due == [(2, 'count_test', {'calls': 1.0}), (4, 'count_test', {'calls': 2.0}),
-                   (5, 'count_test', {'calls': 3.0})]
-    assert registry.periodic_evaluators(
-        _config(evaluators=('count_test(off=True)',)), model=None, mesh=None,
-        param_shardings=None, eval_pp={}) == []
+    assert due == [(2, 'counter', {'calls': 11.0}), (4, 'counter', {'calls': 12.0}),
+                   (5, 'counter', {'calls': 13.0})]
+    config.evals.counter.every = 0
+    assert registry.periodic_evaluators(config, run) == []
   finally:
     registry.EVALUATORS.unregister('count_test')
-  with pytest.raises(UserError, match="unknown evaluator 'count_test'"):
+  with pytest.raises(UserError, match="unknown evaluator type 'count_test'"):
     registry.check(config)
+
+
+def test_the_evaluate_command_resolves_entries_types_and_suites():
+  """`--evals` names: an entry of config.evals (its options), a registered type (its defaults),
+  a suite (its members); an unknown name lists all three kinds."""
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = _config()
+  config.evals.knn.k = 5
+  registry.register_suite('suite_test', ('knn', 'top1'))
+  try:
+    resolved = registry.resolve(config, ['suite_test', 'linear_probe'])
+    assert list(resolved) == ['knn', 'top1', 'linear_probe']
+    assert resolved['knn'][0].keywords['k'] == 5 and resolved['top1'][0].keywords == {}
+    with pytest.raises(UserError, match=r"^unknown evaluator 'knm': use one of eval, fewshot, "
+                                        r'knn, linear_probe, real, robustness, suite_test, '):
+      registry.resolve(config, ['knm'])
+    with pytest.raises(ValueError, match='registered twice'):
+      registry.register_suite('suite_test', ())
+  finally:
+    del registry.SUITES['suite_test']

@@ -47,7 +47,7 @@ def test_mpp_pretrain_then_finetune_then_fewshot_cli(tmp_path, data_dir):
   ft = finetune.get_config('model=Ze/4,dataset=mnist5k,steps=60,image_size=36,lr=0.1')
   ft.data_dir, ft.progress, ft.init = data_dir, False, pre_dir
   ft.mixup, ft.polyak_decay = 0.2, 0.9
-  ft.fewshot.every, ft.fewshot.shots = 30, (1, 5)
+  ft.evals.fewshot.every, ft.evals.fewshot.shots = 30, (1, 5)
   ft.log_every, ft.eval_every, ft.checkpoint_every = 30, 30, 30
   ft_dir = str(tmp_path / 'ft')
   result = loop.train_and_evaluate(ft, ft_dir)

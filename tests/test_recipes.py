@@ -165,9 +165,9 @@ def test_table_4_rows(dataset, steps, warmup, lr, grid, eval_split, dev):
   assert recipes.lr_grid(dataset) == grid and lr in grid
   assert (c.train_split, c.eval_split) == ('train', eval_split)
   assert (c.model.representation_size, c.model.dropout_rate, c.polyak_decay) == (None, 0.0, 0.0)
-  assert c.real.dataset == ('imagenet2012_real' if dataset == 'imagenet2012' else None)
+  assert c.evals.real.every == (None if dataset == 'imagenet2012' else 0)  # ReaL: ImageNet only
   d = finetune.get_config(f'model=B/16,dataset={dataset},dev=true,lr={grid[0]}')
-  assert (d.train_split, d.eval_split, d.lr, d.real.dataset) == dev + (grid[0], None)
+  assert (d.train_split, d.eval_split, d.lr, d.evals.real.every) == dev + (grid[0], 0)
   # The learning-rate schedule at chosen steps.
   s = _schedule(c, steps)
   half = warmup + (steps - warmup) / 2

@@ -45,9 +45,10 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
   config.eval_split = 'test[:64]'
   validate.check_config(config)
   bad = extending.get_config()
-  bad.evaluators = ('confidense',)
-  with pytest.raises(UserError, match=r"^unknown evaluator 'confidense' in config.evaluators: use "
-                                      r'one of confidence, fewshot, real'):
+  bad.evals.confidence.type = 'confidense'
+  with pytest.raises(UserError, match=r"^unknown evaluator type 'confidense' in "
+                                      r'config.evals.confidence.type: use one of confidence, '
+                                      r'fewshot, knn'):
     validate.check_config(bad)
   bad = extending.get_config()
   bad.pp.train = 'pad_crop(pad=2)|brightness(delta=40, gamma=2)'
@@ -65,6 +66,29 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
   assert f'step 2: confidence {confidence[0][1]:.4f}\n' in said, said
   assert 'confidence confidence' not in said
 
+  # The evaluate command's library scores the checkpoint on the config's own entry and k-NN,
+  # writes the table, and a rerun finds both in it.
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  model, params, stored, identity = checkpoint.load_run_checkpoint(workdir, None)
+  lines = []
+  out = checkpoint.evaluate(model, params, stored, identity, ['confidence', 'knn'],
+                            workdir=workdir, say=lines.append)
+  assert identity['step'] == 4 and sorted(out['results']) == ['confidence', 'knn']
+  assert out['results']['confidence']['metrics']['confidence'] == pytest.approx(
+      confidence[-1][1], abs=1e-5)
+  assert 0.0 <= out['results']['knn']['metrics']['top1'] <= 1.0
+  assert out['results']['knn']['dataset']['name'] == 'mnist5k'
+  for name in ('results.json', 'results.md', 'results.png'):
+    assert os.path.isfile(os.path.join(out['directory'], name)), name
+  lines.clear()
+  checkpoint.evaluate(model, params, stored, identity, ['confidence', 'knn'], workdir=workdir,
+                      say=lines.append)
+  assert lines == ['confidence: in the table already (step 4)', 'knn: in the table already '
+                   '(step 4)']
+  with pytest.raises(UserError, match=r"^unknown evaluator 'knm': use one of confidence, eval, "):
+    checkpoint.evaluate(model, params, stored, identity, ['knm'], workdir=workdir)
+
+
   # The train stream runs the op: each image's background (0 in mnist5k) is shifted by one amount
   # in [0, 40] (negative shifts clip to 0), different between images.
   plain = dict(config_pp.train_pp(config), ops='pad_crop(pad=2)')
@@ -77,21 +101,34 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
     shifts.append(int(level[0]))
   assert len(set(shifts)) > 5
 
+  # The same params as a local weights file: scored by name of the file, on a dataset named.
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
+  weights = str(tmp_path / 'ze.npz')
+  npz.save_npz(weights, params)
+  with pytest.raises(UserError, match=r'carries no dataset: pass --dataset=NAME'):
+    checkpoint.load_weights(weights, 'ViT-Ze/4', None)
+  model, params, base, identity = checkpoint.load_weights(weights, 'ViT-Ze/4', 'mnist5k')
+  assert identity['weights'] == weights and len(identity['content']) == 16
+  out = checkpoint.evaluate(model, params, base, identity, ['knn'], workdir=str(tmp_path / 'w'),
+                            say=lines.append)
+  assert out['directory'].endswith('weights_' + weights.replace('/', '_'))
+  assert 0.0 <= out['results']['knn']['metrics']['top1'] <= 1.0
+
 
 def test_the_docs_show_the_registering_code_of_configs_extending():
-  """Each registered function docs/data.md and docs/recipes.md show is configs/extending.py's."""
+  """Each registered function docs/data.md and docs/evaluation.md show is configs/extending.py's."""
   with open(os.path.join(ROOT, 'configs', 'extending.py')) as f:
     code = f.read()
   shown = {name: re.findall(r'```python\n(.*?)```', _doc(name), re.S)
-           for name in ('data.md', 'recipes.md')}
+           for name in ('data.md', 'evaluation.md')}
   registering = [(name, block) for name, blocks in shown.items() for block in blocks
                  if '.register(' in block]
-  assert [name for name, _ in registering] == ['data.md', 'recipes.md']
+  assert [name for name, _ in registering] == ['data.md', 'evaluation.md']
   for name, block in registering:
     assert block in code, f'docs/{name} shows code that configs/extending.py does not hold'
 
 
-@pytest.mark.parametrize('doc, table', [('data.md', ops.table), ('recipes.md', registry.table)],
+@pytest.mark.parametrize('doc, table', [('data.md', ops.table), ('evaluation.md', registry.table)],
                          ids=['ops', 'evaluators'])
 def test_the_docs_list_every_registered_entry(doc, table):
   """The table in the docs is the registry's (regenerate it with `ops.table()` or

@@ -214,10 +214,11 @@ def test_robustness_sets_are_checked_with_the_config():
   from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
   config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4')
-  config.evaluators = ("robustness(sets='imagenet_r+imagenet_a')",)
+  config.evals.robustness = dict(type='robustness', sets='imagenet_r+imagenet_a')
   registry.check(config)
-  config.evaluators = ("robustness(sets='imagenet_c')",)
-  with pytest.raises(UserError, match="unknown robustness set 'imagenet_c'"):
+  config.evals.robustness.sets = 'imagenet_c'
+  with pytest.raises(UserError, match=r"^config.evals.robustness.sets='imagenet_c': unknown "
+                                      r"robustness set 'imagenet_c'"):
     registry.check(config)
 
 

@@ -263,7 +263,7 @@ result = loop.train_and_evaluate(config, {str(tmp_path / 'w')!r})
 print('count', int(result['count']))
 # A sweep's dev run: split expressions (the examples tfds would read), and few-shot evaluation.
 config.train_split, config.eval_split = 'train[:90%]', 'train[90%:]'
-config.fewshot.every, config.fewshot.shots = 4, (1, 2)
+config.evals.fewshot.every, config.evals.fewshot.shots = 4, (1, 2)
 prog = program.build_program(config)
 result = loop.train_and_evaluate(config, {str(tmp_path / 'dev')!r})
 print('train', prog.num_train, 'count', int(result['count']), 'fewshot', sorted(

@@ -96,7 +96,7 @@ def test_choices_come_from_the_modules_that_use_them():
                                r'magnitude=10\): num_layers=-1 must be an int >= 0'),
     ('pp.train', 'inception_crop|flipp', r"^unknown preprocessing op 'flipp' in config.pp.train"),
     ('pp.eval', 'central_crop(resize=2)', r'^config.pp.eval: central_crop\(resize=2\): resize '),
-    ('evaluators', ('fewshot', 'real', 'nope'), r"^unknown evaluator 'nope' in config.evaluators"),
+    ('evals.knn.type', 'nope', r"^unknown evaluator type 'nope' in config.evals.knn.type"),
 ])
 def test_registered_names_and_their_arguments_are_checked(key, value, message):
   """The preprocessing ops and evaluators a config names, in either spelling, against their

@@ -13,6 +13,7 @@ COMMANDS = {
     'convert': 'convert params between formats (timm .safetensors, released .npz)',
     'analyze': 'figures of what a trained ViT learned (filters, posemb, attention)',
     'fewshot': 'few-shot linear evaluation of a checkpoint',
+    'evaluate': 'score a checkpoint on evaluators (k-NN, linear probe, ...): one results table',
     'sweep': 'run a hyperparameter sweep (grid, best setting, final runs, tables, plots)',
     'bench': 'time a train/infer step or the input pipeline (optionally against timm)',
     'launch': 'run one command on every worker of a Cloud TPU VM, or as a SLURM job',

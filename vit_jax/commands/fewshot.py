@@ -16,7 +16,7 @@ from vit_jax.commands import flag_groups
 
 _WORKDIR = flag_groups.workdir()
 _CHECKPOINT = flag_groups.checkpoint()
-_DATASET = flags.DEFINE_string('dataset', None, "tfds dataset; default: the run's dataset.")
+_DATASET = flag_groups.dataset()
 _TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the n-shot images come from.')
 _EVAL_SPLIT = flags.DEFINE_string('eval_split', 'test', 'Split the classifiers are scored on.')
 _SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Training images per class.')
@@ -46,6 +46,7 @@ def run(argv) -> int:
 
 def main():
   flag_groups.adapt('batch_size', default=256, help='Images per forward pass (all devices).')
+  flag_groups.adapt('dataset', help="Dataset; default: the run's dataset.")
   cli.run_main(run)
 
 

@@ -75,6 +75,11 @@ def data_dir():
       'data_dir', None, "tfds data_dir; default: the run's config."))
 
 
+def dataset():
+  return _shared('dataset', lambda: flags.DEFINE_string(
+      'dataset', None, 'Dataset name (tfds, folder:PATH or embedded).'))
+
+
 def batch_size():
   return _shared('batch_size', lambda: flags.DEFINE_integer(
       'batch_size', None, 'Images per forward pass.'))

@@ -106,18 +106,35 @@ def base_config() -> config_dict.ConfigDict:
   c.mpp.ratio = 0.5                       # fraction of patch embeddings corrupted per image
   c.mpp.mask_prob = 0.8                   # of those: replaced by the learnable [mask] embedding
   c.mpp.random_prob = 0.1                 # of those: another patch's embedding (the rest: kept)
-  c.evaluators = ('fewshot', 'real')      # evaluators by name (docs/recipes.md); fewshot and real
-                                          # run when their keys below turn them on
-  c.fewshot = config_dict.ConfigDict()    # few-shot linear evaluation of pre-logit features
-  c.fewshot.every = 0                     # steps between few-shot evals (and at the end); 0 = off
-  c.fewshot.dataset = placeholder(str)    # tfds name; None = the run's dataset
-  c.fewshot.train_split = 'train'         # the first n images per class of it are the n-shot set
-  c.fewshot.eval_split = 'test'
-  c.fewshot.shots = (1, 5, 10, 25)        # images per class
-  c.fewshot.l2_reg = 1.0                  # ridge penalty of the closed-form least squares
-  c.real = config_dict.ConfigDict()       # ImageNet ReaL top-1 at every evaluation
-  c.real.dataset = placeholder(str)       # imagenet2012_real; None = off
-  c.real.split = 'validation'
+
+  # Evaluators: one entry per evaluator by name (docs/evaluation.md), logged under that name:
+  # `type` (a registered evaluator type), `every` (steps between its runs, and at the end;
+  # None = eval_every; 0 = not during training, the evaluate command still runs it), and the
+  # type's options. A config file adds entries (c.evals.NAME = dict(type=...)).
+  c.evals = config_dict.ConfigDict()
+  c.evals.eval = config_dict.ConfigDict(dict(      # the eval split's top-1 and loss
+      type='top1', every=placeholder(int),
+      split=placeholder(str)))                    # None = eval_split
+  c.evals.fewshot = config_dict.ConfigDict(dict(   # few-shot linear evaluation, frozen features
+      type='fewshot', every=0,
+      dataset=placeholder(str),                   # None = the run's dataset
+      train_split='train',                        # the first n images per class: the n-shot set
+      eval_split='test',
+      shots=(1, 5, 10, 25),                       # images per class
+      l2_reg=1.0))                                # ridge penalty of the closed-form least squares
+  c.evals.knn = config_dict.ConfigDict(dict(       # k-NN on frozen features (DINO's vote)
+      type='knn', every=0, dataset=placeholder(str), train_split='train', eval_split='test',
+      k=20,                                       # neighbours
+      temperature=0.07,                           # vote weight exp(cosine similarity / T)
+      weighting='exp'))                           # exp | uniform
+  c.evals.linear_probe = config_dict.ConfigDict(dict(  # logistic regression on frozen features
+      type='linear_probe', every=0, dataset=placeholder(str), train_split='train',
+      eval_split='test',
+      l2_grid=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2),     # L2 strengths tried on the held-out part
+      holdout=0.2,                                # fraction of train_split held out to choose
+      steps=500))                                 # L-BFGS iterations
+  c.evals.real = config_dict.ConfigDict(dict(      # ImageNet ReaL top-1 (ImageNet-1k models)
+      type='real', every=0, dataset='imagenet2012_real', split='validation'))
 
   # Devices: mesh data x fsdp x model must equal the device count; one axis may be -1 (the rest).
   c.parallelism = 'jit'                   # jit (sharded, any mesh) | pmap (per-device + pmean)

@@ -58,7 +58,7 @@ def _table4(c, dataset: str, args) -> None:
   else:
     c.train_split, c.eval_split = 'train', row['eval_split']
   if dataset == 'imagenet2012' and not args['dev']:
-    c.real.dataset = 'imagenet2012_real'  # ReaL top-1 on the same validation images
+    c.evals.real.every = None  # ReaL top-1 on the same images, at every evaluation
   c.eval_every = c.checkpoint_every = min(1000, row['steps'])
   c.log_every = 50
 

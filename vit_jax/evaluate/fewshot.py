@@ -14,7 +14,7 @@ shards; mnist5k and digits are read in the same order, catalog.py), so an n-shot
 every smaller one and the choice is the same on every run and any number of processes.
 `FewShotEvaluator` reads and caches them once through the tf.data records of every source
 (`pipeline.source_records`), then each call computes the features of those and of the whole eval
-split with the given params (sharded over the mesh).
+split with the given params (features.py: sharded over the mesh).
 `python -m vit_jax fewshot` runs it on a checkpoint (`evaluate_checkpoint`).
 """
 
@@ -22,12 +22,12 @@ from typing import Callable, Dict, Optional, Sequence
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 import tensorflow as tf
 
 from vit_jax import data as data_lib
 from vit_jax import parallel
+from vit_jax.evaluate import features as features_lib
 from vit_jax.data import pipeline
 from vit_jax.data import specs
 from vit_jax.errors import UserError
@@ -74,23 +74,6 @@ def fewshot_accuracies(train_x, train_y, test_x, test_y, *, shots: Sequence[int]
     weights, bias = fit_ridge(train_x[chosen], train_y[chosen], num_classes, l2_reg)
     out[int(n)] = float(np.mean(predict(test_x, weights, bias) == np.asarray(test_y)))
   return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Features of a model.
-
-
-def feature_fn(model):
-  """f(params, images) -> the pre-logit features [B, D] (float32) of `model`."""
-  if model.classifier == 'unpooled':
-    raise UserError('few-shot evaluation needs pooled features: use a model with classifier '
-                    'token or gap')
-
-  def features(params, images):
-    _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
-    return state['intermediates']['features'][0]
-
-  return features
 
 
 def _pool_records(records, max_shots: int, num_classes: int):
@@ -167,24 +150,11 @@ class FewShotEvaluator:
     self._eval, _ = data_lib.eval_iterator(
         info=info, split=eval_split, batch_size=local_batch, pp=pp, process_index=pindex,
         process_count=pcount, cache=cache)
-    self._features = jax.jit(feature_fn(model),
-                             in_shardings=(param_shardings, sharding.batch_sharding(mesh)),
-                             out_shardings=sharding.batch_sharding(mesh))
-
-  def _features_of(self, params, batches):
-    feats, labels = [], []
-    for batch in batches:
-      batch = parallel.shard_batch(batch, self.mesh)
-      x, y, mask = multihost_utils.process_allgather(
-          (self._features(params, batch['image']), batch['label'], batch['mask']), tiled=True)
-      keep = np.asarray(mask) > 0
-      feats.append(np.asarray(x)[keep])
-      labels.append(np.asarray(y)[keep])
-    return np.concatenate(feats), np.concatenate(labels)
+    self._extract = features_lib.Extractor(model, mesh, param_shardings)
 
   def features(self, params):
     """((train features, labels), (eval features, labels)) as host numpy arrays."""
-    return self._features_of(params, self._train), self._features_of(params, self._eval)
+    return self._extract(params, self._train), self._extract(params, self._eval)
 
   def __call__(self, params) -> Dict[str, float]:
     (train_x, train_y), (test_x, test_y) = self.features(params)
@@ -218,5 +188,5 @@ def evaluate_checkpoint(checkpoint_dir: str, *, dataset: Optional[str], data_dir
   return dataset, evaluator.num_classes, evaluator(params)
 
 
-__all__ = ['FewShotEvaluator', 'evaluate_checkpoint', 'feature_fn', 'fewshot_accuracies',
+__all__ = ['FewShotEvaluator', 'evaluate_checkpoint', 'fewshot_accuracies',
            'first_per_class', 'fit_ridge', 'predict']

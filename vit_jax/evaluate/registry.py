@@ -1,25 +1,27 @@
-"""Evaluators by name: what a run computes besides its eval split's top-1, one registered
-function each.
+"""Evaluators as config entries: `config.evals` holds one entry per evaluator, by name,
 
-`config.evaluators` names the evaluators a run builds, as calls (`'fewshot'`,
-`'confidence(every=200)'`; vit_jax/registry.py). An evaluator is `fn(run, *args) -> Periodic or
-None`: `run` (`Run`) holds the config, the model, the mesh, the dataset's info and the eval
-preprocessing; it returns how often it runs and the function that scores the params
-(`params -> {metric: value}`, logged under the evaluator's name), or None when its own config keys
-turn it off. One registered with `key='...'` is turned on by that key: a config that sets the key
-must list the evaluator (config validation says so, before anything is built).
+  config.evals.eval    = {type: 'top1'}                        the eval split's top-1 and loss
+  config.evals.fewshot = {type: 'fewshot', every: 0, shots: (1, 5, 10, 25), ...}
+  config.evals.knn     = {type: 'knn', every: 0, k: 20, temperature: 0.07, ...}
 
-  fewshot   every `fewshot.every` steps (0 = off) and at the end: few-shot linear accuracies on
-            `fewshot.dataset` (default: the run's dataset)
-  real      at every evaluation when `real.dataset` is set: ImageNet ReaL top-1
-  robustness  top-1 on the ImageNet robustness sets, each over its own classes
+`type` names a registered evaluator type; `every` is the steps between its runs (and it runs at
+the last step), unset = `config.eval_every`, 0 = not during training (the `evaluate` command
+still runs it); every other field is an option of the type, passed to its function by name. The
+entry's name is the split its metrics are logged under (`metrics.jsonl`). A type is
+`fn(run, **options) -> Evaluation`: `run` (`Run`) holds the config, the model, the mesh, the
+dataset and the eval preprocessing. `check(config)` validates every entry before anything is
+built: an unknown type lists the registered ones, an unknown option names its key.
 
-Adding an evaluator: one registered function here (or in the config file that names it), and its
-test; docs/recipes.md shows one and lists them all (a test checks the table).
+Suites are named lists of entries or types (`register_suite('robustness', (...))`), which the
+`evaluate` command expands (`--evals=robustness`).
+
+Adding an evaluator: one registered function here (or in the config file that names it) and its
+test; docs/evaluation.md lists them all (a test checks the table).
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+import inspect
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vit_jax import data as data_lib
 from vit_jax import lazy
@@ -29,37 +31,78 @@ from vit_jax.errors import UserError
 jax = lazy.Module('jax')  # imported when an evaluator runs, not when a config is checked
 parallel = lazy.Module('vit_jax.parallel')
 
-EVALUATORS = registry.Registry('evaluator', leading=('run',), docs='docs/recipes.md')
+EVALUATORS = registry.Registry('evaluator type', leading=('run',), docs='docs/evaluation.md')
+SUITES: Dict[str, Tuple[str, ...]] = {}
+FIELDS = ('type', 'every')  # the fields of every entry; the others are the type's options
+RESERVED = ('train',)  # split names of the metrics log that an entry may not take
 
 
-def register(name: str, *, key: Optional[str] = None, check: Optional[Callable] = None):
-  """Decorator: registers `fn(run, *args) -> Periodic or None` as evaluator `name`; `key`: the
-  config key that turns it on (module docstring)."""
-  return EVALUATORS.register(name, check=check, key=key)
+def register(name: str, *, check: Optional[Callable] = None):
+  """Decorator: registers `fn(run, **options) -> Evaluation` as evaluator type `name`; `check`:
+  `check(run_config, **options)` raising UserError for a bad option value."""
+  return EVALUATORS.register(name, check=check)
+
+
+def register_suite(name: str, members: Sequence[str]) -> None:
+  """A named list of evaluator entries or types, run together by `evaluate --evals=NAME`."""
+  if name in SUITES or name in EVALUATORS:
+    raise ValueError(f'suite {name!r} is registered twice (or is an evaluator type)')
+  SUITES[name] = tuple(members)
 
 
 @dataclasses.dataclass(frozen=True)
-class Periodic:
-  """An evaluator as a run calls it: every `every` steps and at the last one."""
-  every: int
+class Evaluation:
+  """A built evaluator: `evaluate(params) -> {metric: value}`; `describe(metrics)`: its progress
+  line (default: every metric)."""
   evaluate: Callable[[Any], Dict[str, float]]
+  describe: Optional[Callable[[Dict[str, float]], str]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheduled:
+  """An entry as a run calls it: every `every` steps (0: never) and at the last one."""
+  name: str
+  type: str
+  every: int
+  evaluation: Evaluation
+
+  def line(self, step: int, metrics: Dict[str, float]) -> str:
+    if self.evaluation.describe is not None:
+      return f'step {step}: {self.evaluation.describe(metrics)}'
+    shown = ' '.join(f'{k} {v:.4f}' for k, v in metrics.items())
+    # An evaluator whose one metric carries its own name shows the name once.
+    return f'step {step}: ' + (shown if list(metrics) == [self.name] else f'{self.name} {shown}')
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """What an evaluator is built from."""
+  """What an evaluator is built from. `eval_fn`: the compiled eval step of the run's task (built
+  on first use when absent); `cache`: where features are kept (`features.FeatureCache`, used on
+  one process; None = recomputed each time, as during training)."""
   config: Any
   model: Any
   mesh: Any
   param_shardings: Any
   data: Any      # the run's `data.DatasetInfo` (None where a run has no dataset)
   eval_pp: dict  # the eval preprocessing (`config_pp.eval_pp`)
+  eval_fn: Optional[Callable] = None
+  cache: Any = None
+  _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
-  def eval_batches(self, split: Optional[str] = None):
+  def info(self, dataset: Optional[str] = None):
+    """The `data.DatasetInfo` of `dataset` (None: the run's), looked up once."""
+    if not dataset or (self.data is not None and dataset == self.config.dataset):
+      return self.data
+    if ('info', dataset) not in self._memo:
+      self._memo[('info', dataset)] = data_lib.get_info(dataset, self.config.data_dir)
+    return self._memo[('info', dataset)]
+
+  def eval_batches(self, split: Optional[str] = None, dataset: Optional[str] = None):
     """Re-iterable padded eval batches ({'image', 'label', 'mask'}, this process's share) of a
-    split of the run's dataset (default: its eval split), preprocessed as its eval split."""
+    split of a dataset (default: the run's eval split of the run's dataset), preprocessed as the
+    run's eval split."""
     batches, _ = data_lib.eval_iterator(
-        info=self.data, split=split or self.config.eval_split,
+        info=self.info(dataset), split=split or self.config.eval_split,
         batch_size=self.config.eval_batch_size // jax.process_count(), pp=self.eval_pp,
         process_index=jax.process_index(), process_count=jax.process_count(),
         cache=self.config.cache)
@@ -69,131 +112,292 @@ class Run:
     """A host-local batch as a global array sharded over the mesh's data axes."""
     return parallel.shard_batch(batch, self.mesh)
 
+  def features(self, params, split: str, dataset: Optional[str] = None):
+    """(pre-logit features [N, D], labels [N]) of a split (features.py), through the run's
+    cache when it has one."""
+    from vit_jax.evaluate import features  # pylint: disable=g-import-not-at-top
+    if 'extractor' not in self._memo:
+      self._memo['extractor'] = features.Extractor(self.model, self.mesh, self.param_shardings)
+    info = self.info(dataset)
+    # One process only: processes that saw different chunks on disk would gather out of step.
+    cache = (self.cache.for_data(features.dataset_identity(info), split, self.eval_pp,
+                                 self.config.eval_batch_size)
+             if self.cache is not None and jax.process_count() == 1 else None)
+    return self._memo['extractor'](params, self.eval_batches(split, dataset), cache)
 
-def calls(config) -> Tuple[registry.Call, ...]:
-  """The evaluator calls of `config.evaluators` (a tuple of names or calls, or one string)."""
-  value = config.evaluators
-  texts = [value] if isinstance(value, str) else list(value)
-  out = []
-  for text in texts:
-    out += EVALUATORS.parse(text, 'evaluators') if text else []
-  return tuple(out)
-
-
-def check(config) -> None:
-  """`config.evaluators` checked (names, arguments, no name twice) and every evaluator that a set
-  key turns on listed; UserError naming the key."""
-  listed = calls(config)
-  names = [c.name for c in listed]
-  for call in listed:
-    EVALUATORS.check(call, 'evaluators', config)
-  twice = sorted({n for n in names if names.count(n) > 1})
-  if twice:
-    raise UserError(f'config.evaluators names {", ".join(twice)} twice: their metrics would share '
-                    f'one name in the log; list each evaluator once')
-  for name in EVALUATORS.names():
-    key = EVALUATORS.get(name).attrs.get('key')
-    if key and _value(config, key) and name not in names:
-      raise UserError(f'config.{key}={_value(config, key)!r} turns on the {name} evaluator, which '
-                      f'config.evaluators={tuple(config.evaluators)!r} does not list: add '
-                      f"'{name}' to it, or unset config.{key}")
-
-
-def _value(config, key: str):
-  for part in key.split('.'):
-    config = config[part]
-  return config
-
-
-def periodic_evaluators(config, *, model, mesh, param_shardings, eval_pp,
-                        data=None) -> List[Tuple[str, int, Callable]]:
-  """[(name, every, evaluator)]: the evaluators `config.evaluators` names that are on."""
-  run = Run(config, model, mesh, param_shardings, data, eval_pp)
-  out = []
-  for call in calls(config):
-    built = EVALUATORS.get(call.name).fn(run, *call.args, **call.keywords)
-    if built is not None:
-      out.append((call.name, built.every, built.evaluate))
-  return out
-
-
-def run_due(evaluators: List[Tuple[str, int, Callable]], step: int, is_last: bool,
-            get_params: Callable) -> Iterator[Tuple[str, dict]]:
-  """(name, metrics) of every evaluator due at `step` (each is due at the last step too);
-  `get_params()` gives the params to evaluate, only called when one is due."""
-  for name, every, evaluator in evaluators:
-    if step % every == 0 or is_last:
-      yield name, evaluator(get_params())
-
-
-def table() -> str:
-  """The markdown table of every registered evaluator (docs/recipes.md holds it; a test checks)."""
-  return EVALUATORS.table((('turned on by', lambda entry: f"`{entry.attrs['key']}`"
-                            if entry.attrs.get('key') else ''),))
+  def scoring_step(self) -> Callable:
+    """The run's compiled eval step: (params, batch) -> sums of 'correct', 'loss', 'count'."""
+    if self.eval_fn is not None:
+      return self.eval_fn
+    if 'eval_fn' not in self._memo:
+      from vit_jax import tasks  # pylint: disable=g-import-not-at-top
+      from vit_jax.parallel import steps  # pylint: disable=g-import-not-at-top
+      task = tasks.get_task(self.config)
+      self._memo['eval_fn'] = steps.compile_eval_step(
+          task.eval_step(self.model, self.model.num_classes), self.mesh, self.param_shardings)
+    return self._memo['eval_fn']
 
 
 # ---------------------------------------------------------------------------------------------
-# The evaluators. Their modules read tf.data pipelines (TensorFlow): imported when one is built.
+# Entries of a config.
 
 
-@register('fewshot', key='fewshot.every')
-def fewshot(run: Run) -> Optional[Periodic]:
-  """Few-shot linear accuracies of the frozen pre-logit features (1/5/10/25 images per class:
-  `fewshot.shots`) on `fewshot.dataset` (default: the run's), every `fewshot.every` steps (0 =
-  off) and at the end; logged as split `fewshot`."""
-  c = run.config
-  if not c.fewshot.every:
-    return None
-  from vit_jax.evaluate.fewshot import FewShotEvaluator  # pylint: disable=g-import-not-at-top
-  dataset = c.fewshot.dataset or c.dataset
-  return Periodic(c.fewshot.every, FewShotEvaluator(
-      model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
-      data_dir=c.data_dir, train_split=c.fewshot.train_split, eval_split=c.fewshot.eval_split,
-      shots=c.fewshot.shots, l2_reg=c.fewshot.l2_reg, batch_size=c.eval_batch_size,
-      pp=run.eval_pp, cache=c.cache, info=run.data if dataset == c.dataset else None))
+def _entries(config) -> Dict[str, Any]:
+  evals = config.get('evals') if hasattr(config, 'get') else None
+  return dict(evals.items()) if evals is not None else {}
 
 
-@register('real', key='real.dataset')
-def real(run: Run) -> Optional[Periodic]:
-  """ImageNet ReaL top-1 (the reassessed labels of the ImageNet validation images) on
-  `real.dataset` (`imagenet2012_real`; unset = off) at every evaluation; logged as split
-  `real`."""
-  c = run.config
-  if not c.real.dataset:
-    return None
-  from vit_jax.evaluate.real import RealEvaluator  # pylint: disable=g-import-not-at-top
+def _call(name: str, entry) -> Tuple[registry.Call, Any]:
+  """(the call of the entry's type with its options, its `every`); UserError naming the key."""
+  if not hasattr(entry, 'items') or 'type' not in entry:
+    raise UserError(f'config.evals.{name} must be an entry with a type, e.g. '
+                    f"config.evals.{name} = dict(type='knn'): use one of "
+                    f'{", ".join(EVALUATORS.names())}')
+  kind = entry['type']
+  EVALUATORS.get(kind, f'evals.{name}.type')
+  params = list(inspect.signature(EVALUATORS.get(kind).fn).parameters)[1:]
+  options = tuple((k, v) for k, v in entry.items() if k not in FIELDS)
+  for key, _ in options:
+    if key not in params:
+      raise UserError(f'config.evals.{name}.{key} is not an option of evaluator type {kind}: use '
+                      f'{", ".join(params) or "no options"} (or every)')
+  return registry.Call(kind, (), options), entry.get('every')
+
+
+def check(config) -> None:
+  """Every entry of `config.evals` checked (its type registered, its options the type's, their
+  values by the type's check, `every` a count of steps); UserError naming the key."""
+  for name, entry in _entries(config).items():
+    if name in RESERVED:
+      raise UserError(f'config.evals.{name}: {name!r} is the train metrics\' split in the log: '
+                      f'name the evaluator otherwise')
+    call, every = _call(name, entry)
+    if every is not None and (not isinstance(every, int) or every < 0):
+      raise UserError(f'config.evals.{name}.every={every!r} must be a number of steps >= 0 '
+                      f'(0: not during training; unset: config.eval_every)')
+    _check_values(name, call, config)
+
+
+def _check_values(name: str, call: registry.Call, config) -> None:
+  """The option values of an entry, by its type's check (its message starts with the option)."""
+  entry = EVALUATORS.get(call.name)
+  if entry.check is None:
+    return
+  bound = inspect.signature(entry.fn).bind(None, **call.keywords)
+  bound.apply_defaults()
   try:
-    return Periodic(c.eval_every, RealEvaluator(
-        model=run.model, mesh=run.mesh, param_shardings=run.param_shardings,
-        dataset=c.real.dataset, data_dir=c.data_dir, split=c.real.split,
-        batch_size=c.eval_batch_size, pp=run.eval_pp, cache=c.cache))
+    entry.check(config, **dict(list(bound.arguments.items())[1:]))
   except UserError as e:
-    raise UserError(f"{e} (ImageNet ReaL evaluation; config.real.dataset='' turns it "
-                    f'off)') from None
+    raise UserError(f'config.evals.{name}.{e}') from None
 
 
-def _robustness_sets(config, sets='all', every=None) -> None:
-  del config, every
+def resolve(config, names: Iterable[str]) -> Dict[str, Tuple[registry.Call, Any]]:
+  """{entry name: (call, every)} of `names`: an entry of `config.evals`, a registered type (its
+  defaults, named after it) or a suite (its members); UserError listing the choices."""
+  entries, out = _entries(config), {}
+  for name in names:
+    if name in entries:
+      out[name] = _call(name, entries[name])
+    elif name in EVALUATORS:
+      out[name] = (registry.Call(name), None)
+    elif name in SUITES:
+      out.update(resolve(config, SUITES[name]))
+    else:
+      choices = sorted(set(entries) | set(EVALUATORS.names()) | set(SUITES))
+      raise UserError(f'unknown evaluator {name!r}: use one of {", ".join(choices)} (an entry of '
+                      f'the run\'s config.evals, a registered type or a suite; docs/evaluation.md)')
+  for name, (call, _) in out.items():
+    _check_values(name, call, config)
+  return out
+
+
+def build(run: Run, name: str, call: registry.Call, every=None) -> Scheduled:
+  """An entry built with the run's context."""
+  every = run.config.eval_every if every is None else int(every)
+  evaluation = EVALUATORS.get(call.name).fn(run, **call.keywords)
+  return Scheduled(name, call.name, every, evaluation)
+
+
+def periodic_evaluators(config, run: Run) -> List[Scheduled]:
+  """The entries of `config.evals` that run during training (`every` > 0), built, by name."""
+  out = []
+  for name, entry in sorted(_entries(config).items()):
+    call, every = _call(name, entry)
+    if every is None or every > 0:
+      out.append(build(run, name, call, every))
+  return out
+
+
+def run_due(evaluators: List[Scheduled], step: int, is_last: bool,
+            get_params: Callable) -> Iterable[Tuple[Scheduled, dict]]:
+  """(evaluator, metrics) of every evaluator due at `step` (each is due at the last step too);
+  `get_params()` gives the params to evaluate, only called when one is due."""
+  for scheduled in evaluators:
+    if step % scheduled.every == 0 or is_last:
+      yield scheduled, scheduled.evaluation.evaluate(get_params())
+
+
+def table() -> str:
+  """The markdown table of every registered evaluator type (docs/evaluation.md holds it; a test
+  checks)."""
+  return EVALUATORS.table()
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluator types. Those that read tf.data pipelines import their modules when built.
+
+
+@register('top1')
+def top1(run: Run, split: Optional[str] = None) -> Evaluation:
+  """Top-1 (the task's metric) and loss of the model's own head on `split` (default: the run's
+  `eval_split`); the run's return value and learning curve read the entry named `eval`."""
+  c = run.config
+  split = split or c.eval_split
+  built = []  # (batches, step), made on the first call
+
+  def batches_and_step():
+    if not built:
+      built.append((run.eval_batches(split), run.scoring_step()))
+    return built[0]
+
+  if run.data is not None:
+    batches_and_step()  # a bad split fails as the run starts, not at its first evaluation
+  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
+  metric = tasks.get_task(c).metric_name
+
+  def evaluate(params):
+    batches, step = batches_and_step()
+    totals = None
+    for batch in batches:
+      out = step(params, run.shard(batch))
+      totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
+    totals = jax.device_get(totals)
+    count = float(totals['count'])
+    return {'accuracy': float(totals['correct']) / count, 'loss': float(totals['loss']) / count,
+            'count': count}
+
+  def describe(m):
+    return (f'eval {split} {metric} {m["accuracy"]:.4f}, loss {m["loss"]:.4f} '
+            f'({int(m["count"])} examples)')
+
+  return Evaluation(evaluate, describe)
+
+
+def _check_fewshot(config, dataset, train_split, eval_split, shots, l2_reg):
+  del config, dataset, train_split, eval_split
+  if not shots or min(int(n) for n in shots) < 1:
+    raise UserError(f'shots={tuple(shots)} must be positive numbers of examples per class, '
+                    f'e.g. (1, 5, 10, 25)')
+  if l2_reg < 0:
+    raise UserError(f'l2_reg={l2_reg} is negative: use a value >= 0, e.g. 1.0')
+
+
+@register('fewshot', check=_check_fewshot)
+def fewshot(run: Run, dataset: Optional[str] = None, train_split: str = 'train',
+            eval_split: str = 'test', shots: Tuple[int, ...] = (1, 5, 10, 25),
+            l2_reg: float = 1.0) -> Evaluation:
+  """Few-shot linear accuracies of the frozen pre-logit features: a closed-form ridge map onto
+  {-1, 1} targets fit on the first n `train_split` images per class (`shots`), scored on
+  `eval_split` of `dataset` (default: the run's)."""
+  from vit_jax.evaluate.fewshot import FewShotEvaluator  # pylint: disable=g-import-not-at-top
+  c = run.config
+  dataset = dataset or c.dataset
+  return Evaluation(FewShotEvaluator(
+      model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
+      data_dir=c.data_dir, train_split=train_split, eval_split=eval_split, shots=shots,
+      l2_reg=l2_reg, batch_size=c.eval_batch_size, pp=run.eval_pp, cache=c.cache,
+      info=run.info(dataset)))
+
+
+@register('real')
+def real(run: Run, dataset: str = 'imagenet2012_real', split: str = 'validation') -> Evaluation:
+  """ImageNet ReaL top-1 (the reassessed labels of the ImageNet validation images) on `dataset`
+  (`imagenet2012_real`, or the ILSVRC2012 archives with `real.json`)."""
+  from vit_jax.evaluate.real import RealEvaluator  # pylint: disable=g-import-not-at-top
+  c = run.config
+  return Evaluation(RealEvaluator(
+      model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
+      data_dir=c.data_dir, split=split, batch_size=c.eval_batch_size, pp=run.eval_pp,
+      cache=c.cache))
+
+
+def _check_robustness(config, sets):
+  del config
   from vit_jax.evaluate import robustness as robustness_lib  # pylint: disable=g-import-not-at-top
   try:
     robustness_lib.set_names(sets)
   except ValueError as e:
-    raise UserError(str(e)) from None
+    raise UserError(f'sets={sets!r}: {e}') from None
 
 
-@register('robustness', check=_robustness_sets)
-def robustness(run: Run, sets='all', every=None) -> Periodic:
+@register('robustness', check=_check_robustness)
+def robustness(run: Run, sets: str = 'all') -> Evaluation:
   """Top-1 of an ImageNet classifier on the robustness sets (`sets`: all, or names joined by +
-  such as imagenet_r+imagenet_a), each over its own classes (vit_jax/evaluate/robustness.py), read
-  from `data_dir`, every `every` steps (default: at each evaluation); logged as split
-  `robustness`."""
+  such as imagenet_r+imagenet_a), each over its own classes (vit_jax/evaluate/robustness.py),
+  read from `data_dir`."""
   from vit_jax.evaluate import robustness as robustness_lib  # pylint: disable=g-import-not-at-top
   c = run.config
-  return Periodic(every or c.eval_every, robustness_lib.RobustnessEvaluator(
+  return Evaluation(robustness_lib.RobustnessEvaluator(
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings,
       sets=robustness_lib.set_names(sets), data_dir=c.data_dir, batch_size=c.eval_batch_size,
       pp=run.eval_pp, cache=c.cache))
 
 
-__all__ = ['EVALUATORS', 'Periodic', 'Run', 'calls', 'check', 'fewshot', 'periodic_evaluators',
-           'real', 'register', 'robustness', 'run_due', 'table']
+def _train_test(run: Run, params, dataset, train_split, test_split):
+  """The features of both splits (read once per params; cached where the run caches)."""
+  info = run.info(dataset)
+  train = run.features(params, train_split, dataset)
+  test = run.features(params, test_split, dataset)
+  return info.num_classes, train, test
+
+
+def _check_knn(config, dataset, train_split, eval_split, k, temperature, weighting):
+  del config, dataset, train_split, eval_split
+  from vit_jax.evaluate import knn as knn_lib  # pylint: disable=g-import-not-at-top
+  knn_lib.check_options(k, temperature, weighting)
+
+
+@register('knn', check=_check_knn)
+def knn(run: Run, dataset: Optional[str] = None, train_split: str = 'train',
+        eval_split: str = 'test', k: int = 20, temperature: float = 0.07,
+        weighting: str = 'exp') -> Evaluation:
+  """k-NN top-1 and top-5 of the frozen pre-logit features (cosine similarity; the k nearest
+  `train_split` examples vote with weight exp(similarity / temperature), or 1 with
+  `weighting='uniform'`, as DINO) on `eval_split` of `dataset` (default: the run's)."""
+  from vit_jax.evaluate import knn as knn_lib  # pylint: disable=g-import-not-at-top
+
+  def evaluate(params):
+    num_classes, (tx, ty), (sx, sy) = _train_test(run, params, dataset, train_split, eval_split)
+    return knn_lib.knn_accuracy(tx, ty, sx, sy, num_classes=num_classes, k=k,
+                                temperature=temperature, weighting=weighting)
+
+  return Evaluation(evaluate)
+
+
+def _check_probe(config, dataset, train_split, eval_split, l2_grid, holdout, steps):
+  del config, dataset, train_split, eval_split
+  from vit_jax.evaluate import linear_probe as probe_lib  # pylint: disable=g-import-not-at-top
+  probe_lib.check_options(l2_grid, holdout, steps)
+
+
+@register('linear_probe', check=_check_probe)
+def linear_probe(run: Run, dataset: Optional[str] = None, train_split: str = 'train',
+                 eval_split: str = 'test',
+                 l2_grid: Tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
+                 holdout: float = 0.2, steps: int = 500) -> Evaluation:
+  """Linear-probe top-1: a multinomial logistic regression on the frozen pre-logit features of
+  `train_split` (L-BFGS, `steps` iterations), its L2 strength the best of `l2_grid` on a
+  held-out `holdout` fraction of it, refit on all of it; scored on `eval_split`."""
+  from vit_jax.evaluate import linear_probe as probe_lib  # pylint: disable=g-import-not-at-top
+
+  def evaluate(params):
+    num_classes, (tx, ty), (sx, sy) = _train_test(run, params, dataset, train_split, eval_split)
+    return probe_lib.probe_accuracy(tx, ty, sx, sy, num_classes=num_classes, l2_grid=l2_grid,
+                                    holdout=holdout, steps=steps)
+
+  return Evaluation(evaluate)
+
+
+__all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
+           'fewshot', 'knn', 'linear_probe', 'periodic_evaluators', 'real', 'register',
+           'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1']

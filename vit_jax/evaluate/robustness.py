@@ -54,7 +54,7 @@ class RobustnessEvaluator:
     from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
     if model.num_classes != 1000:
       raise UserError(f'the robustness sets score 1,000-class ImageNet classifiers, not a model '
-                      f'of {model.num_classes} classes: leave robustness out of config.evaluators')
+                      f'of {model.num_classes} classes: leave robustness out of config.evals')
     self.mesh, self.sets = mesh, {}
     pcount, pindex = jax.process_count(), jax.process_index()
     for name in sets:

@@ -41,12 +41,12 @@ OPERATIONAL_KEYS = frozenset({
     'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'data_dir',
     'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'compile_for', 'parallelism',
     'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
-    'fewshot.every', 'fewshot.dataset', 'fewshot.train_split', 'fewshot.eval_split',
-    'fewshot.shots', 'fewshot.l2_reg', 'real.dataset', 'real.split',
     'xla_cpu_schedule',  # a key of older configs: checkpoints that still carry it resume
     'input_pipeline',  # a key of older configs: runs it sent to tf.data resume (`numpy_streams`)
     'model.attention',  # the attention kernel: same parameters, same math
 })
+# Key prefixes that may differ on resume: the evaluators (what is measured, not what is trained).
+OPERATIONAL_PREFIXES = ('evals.',)
 
 
 class Diverged(UserError):
@@ -200,7 +200,7 @@ def config_changes(stored: dict, current: dict) -> List[Tuple[str, object, objec
   old, new = _flatten(stored), _flatten(current)
   changes = []
   for key in sorted(set(old) & set(new)):
-    if key in OPERATIONAL_KEYS:
+    if key in OPERATIONAL_KEYS or key.startswith(OPERATIONAL_PREFIXES):
       continue
     a, b = old[key], new[key]
     if isinstance(a, list):

@@ -22,7 +22,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import data as data_lib
@@ -41,18 +40,6 @@ from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
 from vit_jax.train import workdir as workdir_lib
 from vit_jax.data.config_pp import eval_pp, train_pp
-
-
-def evaluate(eval_fn, params, eval_data, mesh) -> dict:
-  batches, _ = eval_data
-  totals = None
-  for batch in batches:
-    out = eval_fn(params, parallel.shard_batch(batch, mesh))
-    totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
-  totals = jax.device_get(totals)
-  count = float(totals['count'])
-  return {'accuracy': float(totals['correct']) / count, 'loss': float(totals['loss']) / count,
-          'count': count}
 
 
 def _mean_metrics(history: list) -> dict:
@@ -194,16 +181,11 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   data pipeline has started)."""
   prog, ckpt, logger = run.prog, run.ckpt, run.logger
   config, mesh, total_steps = prog.config, prog.mesh, prog.total_steps
-  eval_data = data_lib.eval_iterator(
-      info=prog.data, split=config.eval_split,
-      batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
-      process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
   config_json, facts = config.to_dict(), run.facts
-  extra_evals = evaluate_lib.periodic_evaluators(
-      config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
-      eval_pp=eval_pp(config), data=prog.data)
-  metric_name = prog.task.metric_name
-  result = None
+  evaluators = evaluate_lib.periodic_evaluators(config, evaluate_lib.Run(
+      config=config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
+      data=prog.data, eval_pp=eval_pp(config), eval_fn=prog.eval_fn))
+  results = {}  # the newest metrics of each evaluator
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
 
@@ -241,19 +223,13 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
       if step % config.log_every == 0 or is_last or stop:  # the stop save logs its steps too
         pending.hold(step, history)
         history = []
-      if step % config.eval_every == 0 or is_last:
-        guard.check_held()
+      due = evaluate_lib.run_due(evaluators, step, is_last, lambda: polyak.eval_params(state))
+      for scheduled, metrics in due:
+        guard.check_held()  # (no evaluation of a state after a non-finite step)
         pending.flush()
-        result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
-        logger.write(step, 'eval', result)
-        _say(f'\nstep {step}: eval {config.eval_split} {metric_name} {result["accuracy"]:.4f}, '
-             f'loss {result["loss"]:.4f} ({int(result["count"])} examples)')
-      for name, extra in evaluate_lib.run_due(extra_evals, step, is_last,
-                                              lambda: polyak.eval_params(state)):
-        logger.write(step, name, extra)
-        shown = ' '.join(f'{k} {v:.4f}' for k, v in extra.items())
-        # An evaluator whose one metric carries its own name shows the name once.
-        _say(f'step {step}: ' + (shown if list(extra) == [name] else f'{name} {shown}'))
+        logger.write(step, scheduled.name, metrics)
+        _say(('\n' if scheduled.type == 'top1' else '') + scheduled.line(step, metrics))
+        results[scheduled.name] = metrics
       if step % config.checkpoint_every == 0 or is_last or stop:
         guard.check_held()
         pending.flush()  # the log has every step the checkpoint has (log write errors)
@@ -273,13 +249,22 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
          f'evaluation and checkpoints included)')
   else:
     _say(f'{run.workdir} already holds the final checkpoint (step {start_step}); evaluating it')
-  if result is None:
-    result = evaluate(prog.eval_fn, polyak.eval_params(state), eval_data, mesh)
+  if not results:  # the run was finished: its top-1 evaluators once more
+    results = {e.name: e.evaluation.evaluate(polyak.eval_params(state))
+               for e in evaluators if e.type == 'top1'}
   ckpt.wait()
   if jax.process_index() == 0:
     logs.plot_learning_curve(logs.metrics_path(run.workdir),
                              f'{run.workdir.rstrip("/")}/learning_curve.png')
-  return result
+  return _final(results)
+
+
+def _final(results: dict) -> dict:
+  """What a run returns: the metrics of its `eval` entry (the eval split's top-1), else of its
+  first evaluator by name ({} without any)."""
+  if 'eval' in results:
+    return results['eval']
+  return results[sorted(results)[0]] if results else {}
 
 
 def _stop_waiting(run: _Run, state, last: int, history: list, pending, guard, progress) -> dict:
@@ -354,4 +339,4 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-__all__ = ['train_and_evaluate', 'evaluate']
+__all__ = ['train_and_evaluate']

@@ -107,7 +107,7 @@ def check_choices(config) -> None:
 
 
 def check_registered(config) -> None:
-  """The preprocessing ops (`pp.*`, `randaug.*`) and the evaluators (`evaluators`) a config names:
+  """The preprocessing ops (`pp.*`, `randaug.*`) and the evaluator entries (`evals`) a config names:
   registered, their arguments fitting (vit_jax/registry.py); eval ops deterministic."""
   specs.train_spec(config_pp.train_pp(config))
   specs.eval_spec(config_pp.eval_pp(config))

@@ -1,0 +1,83 @@
+"""Scores a checkpoint on a list of evaluators and writes its results table:
+`python -m vit_jax evaluate --workdir=RUN [--step=N] --evals=knn,linear_probe,fewshot`, or
+`--weights=NAME --dataset=D --workdir=OUT` for released weights (or a params file with --model).
+
+--evals names entries of the run's config.evals, registered evaluator types or suites
+(docs/evaluation.md). The table (results.json, results.md, results.png) goes to
+WORKDIR/evaluations/step_N/ and the features to WORKDIR/features/; a rerun skips what they hold.
+"""
+
+import signal
+import sys
+
+from absl import flags
+
+from vit_jax import cli
+from vit_jax.commands import flag_groups
+
+_WORKDIR = flag_groups.workdir()
+_STEP = flags.DEFINE_string('step', None, 'Checkpoint step; default: the newest readable one.')
+_EVALS = flags.DEFINE_list('evals', [], 'Evaluators: config.evals entries, registered '
+                           'types or suites (docs/evaluation.md).')
+_WEIGHTS = flags.DEFINE_string('weights', None, 'Released weights by name (python -m vit_jax '
+                               'weights), or a params .npz with --model, instead of a run.')
+_MODEL = flag_groups.model()
+_DATASET = flag_groups.dataset()
+_BATCH_SIZE = flag_groups.batch_size()
+_DATA_DIR = flag_groups.data_dir()
+
+
+def _interrupt_on_sigterm() -> None:
+  """SIGTERM stops the command as a Ctrl-C does (finished work kept, one line)."""
+
+  def handler(signum, frame):
+    del signum, frame
+    raise KeyboardInterrupt
+
+  signal.signal(signal.SIGTERM, handler)
+
+
+def run(argv) -> int:
+  del argv
+  if not _WORKDIR.value:
+    raise cli.UserError('missing --workdir: pass --workdir=DIR of a training run (with --weights: '
+                        'the directory the table goes to)')
+  step = _STEP.value
+  if step is not None and not step.isdigit():
+    raise cli.UserError(f'--step={step} is not a step number: pass one of the run\'s checkpoint '
+                        f'steps (ls {_WORKDIR.value}/checkpoints), or leave it out for the newest')
+  if _WEIGHTS.value and step is not None:
+    raise cli.UserError('--step names a checkpoint of a run: leave it out with --weights')
+  names = [n for n in _EVALS.value if n]
+  if not names:
+    raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
+  _interrupt_on_sigterm()
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top
+  if _WEIGHTS.value:
+    model, params, config, identity = checkpoint.load_weights(_WEIGHTS.value, _MODEL.value,
+                                                              _DATASET.value)
+  else:
+    model, params, config, identity = checkpoint.load_run_checkpoint(_WORKDIR.value, step)
+    if _DATASET.value:
+      raise cli.UserError('--dataset is for --weights: a run is scored on its own dataset (an '
+                          "evaluator entry's dataset option names another)")
+  if _DATA_DIR.value:
+    config.data_dir = _DATA_DIR.value
+  say = lambda line: print(line, file=sys.stderr, flush=True)
+  out = checkpoint.evaluate(model, params, config, identity, names, workdir=_WORKDIR.value,
+                            batch_size=_BATCH_SIZE.value, say=say)
+  print(results.markdown(out['checkpoint'], out['results']))
+  say(f'wrote {out["directory"]}/results.json, results.md, results.png')
+  return 0
+
+
+def main():
+  flag_groups.adapt('batch_size', help='Images per forward pass (all devices); default: the '
+                    "run's eval_batch_size.")
+  flag_groups.adapt('dataset', help='Dataset the evaluators read with --weights.')
+  cli.run_main(run)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,156 @@
+"""Scoring one checkpoint (or released weights) on a list of evaluators: what
+`python -m vit_jax evaluate` runs.
+
+The names are entries of the run's `config.evals` (their options), registered evaluator types
+(their defaults) or suites (registry.py). The model and its eval preprocessing come from the
+config stored with the checkpoint, the params are its Polyak average when the run kept one (what
+its own evaluations scored). Features go through one cache per checkpoint in
+`<workdir>/features/` (features.py), the table to `<workdir>/evaluations/<checkpoint>/`
+(results.py); a rerun skips the evaluators the table holds and the feature chunks the cache holds.
+"""
+
+import hashlib
+import os
+import time
+from typing import Callable, Dict, Optional, Sequence
+
+import jax
+import ml_collections
+
+from vit_jax.errors import UserError
+from vit_jax.evaluate import features as features_lib
+from vit_jax.evaluate import registry
+from vit_jax.evaluate import results as results_lib
+
+
+def checkpoint_identity(step_dir) -> dict:
+  """A step directory's identity: its step, path and a digest of its files' sizes and checksums
+  (the manifest's, or computed when the step has none)."""
+  from vit_jax.checkpoint import integrity  # pylint: disable=g-import-not-at-top
+  manifest = os.path.join(os.fspath(step_dir), integrity.MANIFEST)
+  if os.path.exists(manifest):
+    with open(manifest, 'rb') as f:
+      content = hashlib.sha256(f.read()).hexdigest()[:16]
+  else:
+    content = features_lib.digest(integrity.describe(step_dir))
+  return {'step': int(os.path.basename(os.fspath(step_dir).rstrip('/'))),
+          'path': os.path.abspath(os.fspath(step_dir)), 'content': content}
+
+
+def file_identity(name: str, path: str) -> dict:
+  """Released weights' identity: their name and a digest of the file's bytes."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return {'weights': name, 'content': digest.hexdigest()[:16]}
+
+
+def load_run_checkpoint(workdir: str, step: Optional[str]):
+  """(model, params, config, identity) of the run's newest readable checkpoint, or of `step`."""
+  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  passed = []
+  while True:
+    step_dir = inputs.resolve_checkpoint(workdir, step, passed=passed)
+    try:
+      model, params, config = inputs.load_model(step_dir, averaged=True)
+      return model, params, config, checkpoint_identity(step_dir)
+    except restore.Damaged:
+      if step is not None:
+        raise
+      passed.append(int(os.path.basename(os.fspath(step_dir))))
+
+
+def load_weights(source: str, model_name: Optional[str], dataset: Optional[str]):
+  """(model, params, config, identity) of released weights by name or a params file: the config
+  is the schema's defaults at the weights' model and image size, on `dataset`."""
+  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
+  if not dataset:
+    raise UserError(f'--weights={source} carries no dataset: pass --dataset=NAME (the dataset '
+                    f'the evaluators read, e.g. mnist5k)')
+  path = weights.fetch_as(source, model_name)[0] if weights.is_name(source) else source
+  if not os.path.isfile(path):
+    raise UserError(f'--weights={source} is neither a released name (python -m vit_jax weights '
+                    f'lists them) nor a params file')
+  model, params, spec = inputs.load_params_file(source, model_name)
+  config = common.base_config()
+  config.model_name, config.dataset, config.image_size = spec.model_name, dataset, spec.image_size
+  return model, params, config, file_identity(source, path)
+
+
+def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Optional[int]):
+  """The evaluators' `Run` over all local devices, its features cached under `cache_dir`."""
+  from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
+  from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
+  mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
+  size = batch_size or config.eval_batch_size
+  if size < 1 or size % mesh.devices.size:
+    raise UserError(f'--batch_size={size} does not split over {mesh.devices.size} devices: use '
+                    f'a multiple of {mesh.devices.size}')
+  config.eval_batch_size = size
+  info = data_lib.get_info(config.dataset, config.data_dir)
+  return registry.Run(config=config, model=model, mesh=mesh,
+                      param_shardings=sharding.replicated(mesh), data=info,
+                      eval_pp=config_pp.eval_pp(config),
+                      cache=features_lib.FeatureCache(cache_dir, identity))
+
+
+def _dataset_of(run: registry.Run, call) -> Optional[dict]:
+  name = call.keywords.get('dataset') or run.config.dataset
+  if call.name == 'real':
+    return {'name': name}
+  return features_lib.dataset_identity(run.info(name))
+
+
+def table_dir(workdir: str, identity: dict) -> str:
+  label = (f'step_{identity["step"]}' if 'step' in identity else
+           'weights_' + ''.join(c if c.isalnum() or c in '-_.' else '_'
+                                for c in identity['weights']))
+  return os.path.join(workdir, 'evaluations', label)
+
+
+def evaluate(model, params, config, identity: dict, names: Sequence[str], *, workdir: str,
+             batch_size: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
+  """Runs the evaluators `names` on `params` and writes the results table; returns
+  {'directory', 'checkpoint', 'results'}. A Ctrl-C (or SIGTERM, as the command turns it into
+  one) stops with one line naming what stands."""
+  config = ml_collections.ConfigDict(config.to_dict() if hasattr(config, 'to_dict') else config)
+  calls = registry.resolve(config, names)  # before anything is read or built
+  out_dir = table_dir(workdir, identity)
+  run = _run_context(model, config, os.path.join(workdir, 'features'), identity, batch_size)
+  finished = results_lib.load(out_dir, identity)
+  table = {k: v for k, v in finished.items() if k in calls}
+  writer = jax.process_index() == 0
+  current = None
+  try:
+    for name, (call, _) in calls.items():
+      if results_lib.done(finished, name, call.name, call.keywords):
+        say(f'{name}: in the table already (step {identity.get("step", "-")})')
+        continue
+      current = name
+      start = time.perf_counter()
+      metrics = registry.build(run, name, call).evaluation.evaluate(params)
+      table[name] = results_lib.row(call.name, call.keywords, _dataset_of(run, call), metrics,
+                                    time.perf_counter() - start)
+      if writer:
+        results_lib.save(out_dir, identity, table)
+      say(f'{name}: ' + ', '.join(f'{k} {results_lib.fmt(k, v)}' for k, v in metrics.items())
+          + f' ({table[name]["seconds"]:.1f} s)')
+    current = None
+  except KeyboardInterrupt:
+    raise UserError(f'interrupted during the {current} evaluator: the finished evaluators are in '
+                    f'{out_dir} and the extracted features in {workdir}/features; rerun the '
+                    f'same command to resume') from None
+  if writer:
+    results_lib.save(out_dir, identity, table)
+    results_lib.plot(out_dir, identity, table)
+  return {'directory': out_dir, 'checkpoint': identity, 'results': table}
+
+
+__all__ = ['checkpoint_identity', 'evaluate', 'file_identity', 'load_run_checkpoint',
+           'load_weights', 'table_dir']
