@@ -156,6 +156,7 @@ def test_fewshot_pool_is_the_first_images_of_each_class_in_read_order(split):
 def _config(**values):
   from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
+  config.warmup_steps = 1  # below the 4 steps (checked by the validation)
   config.update(values)
   return config
 

@@ -50,7 +50,7 @@ def save(bundle: Bundle, out: str) -> float:
   except Exception as e:  # pylint: disable=broad-except  # conversion or writing failed
     shutil.rmtree(tmp, ignore_errors=True)
     raise UserError(f'cannot write the SavedModel {out} ({type(e).__name__}: '
-                    f'{" ".join(str(e).split())[:200]}): export with --nosaved_model to skip it')
+                    f'{" ".join(str(e).split())[:200]}): export another format instead (--format=stablehlo or --format=onnx)')
   try:
     serve = tf.saved_model.load(tmp).signatures['serving_default']
     error = exported.check(bundle, lambda x: serve(images=tf.constant(x))['logits'].numpy(),
