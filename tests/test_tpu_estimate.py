@@ -84,3 +84,17 @@ def test_attention_flops_are_the_two_products_of_every_block():
   assert cost.attention_flops(vit, (224, 224, 3)) == 2 * 12 * 2 * 197 * 197 * 768
   assert cost.attention_flops(models.create_model('BiT-R50x1', num_classes=10),
                               (224, 224, 3)) == 0
+
+
+def test_custom_calls_without_a_count_are_said_to_be_left_out():
+  step = {'argument_bytes': 0, 'output_bytes': 0, 'alias_bytes': 0, 'temp_bytes': 0,
+          'peak_bytes': 0, 'flops': TERA, 'compile_seconds': 1.0, 'custom_calls': 3,
+          'optimal_seconds': 0.1}
+  train = estimate.step(step, 8, _chip('v6e'))  # nothing counted for the calls
+  report = dict(step, platform='tpu', device_kind='8 x TPU v6 lite', hbm_bytes=None,
+                param_bytes=0, opt_state_bytes=0, eval=dict(step, custom_calls=0),
+                estimate={'train': train, 'eval': None})
+  text = memory.format_report(report, 'x')
+  assert ('note: the cost model does not cost the 3 custom calls of the train step, and nothing '
+          'here counts them: the train step takes longer than its estimate') in text
+  assert 'eval step' not in text.split('estimated by')[1]

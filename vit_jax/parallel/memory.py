@@ -180,13 +180,19 @@ def _estimate_lines(report: Dict[str, Any]) -> list:
                  f'{estimate_lib.duration(found["train"]["seconds"])} = '
                  f'{estimate_lib.duration(found["run_seconds"])} of train steps (evaluation not '
                  'included)')
-  uncosted = [(k, report if k == 'train' else report['eval'], found[k]) for k in ('train', 'eval')
-              if found[k] and found[k]['uncosted_flops']]
-  for name, step, est in uncosted:
-    lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} Pallas calls '
-                 f'(splash attention) of the {name} step: their attention matmuls, '
-                 f'{est["uncosted_flops"] / 1e12:.3g} TFLOP per device counted from the model\'s '
-                 'shapes, are added at the chip\'s peak')
+  for name in ('train', 'eval'):
+    step, est = (report if name == 'train' else report['eval']), found[name]
+    if not est or not step.get('custom_calls'):
+      continue
+    if est['uncosted_flops']:
+      lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} Pallas calls '
+                   f'(splash attention) of the {name} step: their attention matmuls, '
+                   f'{est["uncosted_flops"] / 1e12:.3g} TFLOP per device counted from the '
+                   "model's shapes, are added at the chip's peak")
+    else:
+      lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} custom calls '
+                   f'of the {name} step, and nothing here counts them: the {name} step takes '
+                   'longer than its estimate')
   return lines
 
 

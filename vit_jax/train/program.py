@@ -125,7 +125,7 @@ class Program:
 
   def estimate(self, report: dict) -> dict:
     """The TPU compiler's estimated train and eval step times (vit_jax/platform/estimate.py) of
-    a `memory_report`, and of a run of known length (`total_steps` set, or the dataset's size
+    a `memory_report` (or of the train step's `memory.step_stats` with `devices`: no eval), and of a run of known length (`total_steps` set, or the dataset's size
     known) its train steps' wall time; {'missing': why} where the estimate would be short."""
     if self.config.model.get('scan'):
       return {'missing': 'scan'}
@@ -136,8 +136,9 @@ class Program:
     out = {
         'train': estimate.step(report, c.batch_size / devices, chip,
                                3 * attention * c.batch_size / devices),
-        'eval': estimate.step(report['eval'], c.eval_batch_size / devices, chip,
-                              attention * c.eval_batch_size / devices),
+        'eval': report.get('eval') and estimate.step(
+            report['eval'], c.eval_batch_size / devices, chip,
+            attention * c.eval_batch_size / devices),
     }
     if out['train'] is not None and (self.num_train or c.total_steps):
       out['steps'] = self.total_steps
