@@ -206,6 +206,11 @@ def test_every_generation_compiles_with_an_estimate(generation):
   assert stats['flops'] == pytest.approx(analytic, rel=0.02)
   assert stats['custom_calls'] == 0  # einsum attention: everything is costed
   train = prog.estimate(stats)['train']
+  if generation == 'v5e':
+    # libtpu 0.0.42.1's v5e cost model returns a negative time for this program (it could not
+    # cost some ops): the plan gives no estimate rather than a wrong one.
+    assert stats['optimal_seconds'] < 0 and train is None
+    return
   assert 0 < train['seconds'] < 1 and 0 < train['utilisation'] < 1
   assert train['images_per_second_per_chip'] == pytest.approx(
       PER_DEVICE_BATCH * target.chip.slices.devices_per_chip / train['seconds'])

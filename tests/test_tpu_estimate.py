@@ -55,6 +55,12 @@ def test_durations_read_in_their_unit(seconds, text):
   assert estimate.duration(seconds) == text
 
 
+@pytest.mark.parametrize('flops, text', [(6.79e12, '6.79 TFLOP'), (3e11, '300 GFLOP'),
+                                         (2.13e7, '21.3 MFLOP')])
+def test_flop_counts_read_in_their_unit(flops, text):
+  assert estimate.flop_count(flops) == text
+
+
 def test_the_report_says_how_long_and_what_was_not_costed():
   step = {'argument_bytes': 0, 'output_bytes': 0, 'alias_bytes': 0, 'temp_bytes': 0,
           'peak_bytes': 2 ** 30, 'flops': 6.79 * TERA, 'compile_seconds': 1.0, 'custom_calls': 24}
@@ -71,7 +77,7 @@ def test_the_report_says_how_long_and_what_was_not_costed():
           '49% of peak)') in text
   assert 'estimated run: 20,000 train steps x 147 ms = 49 min of train steps' in text
   assert ('note: the cost model does not cost the 24 Pallas calls (splash attention) of the '
-          'train step: their attention matmuls, 0.3 TFLOP per device') in text
+          'train step: their attention matmuls, 300 GFLOP per device') in text
   assert 'eval step: their' not in text
   assert memory.format_report(dict(report, estimate={'missing': 'scan'}), 'x').count(
       "estimated step time: none (XLA counts a scanned encoder's loop once") == 1

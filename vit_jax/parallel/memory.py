@@ -172,8 +172,8 @@ def _estimate_lines(report: Dict[str, Any]) -> list:
     return [f'  estimated step time: none ({FLOPS_MISSING[found["missing"]]})']
   steps = [estimate_lib.describe(found[k], f'{k} step') for k in ('train', 'eval') if found[k]]
   if not steps:
-    return ["  estimated step time: none (the TPU compiler's cost model gave none for this "
-            "program)"]
+    return ["  estimated step time: none (the TPU compiler's cost model gave no time, or a "
+            "negative one where it could not cost some ops, for this program)"]
   lines = ["  estimated by the TPU compiler's cost model (a lower bound): " + ', '.join(steps)]
   if 'run_seconds' in found:
     lines.append(f'  estimated run: {found["steps"]:,} train steps x '
@@ -187,7 +187,7 @@ def _estimate_lines(report: Dict[str, Any]) -> list:
     if est['uncosted_flops']:
       lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} Pallas calls '
                    f'(splash attention) of the {name} step: their attention matmuls, '
-                   f'{est["uncosted_flops"] / 1e12:.3g} TFLOP per device counted from the '
+                   f'{estimate_lib.flop_count(est["uncosted_flops"])} per device counted from the '
                    "model's shapes, are added at the chip's peak")
     else:
       lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} custom calls '

@@ -42,7 +42,7 @@ def step(cost: Dict[str, Any], batch_per_device: float, chip: chips.Chip,
   rate over the peak of the device's chip share, a fraction).
   """
   seconds = cost.get('optimal_seconds')
-  if not seconds or seconds <= 0:  # none, or the cost model's negative "could not cost it"
+  if not seconds or seconds <= 0:  # none, or negative: ops the cost model could not cost
     return None
   peak = chip.bf16_flops  # per JAX device
   extra = uncosted_flops if cost.get('custom_calls') else 0.0
@@ -68,6 +68,14 @@ def duration(seconds: float) -> str:
   return f'{seconds:.3g} s'
 
 
+def flop_count(flops: float) -> str:
+  """'6.79 TFLOP', '300 GFLOP', '21.3 MFLOP'."""
+  for unit, size in (('TFLOP', 1e12), ('GFLOP', 1e9)):
+    if flops >= size:
+      return f'{flops / size:.3g} {unit}'
+  return f'{flops / 1e6:.3g} MFLOP'
+
+
 def describe(estimate: Dict[str, float], what: str) -> str:
   """'train step 142 ms (449 images/s per chip, 77% of peak)'."""
   return (f'{what} {duration(estimate["seconds"])} '
@@ -75,4 +83,4 @@ def describe(estimate: Dict[str, float], what: str) -> str:
           f'{estimate["utilisation"]:.0%} of peak)')
 
 
-__all__ = ['custom_calls', 'step', 'duration', 'describe']
+__all__ = ['custom_calls', 'step', 'duration', 'flop_count', 'describe']
