@@ -57,6 +57,10 @@ def plan_config(model: str, slice_name: str, settings: dict, layers=None):
   return config
 
 
+class NoEstimate(Exception):
+  """The cost model gave no usable time for the program."""
+
+
 def measure(config) -> dict:
   """The train step's figures that grow with depth (seconds, FLOPs, bytes) and the rest: the
   train step alone is compiled (every plan prints the eval step's too)."""
@@ -70,7 +74,8 @@ def measure(config) -> dict:
                 devices=prog.mesh.devices.size)
   found = prog.estimate(report)
   if 'missing' in found or found['train'] is None:
-    raise ValueError(f'no estimate: {found}')
+    raise NoEstimate(f'no estimate: the cost model gave {report["optimal_seconds"]} s '
+                     f'(negative: ops it could not cost)')
   train = found['train']
   return dict(
       seconds=train['seconds'], flops=train['flops'], uncosted_flops=train['uncosted_flops'],
@@ -108,7 +113,7 @@ def run(model: str, slice_name: str, setting: str, depths=()) -> dict:
       row['extrapolated_from_depths'] = list(depths)
     else:
       figures = measure(config)
-  except UserError as e:
+  except (UserError, NoEstimate) as e:
     row.update(error=str(e)[:300], wall_seconds=round(time.perf_counter() - start, 1))
     return row
   chip = figures['chip']

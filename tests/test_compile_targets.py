@@ -185,6 +185,9 @@ def test_report_says_how_long_with_the_pallas_calls_costed(tpu_reports):
 # a host.
 GENERATIONS = {'v3': 'v3-8', 'v4': 'v4-8', 'v5e': 'v5litepod-1', 'v5p': 'v5p-8', 'v6e': 'v6e-1'}
 PER_DEVICE_BATCH = 32
+# libtpu 0.0.42.1's cost model returns a negative time for this program on these generations (it
+# could not cost some ops): the plan gives no estimate rather than a wrong one.
+NO_COST = ('v4', 'v5e')
 
 
 @pytest.mark.parametrize('generation', sorted(GENERATIONS))
@@ -206,9 +209,7 @@ def test_every_generation_compiles_with_an_estimate(generation):
   assert stats['flops'] == pytest.approx(analytic, rel=0.02)
   assert stats['custom_calls'] == 0  # einsum attention: everything is costed
   train = prog.estimate(stats)['train']
-  if generation == 'v5e':
-    # libtpu 0.0.42.1's v5e cost model returns a negative time for this program (it could not
-    # cost some ops): the plan gives no estimate rather than a wrong one.
+  if generation in NO_COST:
     assert stats['optimal_seconds'] < 0 and train is None
     return
   assert 0 < train['seconds'] < 1 and 0 < train['utilisation'] < 1
