@@ -187,7 +187,7 @@ GENERATIONS = {'v3': 'v3-8', 'v4': 'v4-8', 'v5e': 'v5litepod-1', 'v5p': 'v5p-8',
 PER_DEVICE_BATCH = 32
 # libtpu 0.0.42.1's cost model returns a negative time for this program on these generations (it
 # could not cost some ops): the plan gives no estimate rather than a wrong one.
-NO_COST = ('v4', 'v5e')
+NO_COST = ('v4', 'v5e', 'v6e')
 
 
 @pytest.mark.parametrize('generation', sorted(GENERATIONS))
