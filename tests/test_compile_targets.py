@@ -194,7 +194,8 @@ NO_COST = ('v4', 'v5e', 'v6e')
 def test_every_generation_compiles_with_an_estimate(generation):
   """A one-block ViT-B/8 at 32 px (17 tokens) train step for each generation: the devices are
   the compiler's own, its FLOPs are the analytic count's (matmuls dominate at this width), and
-  its estimate is a positive time below the chip's peak."""
+  its estimate is a positive time below the chip's peak, or none where the cost model returns a
+  negative time (`NO_COST`)."""
   name = GENERATIONS[generation]
   target = targets.parse(name)
   config = _config(compile_for=name, model_name='ViT-B/8', image_size=32, num_classes=10,
