@@ -79,6 +79,9 @@ COMMANDS = {
     f'{_PY}.main --config=configs/default.py --workdir=runs/pets':
         Fails(r'^error: folder:/data/pets: /data/pets does not exist'),
     f'{_PY}.main --config=configs/plans.py:recipe=headline,model=H/14': Run(_SMALL_TPU_PLAN),
+    f'{_PY}.main --config=configs/default.py --workdir=/tmp/plan --config.compile_for=v5litepod-16':
+        Fails(r'^error: eval_batch_size=200 does not split over 16 devices in 1 processes: use '
+              r'a multiple of 16, e\.g\. --config\.eval_batch_size=192 or 208$'),
     f'{_PY} predict --workdir=runs/default': Run(),
     f'{_PY} weights': Run(),
     f'{_PY} sweep --sweep=experiments/posemb/sweep.py --workdir=runs/posemb --dry_run': Run(),

@@ -6,7 +6,10 @@
 prints what the TPU compiler says about the recipe's train and eval steps on that slice: per-core
 parameters, optimizer state, temporaries, peak, the HBM fit, FLOPs and compile times. Nothing is
 trained or read (the dataset need not exist; its class count comes from recipes.NUM_CLASSES).
-Recipes: pretrain (configs/pretrain.py, P Table 3, batch 4096 at 224 px) and headline
+`--config.batch_size` and `--config.eval_batch_size` plan another global batch (one that splits
+over another slice of `--config.compile_for`); the report then gives the estimated step time of
+the train and eval steps (docs/scaling.md, "Planning for TPUs").
+Recipes: pretrain (configs/pretrain.py, the ViT paper's Table 3, batch 4096 at 224 px) and headline
 (configs/finetune.py headline=true: ImageNet at 512 px for L/16, 518 px for H/14, batch 512).
 Needs the TPU compiler: `make tpu-compiler`. Expected: benchmarks/RESULTS.md, "Planning TPU runs";
 how to read the report: docs/scaling.md.

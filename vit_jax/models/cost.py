@@ -118,24 +118,37 @@ def _bottlenecks(hw, c: int, width: int, num_layers, padding) -> Tuple[float, Tu
   return macs, hw, c
 
 
+def _vit_stem(model, image_shape: Sequence[int]):
+  """(multiply-adds of a hybrid's ResNet stem or 0, those of its first conv or None, the feature
+  map (h, w) and channels the patch embedding reads) of a ViT or hybrid."""
+  h, w, channels = image_shape
+  resnet = resnet_lib.as_resnet_config(model.resnet)
+  if resnet is None:
+    return 0., None, (h, w), channels
+  # models/resnet.py: conv_root 7x7/2, max-pool 3x3/2, 'SAME'
+  first, (h, w) = _conv((h, w), channels, resnet.width, 7, 2, 'SAME')
+  h, w = (_conv_out(s, 3, 2, 'SAME') for s in (h, w))
+  macs, (h, w), channels = _bottlenecks((h, w), resnet.width, resnet.width, resnet.num_layers,
+                                        'SAME')
+  return macs + first, first, (h, w), channels
+
+
+def _tokens(model, hw: Tuple[int, int]) -> int:
+  """The encoder's sequence length over a feature map of `hw`: patches, cls and registers."""
+  ph, pw = model.patch
+  return (hw[0] // ph) * (hw[1] // pw) + vit_lib.num_prefix_tokens(model)
+
+
 def _vit_macs(model, image_shape: Sequence[int]) -> Tuple[float, float]:
   """(forward multiply-adds, those of the layer that reads the image) of a ViT or hybrid."""
-  h, w, channels = image_shape
-  macs = 0.
-  resnet = resnet_lib.as_resnet_config(model.resnet)
+  macs, first, (h, w), channels = _vit_stem(model, image_shape)
   ph, pw = model.patch
-  if resnet is not None:  # models/resnet.py: conv_root 7x7/2, max-pool 3x3/2, 'SAME'
-    first, (h, w) = _conv((h, w), channels, resnet.width, 7, 2, 'SAME')
-    h, w = (_conv_out(s, 3, 2, 'SAME') for s in (h, w))
-    macs, (h, w), channels = _bottlenecks((h, w), resnet.width, resnet.width,
-                                          resnet.num_layers, 'SAME')
-    macs += first
   gh, gw = h // ph, w // pw
   d, m = model.hidden_size, model.mlp_dim
   embedding = gh * gw * ph * pw * channels * d
   macs += embedding
-  first = first if resnet is not None else embedding
-  n = gh * gw + vit_lib.num_prefix_tokens(model)  # patches, cls, registers
+  first = first if first is not None else embedding
+  n = _tokens(model, (h, w))
   # Per block: q, k, v and out projections, Q K^T and the weighted sum of V, the MLP.
   macs += model.num_layers * (4 * n * d * d + 2 * n * n * d + 2 * n * d * m)
   rows = n - model.num_registers if model.classifier == 'unpooled' else 1
@@ -177,6 +190,17 @@ def forward_flops(model: nn.Module, image_shape: Sequence[int]) -> float:
   """Matmul and convolution FLOPs (2 per multiply-add) of one image's forward pass through
   `model` (a VisionTransformer, hybrid, BiT or MLP-Mixer module) on images of `image_shape` (H, W, C)."""
   return 2. * _macs(model, image_shape)[0]
+
+
+def attention_flops(model: nn.Module, image_shape: Sequence[int]) -> float:
+  """FLOPs of one image's forward pass in the attention products alone (Q K^T and the weighted
+  sum of V, every block): what a fused attention kernel computes. 0 for a model without
+  attention (a BiT)."""
+  if isinstance(model, BiT) or not getattr(model, 'num_heads', None):
+    return 0.
+  _, _, hw, _ = _vit_stem(model, image_shape)
+  n = _tokens(model, hw)
+  return 2. * model.num_layers * 2 * n * n * model.hidden_size
 
 
 def train_flops(model: nn.Module, image_shape: Sequence[int]) -> float:

@@ -26,6 +26,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding as sharding_lib
 from vit_jax.platform import chips
+from vit_jax.platform import estimate as estimate_lib
 from vit_jax.platform import targets
 
 GIB = 2 ** 30
@@ -61,7 +62,9 @@ def _compile(lowerable: Callable[[], Any], options: Optional[dict]) -> tuple:
 
 
 def step_stats(compiled, seconds: float) -> Dict[str, Any]:
-  """Per-device bytes, FLOPs and compile time of one compiled program."""
+  """Per-device bytes, FLOPs and compile time of one compiled program, and where its compiler
+  has a cost model (the TPU compiler) its lower bound in seconds and the custom calls it leaves
+  uncosted (vit_jax/platform/estimate.py)."""
   stats = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, (list, tuple)):  # older jax returned one dict per program
@@ -77,6 +80,9 @@ def step_stats(compiled, seconds: float) -> Dict[str, Any]:
       'code_bytes': int(stats.generated_code_size_in_bytes),
       'peak_bytes': max(own_peak, args + out - alias + temp),
       'flops': float(cost.get('flops', 0.0)),
+      'bytes_accessed': float(cost.get('bytes accessed', 0.0)),
+      'optimal_seconds': float(cost['optimal_seconds']) if cost.get('optimal_seconds') else None,
+      'custom_calls': estimate_lib.custom_calls(compiled) if cost.get('optimal_seconds') else 0,
       'compile_seconds': seconds,
   }
 
@@ -157,6 +163,39 @@ def _flops_text(report: Dict[str, Any]) -> str:
   return f'{report["flops"] / 1e12:.3f} TFLOP per train step per device'
 
 
+def _estimate_lines(report: Dict[str, Any]) -> list:
+  """The TPU compiler's estimated step times (`Program.estimate`), as report lines."""
+  found = report.get('estimate')
+  if not found:
+    return []
+  if 'missing' in found:
+    return [f'  estimated step time: none ({FLOPS_MISSING[found["missing"]]})']
+  steps = [estimate_lib.describe(found[k], f'{k} step') for k in ('train', 'eval') if found[k]]
+  if not steps:
+    return ["  estimated step time: none (the TPU compiler's cost model gave no time, or a "
+            "negative one where it could not cost some ops, for this program)"]
+  lines = ["  estimated by the TPU compiler's cost model (a lower bound): " + ', '.join(steps)]
+  if 'run_seconds' in found:
+    lines.append(f'  estimated run: {found["steps"]:,} train steps x '
+                 f'{estimate_lib.duration(found["train"]["seconds"])} = '
+                 f'{estimate_lib.duration(found["run_seconds"])} of train steps (evaluation not '
+                 'included)')
+  for name in ('train', 'eval'):
+    step, est = (report if name == 'train' else report['eval']), found[name]
+    if not est or not step.get('custom_calls'):
+      continue
+    if est['uncosted_flops']:
+      lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} Pallas calls '
+                   f'(splash attention) of the {name} step: their attention matmuls, '
+                   f'{estimate_lib.flop_count(est["uncosted_flops"])} per device counted from the '
+                   "model's shapes, are added at the chip's peak")
+    else:
+      lines.append(f'  note: the cost model does not cost the {step["custom_calls"]} custom calls '
+                   f'of the {name} step, and nothing here counts them: the {name} step takes '
+                   'longer than its estimate')
+  return lines
+
+
 def format_report(report: Dict[str, Any], what: str) -> str:
   """A few readable lines (GiB per device)."""
   g = lambda key, r=report: r[key] / GIB
@@ -177,6 +216,7 @@ def format_report(report: Dict[str, Any], what: str) -> str:
       f'  compile time: train step {report["compile_seconds"]:.1f} s, eval step '
       f'{ev["compile_seconds"]:.1f} s',
   ]
+  lines += _estimate_lines(report)
   if report['hbm_bytes'] is not None:
     lines.append('  ' + fit_line(report))
   elif report['platform'] == 'cpu':

@@ -141,9 +141,10 @@ def check_batch(global_batch: int, mesh, what: str = 'batch_size', flag: str = '
     unit = int(np.lcm(ways, processes))
     where = (f'{ways} batch shards (mesh data x fsdp)' if ways != mesh.devices.size
              else f'{ways} devices')
+    below, above = global_batch // unit * unit, (global_batch // unit + 1) * unit
+    sizes = f'{below} or {above}' if below else f'{above}'
     raise UserError(f'{what}={global_batch} does not split over {where} in {processes} '
-                    f'processes: use a multiple of {unit}, e.g. '
-                    f'config.{flag}={max(unit, global_batch // unit * unit)}')
+                    f'processes: use a multiple of {unit}, e.g. config.{flag}={sizes}')
 
 
 def shard_batch(local_batch: dict, mesh) -> dict:

@@ -46,6 +46,9 @@ class TpuSlices:
   dims: int              # torus dimensions of a topology name ('v3:4x4' 2, 'v4:2x2x2' 3)
   devices_per_chip: int  # JAX devices per chip (v2/v3: one per core; megacore chips: one)
   min_chips: int         # the smallest slice
+  # The TPU compiler's chip configuration for a deviceless topology: 'megacore' presents each
+  # two-core chip as one device, as the TPU runtime does on v4 and v5p hosts.
+  chip_config: str = 'default'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +93,11 @@ CHIPS: Tuple[Chip, ...] = (
     Chip('TPU v3 (per core)', 'TPU v3', r'TPU v3', 61.5 * TERA, 61.5 * TERA, 16 * GIB, 450 * GB,
          target='v3', slices=TpuSlices('cores', 2, 2, 4)),
     Chip('TPU v4', 'TPU v4', r'TPU v4', 275 * TERA, 275 * TERA, 32 * GIB, 1228 * GB,
-         target='v4', slices=TpuSlices('cores', 3, 1, 4)),
+         target='v4', slices=TpuSlices('cores', 3, 1, 4, 'megacore')),
     Chip('TPU v5e', 'TPU v5 lite', r'TPU v5 ?lite|TPU v5e', 197 * TERA, 197 * TERA, 16 * GIB,
          819 * GB, target='v5e', slices=TpuSlices('chips', 2, 1, 1)),
     Chip('TPU v5p', 'TPU v5', r'TPU v5p?', 459 * TERA, 459 * TERA, 95 * GIB, 2765 * GB,
-         target='v5p', slices=TpuSlices('cores', 3, 1, 4)),
+         target='v5p', slices=TpuSlices('cores', 3, 1, 4, 'megacore')),
     Chip('TPU v6e', 'TPU v6 lite', r'TPU v6 ?lite|TPU v6e', 918 * TERA, 918 * TERA, 32 * GIB,
          1640 * GB, target='v6e', slices=TpuSlices('chips', 2, 1, 1)),
 )

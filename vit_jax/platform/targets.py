@@ -200,6 +200,19 @@ def _has_tpu_chips() -> bool:
     return True
 
 
+# The chips of one host, the TPU compiler's default for a topology: a slice smaller than it (a
+# v5litepod-1 or -2) is one host holding the whole slice.
+HOST_CHIPS = 4
+
+
+def _host_bounds(target: Target) -> dict:
+  """The compiler's `chips_per_host_bounds` for a slice of fewer chips than a host, else {}."""
+  shape = [int(s) for s in target.topology.split(':')[1].split('x')]
+  if math.prod(shape) >= HOST_CHIPS:
+    return {}
+  return {'chips_per_host_bounds': tuple(shape + [1] * (3 - len(shape)))}
+
+
 def _tpu_devices(target: Target) -> list:
   """The devices of the slice, from the TPU compiler's description of its topology."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
@@ -213,7 +226,9 @@ def _tpu_devices(target: Target) -> list:
     os.environ.setdefault(key, value)
   with quiet.silenced_stderr():
     try:
-      topology = topologies.get_topology_desc(topology_name=target.topology, platform='tpu')
+      topology = topologies.get_topology_desc(topology_name=target.topology, platform='tpu',
+                                              chip_config_name=target.chip.slices.chip_config,
+                                              **_host_bounds(target))
     except Exception as e:  # pylint: disable=broad-except  # the runtime's message says why
       reason = ' '.join(str(e).split())[:240]
       raise UserError(f'the TPU compiler ({library}) does not accept topology {target.topology} '

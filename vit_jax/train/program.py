@@ -23,12 +23,14 @@ from vit_jax.data import config_pp
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
+from vit_jax.models import cost
 from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import vit
 from vit_jax.parallel import memory
 from vit_jax.parallel import sharding
 from vit_jax.parallel import steps as steps_lib
 from vit_jax.platform import chips
+from vit_jax.platform import estimate
 from vit_jax.platform import targets
 from vit_jax import tasks
 from vit_jax.train import optim, step as step_lib, validate
@@ -117,7 +119,31 @@ class Program:
       report['flops_missing'] = missing
     if self.target is not None:
       report['target'] = self.target.describe()
+    if report['platform'] == 'tpu':
+      report['estimate'] = self.estimate(report)
     return report
+
+  def estimate(self, report: dict) -> dict:
+    """The TPU compiler's estimated train and eval step times (vit_jax/platform/estimate.py) of
+    a `memory_report` (or of the train step's `memory.step_stats` with `devices`: no eval), and of a run of known length (`total_steps` set, or the dataset's size
+    known) its train steps' wall time; {'missing': why} where the estimate would be short."""
+    if self.config.model.get('scan'):
+      return {'missing': 'scan'}
+    c, devices = self.config, report['devices']
+    chip = self.target.chip if self.target is not None else chips.find_chip(
+        self.mesh.devices.flat[0].device_kind)
+    attention = cost.attention_flops(self.model, self.image_shape)  # forward, per image
+    out = {
+        'train': estimate.step(report, c.batch_size / devices, chip,
+                               3 * attention * c.batch_size / devices),
+        'eval': report.get('eval') and estimate.step(
+            report['eval'], c.eval_batch_size / devices, chip,
+            attention * c.eval_batch_size / devices),
+    }
+    if out['train'] is not None and (self.num_train or c.total_steps):
+      out['steps'] = self.total_steps
+      out['run_seconds'] = self.total_steps * out['train']['seconds']
+    return out
 
 
 def resolve_steps(config, num_train_examples: int) -> int:
