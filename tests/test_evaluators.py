@@ -8,6 +8,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from vit_jax import parallel
+from vit_jax.data import specs
 from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 from vit_jax.evaluate import fewshot, real
@@ -116,7 +117,7 @@ def test_real_evaluator_on_a_tiny_builder(data_dir):
   evaluator = real.RealEvaluator(
       model=BrightnessModel(), mesh=mesh, param_shardings=None, dataset='vit_test_real',
       data_dir=data_dir, split='validation', batch_size=8,
-      pp={'crop': 'resize', 'image_size': 8})
+      spec=specs.eval_spec('resize', 8))
   result = evaluator({})
   scored = [(p, s) for p, s in VitTestReal.ROWS if s]
   expected = np.mean([p in s for p, s in scored])
@@ -128,11 +129,11 @@ def test_real_evaluator_on_a_tiny_builder(data_dir):
     bigger.num_classes = 1000
     real.RealEvaluator(model=bigger, mesh=mesh, param_shardings=None, dataset='vit_test_real',
                        data_dir=data_dir, split='validation', batch_size=8,
-                       pp={'crop': 'resize', 'image_size': 8})
+                       spec=specs.eval_spec('resize', 8))
   with pytest.raises(UserError, match="has no 'image' image with a 'real_label'"):
     real.RealEvaluator(model=BrightnessModel(), mesh=mesh, param_shardings=None,
                        dataset='mnist5k', data_dir=data_dir, split='test', batch_size=8,
-                       pp={'crop': 'resize', 'image_size': 8})
+                       spec=specs.eval_spec('resize', 8))
 
 
 @pytest.mark.parametrize('split', ['train', 'train[:90%]'])
@@ -202,7 +203,7 @@ def test_a_registered_evaluator_is_built_with_its_arguments_and_run_when_due():
     config = _config(evaluators=('count_test(every=2)',))
     registry.check(config)
     evaluators = registry.periodic_evaluators(config, model=None, mesh=None, param_shardings=None,
-                                              eval_pp={}, data='info')
+                                              eval_pp=None, data='info')
     assert built == [('mnist5k', 'info')] and [(n, e) for n, e, _ in evaluators] == [
         ('count_test', 2)]
     due = [(step, name, metrics) for step in range(1, 6) for name, metrics in
@@ -211,7 +212,7 @@ def test_a_registered_evaluator_is_built_with_its_arguments_and_run_when_due():
                    (5, 'count_test', {'calls': 3.0})]
     assert registry.periodic_evaluators(
         _config(evaluators=('count_test(off=True)',)), model=None, mesh=None,
-        param_shardings=None, eval_pp={}) == []
+        param_shardings=None, eval_pp=None) == []
   finally:
     registry.EVALUATORS.unregister('count_test')
   with pytest.raises(UserError, match="unknown evaluator 'count_test'"):

@@ -34,8 +34,8 @@ def _train(base):
   config = mnist5k.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=3e-3')
   config.dataset = f'folder:{base / "colours"}'
   config.data_dir = str(base / 'tfds')
-  config.pp.train_crop = 'resize'
-  config.pp.eval_crop = 'central'  # resize_small + central crop: predict must do the same
+  config.pp.train = 'resize'
+  config.pp.eval = 'central_crop'  # resize_small + central crop: predict must do the same
   config.eval_batch_size = 8
   config.warmup_steps = 5
   config.eval_every = config.checkpoint_every = config.log_every = STEPS
@@ -81,7 +81,7 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
     assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-5
   # The numbers are the model's on the eval preprocessing (here resize_small + central crop).
   images = image_files.load(
-      paths, specs.eval_spec({'crop': 'central', 'image_size': 28, 'resize': 28}), 3)
+      paths, specs.eval_spec('central_crop(resize=28)', 28), 3)
   assert images.shape == (3, 28, 28, 3)
   logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, images, train=False),
                       np.float64)

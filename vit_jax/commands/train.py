@@ -39,18 +39,18 @@ def run(argv) -> int:
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
-  task = validate.check_config(config)  # the one validation: before joining a distributed run
+  checked = validate.check_config(config)  # the one validation: before joining a distributed run
   lock.check_free(_WORKDIR.value)  # a workdir another run holds: stop before building anything
   parallel.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             timeout_s=_TIMEOUT.value)
-  prog = program.build_program(config, task=task)  # the mesh and the model, built once
+  prog = program.build_program(config, checked=checked)  # the mesh and the model, built once
   result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
   if config.compile_only or config.compile_for or result.get('preempted'):
     return 0
-  print(f'final {config.eval_split} {task.metric_name}: '
+  print(f'final {config.eval_split} {checked.task.metric_name}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 

@@ -6,7 +6,7 @@
 prints what the TPU compiler says about the recipe's train and eval steps on that slice: per-core
 parameters, optimizer state, temporaries, peak, the HBM fit, FLOPs and compile times. Nothing is
 trained or read (the dataset need not exist; its class count comes from recipes.NUM_CLASSES).
-Recipes: pretrain (configs/pretrain.py, P Table 3, batch 4096 at 224 px) and headline
+Recipes: pretrain (configs/pretrain.py, ViT paper, Table 3, batch 4096 at 224 px) and headline
 (configs/finetune.py headline=true: ImageNet at 512 px for L/16, 518 px for H/14, batch 512).
 Needs the TPU compiler: `make tpu-compiler`. Expected: benchmarks/RESULTS.md, "Planning TPU runs";
 how to read the report: docs/scaling.md.
@@ -40,6 +40,6 @@ def get_config(arg=None, settings=None):
     common.apply(c, settings)
   c.compile_for = plan['slice']
   c.num_classes = recipes.NUM_CLASSES[plan['dataset']]
-  c.pp.channels = 3
+  common.rgb_input(c)
   return c
 

@@ -51,14 +51,14 @@ class Run:
   mesh: Any
   param_shardings: Any
   data: Any      # the run's `data.DatasetInfo` (None where a run has no dataset)
-  eval_pp: dict  # the eval preprocessing (`config_pp.eval_pp`)
+  eval_pp: Any  # the run's parsed eval preprocessing (`specs.Spec`)
 
   def eval_batches(self, split: Optional[str] = None):
     """Re-iterable padded eval batches ({'image', 'label', 'mask'}, this process's share) of a
     split of the run's dataset (default: its eval split), preprocessed as its eval split."""
     batches, _ = data_lib.eval_iterator(
         info=self.data, split=split or self.config.eval_split,
-        batch_size=self.config.eval_batch_size // jax.process_count(), pp=self.eval_pp,
+        batch_size=self.config.eval_batch_size // jax.process_count(), spec=self.eval_pp,
         process_index=jax.process_index(), process_count=jax.process_count(),
         cache=self.config.cache)
     return batches
@@ -148,7 +148,7 @@ def fewshot(run: Run) -> Optional[Periodic]:
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
       data_dir=c.data_dir, train_split=c.fewshot.train_split, eval_split=c.fewshot.eval_split,
       shots=c.fewshot.shots, l2_reg=c.fewshot.l2_reg, batch_size=c.eval_batch_size,
-      pp=run.eval_pp, cache=c.cache, info=run.data if dataset == c.dataset else None))
+      spec=run.eval_pp, cache=c.cache, info=run.data if dataset == c.dataset else None))
 
 
 @register('real', key='real.dataset')
@@ -164,7 +164,7 @@ def real(run: Run) -> Optional[Periodic]:
     return Periodic(c.eval_every, RealEvaluator(
         model=run.model, mesh=run.mesh, param_shardings=run.param_shardings,
         dataset=c.real.dataset, data_dir=c.data_dir, split=c.real.split,
-        batch_size=c.eval_batch_size, pp=run.eval_pp, cache=c.cache))
+        batch_size=c.eval_batch_size, spec=run.eval_pp, cache=c.cache))
   except UserError as e:
     raise UserError(f"{e} (ImageNet ReaL evaluation; config.real.dataset='' turns it "
                     f'off)') from None

@@ -40,7 +40,6 @@ from vit_jax.train import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
 from vit_jax.train import workdir as workdir_lib
-from vit_jax.data.config_pp import eval_pp, train_pp
 
 
 def evaluate(eval_fn, params, eval_data, mesh) -> dict:
@@ -196,12 +195,12 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   config, mesh, total_steps = prog.config, prog.mesh, prog.total_steps
   eval_data = data_lib.eval_iterator(
       info=prog.data, split=config.eval_split,
-      batch_size=config.eval_batch_size // jax.process_count(), pp=eval_pp(config),
+      batch_size=config.eval_batch_size // jax.process_count(), spec=prog.pp.eval,
       process_index=jax.process_index(), process_count=jax.process_count(), cache=config.cache)
   config_json, facts = config.to_dict(), run.facts
   extra_evals = evaluate_lib.periodic_evaluators(
       config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
-      eval_pp=eval_pp(config), data=prog.data)
+      eval_pp=prog.pp.eval, data=prog.data)
   metric_name = prog.task.metric_name
   result = None
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
@@ -210,7 +209,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   if start_step < total_steps:
     train_data = data_lib.train_iterator(
         info=prog.data, split=config.train_split,
-        batch_size=prog.local_batch, pp=train_pp(config), seed=config.seed, start_step=start_step,
+        batch_size=prog.local_batch, spec=prog.pp.train, seed=config.seed, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count(),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
         sharding=config.data_sharding)
