@@ -74,6 +74,20 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
     shifts.append(int(level[0]))
   assert len(set(shifts)) > 5
 
+  # The checkpoint records the file that registered the op; a reader of the checkpoint in a
+  # process that has not loaded it (predict, fewshot, export) registers it from there.
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import bundle  # pylint: disable=g-import-not-at-top
+  step_dir = os.path.join(workdir, 'checkpoints', str(restore.available_steps(workdir)[-1]))
+  source = os.path.join(ROOT, 'configs', 'extending.py')
+  assert restore.load_facts(step_dir)['ops'] == {'brightness': source}
+  ops.OPS.unregister('brightness')
+  assert bundle.from_workdir(workdir).op_sources == {'brightness': source}
+  assert 'brightness' in ops.OPS
+  with pytest.raises(UserError, match=r"^RUN uses the preprocessing op 'gone' registered by "
+                                      r'/nonexistent/ops.py, which is gone: put that file back$'):
+    ops.OPS.load_sources({'gone': '/nonexistent/ops.py'}, 'RUN')
+
 
 def test_the_docs_show_the_registering_code_of_configs_extending():
   """Each registered function docs/data.md and docs/recipes.md show is configs/extending.py's."""

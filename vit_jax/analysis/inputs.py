@@ -10,11 +10,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
+from vit_jax.checkpoint.restore import available_steps, load_checkpoint, load_facts, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
 from vit_jax import data as data_lib
 from vit_jax import tasks
-from vit_jax.data import image_files, specs
+from vit_jax.data import image_files, ops, specs
 from vit_jax.errors import UserError
 from vit_jax.formats import npz, weights
 from vit_jax.models import layout
@@ -31,6 +31,7 @@ def load_model(step_dir, *, averaged: bool = False):
   `model.scan` gets its scanned model and its blocks stacked (`load_checkpoint` reads them
   unrolled)."""
   params, config = load_checkpoint(step_dir, averaged=averaged)
+  ops.OPS.load_sources(load_facts(step_dir).get('ops') or {}, str(step_dir))
   model = build_model(config, params)
   return model, layout.for_model(params, model), config
 

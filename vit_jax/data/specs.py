@@ -7,7 +7,7 @@ once per run and the run passes the result on to its streams, evaluators and rec
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 from vit_jax.data import ops
 from vit_jax.errors import UserError
@@ -46,6 +46,10 @@ class Preprocessing:
                       f'preprocessing {evaluated}-channel ones: end both config.pp.train and '
                       f'config.pp.eval with the same channels(n)')
     return train
+
+  def op_names(self) -> Tuple[str, ...]:
+    """The names of the ops both lists call."""
+    return tuple(c.name for spec in (self.train, self.eval) for c in spec.ops.calls)
 
 
 def _check_size(image_size, key: str) -> None:

@@ -5,7 +5,8 @@ A bundle is a directory:
                and by timm's npz loader)
   model.json   {"format": "vit_jax.bundle", "version": 1, "model_name", "num_classes", "options"
                (create_model overrides), "image_size", "channels", "class_names",
-               "preprocess": {"ops" (the eval op list, vit_jax/data/ops.py), "decode_channels"},
+               "preprocess": {"ops" (the eval op list, vit_jax/data/ops.py), "decode_channels",
+               "sources" (the files that register its ops defined outside vit_jax)},
                "output": softmax | sigmoid,
                "source"}
 
@@ -30,6 +31,7 @@ from vit_jax.checkpoint import restore
 from vit_jax.models import posemb_resize
 from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options, input_channels
 from vit_jax import tasks
+from vit_jax.data import ops
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 
@@ -44,7 +46,8 @@ OUTPUTS = ('softmax', 'sigmoid')
 @dataclasses.dataclass
 class Bundle:
   """Params and how to run them. `ops` is the eval preprocessing (a list of registered ops,
-  vit_jax/data/ops.py); images are decoded to `decode_channels` first."""
+  vit_jax/data/ops.py; `op_sources`: the files that register those defined outside vit_jax);
+  images are decoded to `decode_channels` first."""
   spec: ModelSpec
   params: Dict[str, Any]
   class_names: Tuple[str, ...]
@@ -52,6 +55,7 @@ class Bundle:
   decode_channels: int = 3
   output: str = 'softmax'
   source: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  op_sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
   def eval_spec(self) -> specs.Spec:
     """The parsed eval ops, ending in the model's channels when they are not those decoded."""
@@ -63,7 +67,8 @@ class Bundle:
   def to_json(self) -> Dict[str, Any]:
     return {'format': FORMAT, 'version': VERSION, **self.spec.to_dict(),
             'class_names': list(self.class_names),
-            'preprocess': {'ops': self.ops, 'decode_channels': self.decode_channels},
+            'preprocess': {'ops': self.ops, 'decode_channels': self.decode_channels,
+                           'sources': self.op_sources},
             'output': self.output, 'source': self.source}
 
 
@@ -111,13 +116,15 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
 
 def _from_step_dir(step_dir, data_dir: Optional[str]) -> Bundle:
   params, config = restore.load_checkpoint(step_dir)
+  op_sources = restore.load_facts(step_dir).get('ops') or {}
+  ops.OPS.load_sources(op_sources, str(step_dir))
   task = tasks.get_task(config)
   spec = task.model_spec(params)
   source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
   names, source['class_names'] = _class_names(config, step_dir, spec.num_classes, data_dir)
   eval_spec = specs.eval_spec(config.pp.eval, config.image_size)
   return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
-                ops=config.pp.eval,
+                ops=config.pp.eval, op_sources=op_sources,
                 decode_channels=spec.channels if eval_spec.channels is None else 3,
                 output=task.output, source=source)
 
@@ -223,12 +230,13 @@ def load(path: str) -> Bundle:
                     f'version {VERSION}: re-export the bundle with this version')
   spec = ModelSpec.from_dict(meta, source=model_file)
   pp = meta.get('preprocess') or {}
+  ops.OPS.load_sources(dict(pp.get('sources') or {}), model_file)
   names = tuple(str(n) for n in meta.get('class_names') or _index_names(spec.num_classes))
   if len(names) != spec.num_classes or meta.get('output', 'softmax') not in OUTPUTS:
     raise UserError(f'{model_file}: class_names or output do not fit the model: re-export it')
   params = npz.load_npz(os.path.join(path, PARAMS_FILE))
   return Bundle(spec=spec, params=fitted(spec, params, path), class_names=names,
-                ops=pp.get('ops') or 'resize',
+                ops=pp.get('ops') or 'resize', op_sources=dict(pp.get('sources') or {}),
                 decode_channels=int(pp.get('decode_channels', spec.channels)),
                 output=meta.get('output', 'softmax'), source={'bundle': path})
 

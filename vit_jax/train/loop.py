@@ -30,6 +30,7 @@ from vit_jax import evaluate as evaluate_lib
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.data import identity
+from vit_jax.data import ops as ops_lib
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
@@ -168,9 +169,13 @@ def _start(prog, ckpt, workdir, allow_config_change, facts):
 def run_facts(prog) -> dict:
   """What a checkpoint records of the data it was trained on (checked again on resume): the class
   count and input shape, and the dataset's class names, split sizes and fingerprint
-  (`vit_jax.data.identity`; absent for a dataset that cannot be read)."""
+  (`vit_jax.data.identity`; absent for a dataset that cannot be read), and the files that
+  registered the preprocessing ops the config names outside vit_jax (`ops`; absent if none)."""
   facts = {'num_classes': int(prog.num_classes),
            'image_shape': [int(d) for d in prog.image_shape]}
+  sources = ops_lib.OPS.sources(prog.pp.op_names())
+  if sources:
+    facts['ops'] = sources
   data = identity.identify(prog.data)
   if data is not None:
     facts['data'] = data
