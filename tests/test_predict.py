@@ -70,7 +70,7 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
   assert run['result']['count'] == 3  # the 3 test images (one per class), corrupt file skipped
   bundle = bundle_lib.from_workdir(run['workdir'])
   assert bundle.class_names == ('blue', 'green', 'red')
-  assert (bundle.crop, bundle.resize, bundle.decode_channels) == ('central', 28, 3)
+  assert (bundle.ops, bundle.decode_channels) == ('central_crop', 3)
   paths = list(run['images'])
   results = inference.predict(bundle, paths, batch_size=2, top_k=5)  # 2 batches, last padded
   assert [r['file'] for r in results] == paths
@@ -110,8 +110,8 @@ def test_bundle_and_converted_files_predict_the_same(run, tmp_path):
   from_file = bundle_lib.from_params_file(path)
   assert from_file.spec == loaded.spec and from_file.class_names == loaded.class_names
   # A params file carries no preprocessing: it gets the original fine-tuning's eval resize.
-  assert from_file.crop == 'resize'
-  from_file.crop = loaded.crop
+  assert from_file.ops == 'resize'
+  from_file.ops = loaded.ops
   np.testing.assert_allclose(_probabilities(inference.predict(from_file, paths)), want, atol=1e-6)
 
   plain = bundle_lib.from_params_file(str(tmp_path / 'bundle' / 'params.npz'),
