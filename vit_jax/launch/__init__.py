@@ -46,11 +46,6 @@ def _call(command: List[str], *, capture: bool = False) -> str:
 GCLOUD_MARKERS = ('ERROR:',)  # how gcloud's lines that say why it failed begin
 
 
-def gcloud_reason(stderr: str, limit: int = 300) -> str:
-  """Why gcloud failed, from its stderr, in one line (`tools.reason` of its `ERROR:` lines)."""
-  return tools.reason(stderr, GCLOUD_MARKERS, limit)
-
-
 def check_steps(steps: Steps, choices: str, stopped: str) -> None:
   """UserError for steps that do nothing, or that stop `stopped` and look at it in one go."""
   if not (steps.sync or steps.setup or steps.command or steps.status or steps.logs or steps.stop):
@@ -119,4 +114,4 @@ def _answer(command: List[str]) -> str:
     return f'no answer: {e}'
 
 
-__all__ = ['Plan', 'Steps', 'check_steps', 'gcloud_reason', 'run', 'source', 'uv_pin']
+__all__ = ['Plan', 'Steps', 'check_steps', 'run', 'source', 'uv_pin']
