@@ -22,7 +22,8 @@ from helpers import ROOT, file_tree
 from vit_jax import data as data_lib
 from vit_jax.data import archive_index, folder, image_files, specs
 from vit_jax.errors import UserError
-from vit_jax.train import logs, loop, program
+from vit_jax.train import loop, program
+from vit_jax.run import logs
 
 
 def _config(data_dir, **overrides):

@@ -1,5 +1,5 @@
 """The chip table and device line (vit_jax/platform/chips.py), the GPU probe, install hint and
-XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (train/logs.py).
+XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (run/logs.py).
 Compiling for the chips that are not here: tests/test_compile_targets.py."""
 
 import collections
@@ -16,7 +16,7 @@ from vit_jax.models import cost
 from vit_jax.models import create_model
 from vit_jax.platform import chips
 from vit_jax.platform import gpu
-from vit_jax.train import logs
+from vit_jax.run import logs
 from helpers import ROOT
 
 Device = collections.namedtuple('Device', 'platform device_kind')

@@ -15,7 +15,7 @@ LAYERS = (
     ('models',),
     ('tasks', 'data', 'formats', 'checkpoint', 'configs'),
     ('analysis', 'serving'),
-    ('evaluate',),
+    ('evaluate', 'run'),
     ('train',),
     ('benchmarking', 'sweeps', 'launch'),
     ('cli',),

@@ -24,8 +24,8 @@ from image_folder_util import write_colour_folder
 from vit_jax.analysis import inputs
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.errors import UserError
-from vit_jax.train import guards
-from vit_jax.train import logs
+from vit_jax.run import guards
+from vit_jax.run import logs
 from vit_jax.train import loop
 from vit_jax.train import program
 from helpers import ROOT, free_port, xla_flags

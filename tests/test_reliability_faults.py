@@ -21,7 +21,7 @@ from vit_jax.checkpoint import integrity
 from vit_jax.errors import UserError
 from vit_jax.serving import bundle as bundle_lib
 from vit_jax.serving import inference
-from vit_jax.train import logs
+from vit_jax.run import logs
 from vit_jax.train import loop
 from helpers import ROOT, file_tree, xla_flags
 

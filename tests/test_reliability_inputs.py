@@ -23,7 +23,7 @@ from vit_jax.launch import Plan, Steps
 from vit_jax.launch import tools as launch_tools
 from vit_jax import launch
 from vit_jax.train import loop
-from vit_jax.train import workdir as workdir_lib
+from vit_jax.run import workdir as workdir_lib
 from vit_jax.errors import UserError
 from helpers import ROOT, free_port
 

@@ -301,7 +301,7 @@ def test_kill_9_of_the_sweep_stops_its_trainer_with_a_checkpoint(tmp_path, data_
 def test_rerun_finds_a_trainer_still_holding_a_run_and_says_so(tmp_path, data_dir):
   """A trainer of an earlier sweep still runs in a run's workdir (here: this process holds its
   lock): the run is not started a second time, and the line names the holder."""
-  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock  # pylint: disable=g-import-not-at-top
   spec = _long_spec(tmp_path, data_dir, runs=1)
   root = tmp_path / 'sweep'
   (root / 'grid' / 'lr_0.001').mkdir(parents=True)
@@ -319,7 +319,7 @@ def test_rerun_finds_a_trainer_still_holding_a_run_and_says_so(tmp_path, data_di
 
 
 def test_second_sweep_on_the_same_directory_is_refused(tmp_path, data_dir):
-  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock  # pylint: disable=g-import-not-at-top
   spec = _long_spec(tmp_path, data_dir, runs=1)
   (tmp_path / 'sweep').mkdir()
   held = lock.WorkdirLock(str(tmp_path / 'sweep')).acquire()

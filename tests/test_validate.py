@@ -120,7 +120,7 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
   code = ('import sys\n'
           # A sweep reads its runs' logs without JAX or TensorFlow.
           'from vit_jax import sweeps\n'
-          'from vit_jax.train import guards, logs\n'
+          'from vit_jax.run import guards, logs\n'
           'print(logs.read_metrics("/nonexistent/metrics.jsonl"), "jax" in sys.modules,\n'
           '      "tensorflow" in sys.modules)\n'
           'from vit_jax.configs import common\n'

@@ -34,7 +34,8 @@ def run(argv) -> int:
   # JAX and the trainer load here, not at import: --help and flag errors answer at once.
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
-  from vit_jax.train import guards, lock, loop, program, validate
+  from vit_jax.train import loop, program, validate
+  from vit_jax.run import guards, lock
   config = _CONFIG.value
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:

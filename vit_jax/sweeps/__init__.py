@@ -39,7 +39,7 @@ def run_sweep(spec_path: str, workdir: str, *, launcher: str = 'process', parall
   if heartbeat_s < 1:
     from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
     raise UserError(f'--heartbeat={heartbeat_s}: a running trial beats every N >= 1 seconds')
-  from vit_jax.train import lock as lock_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock as lock_lib  # pylint: disable=g-import-not-at-top
   url = study_lib.storage_url(workdir, storage)
   exclusive = storage is None
   files_for(workdir).makedirs(workdir)

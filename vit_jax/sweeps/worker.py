@@ -57,7 +57,7 @@ class Reporter:
     """Reports what is new; True once the run is to be pruned."""
     if self.pruned is not None:
       return True
-    from vit_jax.train import logs  # pylint: disable=g-import-not-at-top
+    from vit_jax.run import logs  # pylint: disable=g-import-not-at-top
     records = logs.read_metrics(self.path)
     evals = [r for r in records if r['split'] == 'eval' and self.metric in r]
     newest = max((r['step'] for r in records), default=0)

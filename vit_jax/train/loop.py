@@ -34,13 +34,13 @@ from vit_jax.data import ops as ops_lib
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
-from vit_jax.train import feed as feed_lib
-from vit_jax.train import guards
-from vit_jax.train import lock as lock_lib
-from vit_jax.train import logs
+from vit_jax.run import feed as feed_lib
+from vit_jax.run import guards
+from vit_jax.run import lock as lock_lib
+from vit_jax.run import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
-from vit_jax.train import workdir as workdir_lib
+from vit_jax.run import workdir as workdir_lib
 
 
 def evaluate(eval_fn, params, eval_data, mesh) -> dict:
