@@ -452,7 +452,7 @@ def test_imagenet_real_scores_the_validation_archive_in_file_name_order(i1k, tmp
 
 @pytest.mark.slow
 def test_the_input_benchmark_times_both_sources_on_the_same_images(tmp_path):
-  from vit_jax.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
   paths = input_bench.synthetic_release(str(tmp_path), count=16, classes=2)
   with tarfile.open(os.path.join(paths['archive'], 'imagenet21k', 'synthetic_whole.tar')) as outer:
     inner = {m.name: outer.extractfile(m).read() for m in outer}

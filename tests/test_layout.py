@@ -17,7 +17,7 @@ LAYERS = (
     ('analysis', 'serving'),
     ('evaluate', 'run'),
     ('train',),
-    ('benchmarking', 'sweeps', 'launch'),
+    ('tools',),
     ('cli',),
     ('commands',),
     ('main', '__main__'),

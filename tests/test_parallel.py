@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from vit_jax.configs import common
 from vit_jax.configs import mnist5k
 from vit_jax import models
-from vit_jax.benchmarking import ours
+from vit_jax.tools.benchmarking import ours
 from vit_jax.errors import UserError
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding

@@ -19,9 +19,9 @@ from vit_jax.configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.formats import npz
 from vit_jax.formats import weights
-from vit_jax.launch import Plan, Steps
-from vit_jax.launch import tools as launch_tools
-from vit_jax import launch
+from vit_jax.tools.launch import Plan, Steps
+from vit_jax.tools.launch import tools as launch_tools
+from vit_jax.tools import launch
 from vit_jax.train import loop
 from vit_jax.run import workdir as workdir_lib
 from vit_jax.errors import UserError

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from vit_jax import sweeps
+from vit_jax.tools import sweeps
 from vit_jax.errors import UserError
-from vit_jax.sweeps import report, runner, spec as spec_lib
+from vit_jax.tools.sweeps import report, runner, spec as spec_lib
 from helpers import ROOT, write_sweep_spec
 
 
@@ -355,7 +355,7 @@ def test_two_workers_taking_the_last_sample_at_once_train_it_once():
   failed still counts (it is retried, not replaced); a trial that failed before it was named
   never ran and frees its place."""
   import types  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import study as study_lib, worker  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import study as study_lib, worker  # pylint: disable=g-import-not-at-top
   optuna = study_lib._optuna()  # pylint: disable=protected-access
   study = optuna.create_study(direction='maximize')
   phase = worker.Phase(sweep=types.SimpleNamespace(trials=2), study=study, runs=None)

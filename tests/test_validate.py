@@ -119,7 +119,7 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
   first used."""
   code = ('import sys\n'
           # A sweep reads its runs' logs without JAX or TensorFlow.
-          'from vit_jax import sweeps\n'
+          'from vit_jax.tools import sweeps\n'
           'from vit_jax.run import guards, logs\n'
           'print(logs.read_metrics("/nonexistent/metrics.jsonl"), "jax" in sys.modules,\n'
           '      "tensorflow" in sys.modules)\n'

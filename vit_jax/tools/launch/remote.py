@@ -14,7 +14,7 @@ import shlex
 from typing import List, Optional, Sequence
 
 from vit_jax.errors import UserError
-from vit_jax.launch.source import ARCHIVE
+from vit_jax.tools.launch.source import ARCHIVE
 
 GCLOUD = ('gcloud', 'compute', 'tpus', 'tpu-vm')
 LOCKS = ('requirements.lock', 'requirements-tpu.lock')  # the CPU-tested pins; jax[tpu]'s libtpu

@@ -12,12 +12,12 @@ import concurrent.futures
 from typing import Callable, Optional
 
 from vit_jax.fileio import files_for
-from vit_jax.sweeps import report
-from vit_jax.sweeps import runner
-from vit_jax.sweeps import spec as spec_lib
-from vit_jax.sweeps import study as study_lib
-from vit_jax.sweeps import worker
-from vit_jax.sweeps.spec import Run, Sweep, load
+from vit_jax.tools.sweeps import report
+from vit_jax.tools.sweeps import runner
+from vit_jax.tools.sweeps import spec as spec_lib
+from vit_jax.tools.sweeps import study as study_lib
+from vit_jax.tools.sweeps import worker
+from vit_jax.tools.sweeps.spec import Run, Sweep, load
 
 HEARTBEAT_S = 60
 

@@ -28,7 +28,7 @@ from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import files_for, is_remote
-from vit_jax.sweeps.spec import Run, Sweep
+from vit_jax.tools.sweeps.spec import Run, Sweep
 
 RESULT = 'sweep_result.json'
 POLL_S = 0.5      # how often a running trainer's metrics are read

@@ -21,9 +21,9 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from vit_jax.sweeps import runner
-from vit_jax.sweeps import study as study_lib
-from vit_jax.sweeps.spec import Run, Sweep
+from vit_jax.tools.sweeps import runner
+from vit_jax.tools.sweeps import study as study_lib
+from vit_jax.tools.sweeps.spec import Run, Sweep
 
 POLL_S = 0.5
 

@@ -21,8 +21,8 @@ import tempfile
 from typing import Callable, List, Optional, Sequence
 
 from vit_jax.errors import UserError
-from vit_jax.launch import source, tools
-from vit_jax.launch.remote import Plan, uv_pin, worker_count
+from vit_jax.tools.launch import source, tools
+from vit_jax.tools.launch.remote import Plan, uv_pin, worker_count
 
 
 @dataclasses.dataclass

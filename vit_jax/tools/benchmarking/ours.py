@@ -124,7 +124,7 @@ class Prepared:
   flops_per_step: float
   peak_bytes: int
   compile_s: float
-  hlo_text: str = ''             # the compiled program (for vit_jax.benchmarking.profile)
+  hlo_text: str = ''             # the compiled program (for vit_jax.tools.benchmarking.profile)
   memory: Optional[Dict[str, int]] = None  # `_memory`
 
   def measure(self, steps: int) -> dict:
