@@ -27,7 +27,7 @@ def uv_pin(lock_path: Optional[str] = None) -> str:
   """The `uv==X` line of requirements.lock (by default this checkout's): the uv that installs the
   locks on the workers."""
   if lock_path is None:
-    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    top = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
     lock_path = os.path.join(top, LOCKS[0])
   try:
     with open(lock_path) as f:
