@@ -43,7 +43,7 @@ install:
 endif
 
 # The locks are installed by uv (its version pinned in requirements.lock, bootstrapped by pip):
-# the same packages as `pip install --no-deps -r requirements.lock`, much faster. uv reads PyPI
+# the same packages as `pip install --no-deps -r requirements.lock`. uv reads PyPI
 # (or UV_INDEX_URL), not pip's configuration. Not byte-compiled at install: every command below
 # writes the .pyc of what it imports on first import instead (`unexport` below: even where the
 # environment sets PYTHONDONTWRITEBYTECODE).
@@ -51,7 +51,7 @@ UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps
 unexport PYTHONDONTWRITEBYTECODE
 
 # pip bootstraps uv; uv installs the project too (editable). The venv gets no pip of its own
-# (ensurepip: 2.3 s) when the machine's pip can install into it (`--python`, pip >= 22.3).
+# when the machine's pip can install into it (`--python`, pip >= 22.3).
 PIP = $$([ -x $(BIN)/pip ] && echo $(BIN)/pip || echo $(PYTHON) -m pip --python $(BIN)/python)
 $(STAMP): requirements.lock setup.py
 	$(PYTHON) -m venv --without-pip $(VENV)

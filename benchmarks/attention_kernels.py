@@ -22,7 +22,7 @@ from absl import app
 from absl import flags
 import jax
 
-from vit_jax.benchmarking import ours
+from vit_jax.tools.benchmarking import ours
 
 _ROWS = flags.DEFINE_string('rows', 'ViT-Ti/16:32:224,ViT-B/16:8:224', 'model:batch:px,...')
 _MODES = flags.DEFINE_list('modes', ['train', 'infer'], 'train and/or infer')

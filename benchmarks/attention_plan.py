@@ -37,10 +37,11 @@ def tpu_devices(topology: str, libtpu: str, accelerator: str = 'v3-8'):
 
 
 def plan_config(model: str, size: int, batch: int, attention: str, remat: str):
-  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import common, mnist5k  # pylint: disable=g-import-not-at-top
   config = mnist5k.get_config()
   config.model_name, config.image_size, config.batch_size = model, size, batch
-  config.num_classes, config.pp.channels, config.dataset = 1000, 3, 'imagenet2012'
+  config.num_classes, config.dataset = 1000, 'imagenet2012'
+  common.rgb_input(config)
   config.compile_only, config.total_steps, config.warmup_steps = True, 20000, 500
   config.model.attention, config.model.remat = attention, remat
   return config

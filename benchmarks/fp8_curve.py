@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Dict, List, Sequence
 
-from vit_jax.benchmarking import compare as bench
+from vit_jax.tools.benchmarking import compare as bench
 
 RUNS = (('bf16', ['--config.model.dtype=bfloat16']),
         ('fp8', ['--config.model.dtype=bfloat16', '--config.model.fp8=True']))

@@ -104,7 +104,7 @@ suite() {
 step 60 "the stack" && {
   command -v nvidia-smi >/dev/null && nvidia-smi
   "$PY" - <<'PY'
-from vit_jax.benchmarking import compare
+from vit_jax.tools.benchmarking import compare
 import jax
 print('versions:', compare.versions())
 print('devices:', jax.devices())

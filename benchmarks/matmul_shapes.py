@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models
-from vit_jax.benchmarking import ours as ours_lib
+from vit_jax.tools.benchmarking import ours as ours_lib
 from vit_jax.platform import cpus
 from vit_jax.models import vit
 

@@ -26,7 +26,8 @@ def config_for(model_name: str, batch_size: int, mesh: dict, remat: str):
   c = common.base_config()
   c.model_name, c.num_classes, c.image_size = model_name, 1000, 224
   c.dataset, c.data_dir = 'imagenet2012', '/nonexistent'  # compile-only: never read
-  c.pp.channels, c.batch_size, c.total_steps, c.warmup_steps = 3, batch_size, 100, 10
+  c.batch_size, c.total_steps, c.warmup_steps = batch_size, 100, 10
+  common.rgb_input(c)
   c.compile_only, c.model.remat = True, remat
   for axis, size in mesh.items():
     c.mesh[axis] = size

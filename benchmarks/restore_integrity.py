@@ -29,8 +29,8 @@ def main():
   args = parser.parse_args()
 
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
-  from vit_jax.benchmarking import processor  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import ours  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import processor  # pylint: disable=g-import-not-at-top
   from vit_jax.checkpoint import integrity, train_ckpt  # pylint: disable=g-import-not-at-top
   from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top

@@ -33,7 +33,7 @@ def main():
 
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
-  from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import ours  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import memory  # pylint: disable=g-import-not-at-top
   from vit_jax.train import program  # pylint: disable=g-import-not-at-top
 

@@ -36,7 +36,7 @@ from vit_jax.train import loop
 SYNSETS = ('n00000004', 'n00000001', 'n00000003', 'n00000002')  # archive order: not sorted
 PER_CLASS = 12
 CORRUPT = 'n00000001/n00000001_corrupt.JPEG'
-PP = dict(crop='inception', image_size=16, flip=True)
+PP = specs.train_spec('inception_crop|flip', 16)
 # The tiny model the recipe commands train here: the recipe's own settings otherwise.
 TINY = ('--config.model_name=ViT-Ze/4', '--config.model.representation_size=8',
         '--config.image_size=16', '--config.batch_size=8', '--config.eval_batch_size=8',
@@ -241,7 +241,7 @@ def test_hosts_sharing_a_directory_split_the_units(tmp_path):
 
 def _batches(data_dir, n, **kwargs):
   it = data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=data_dir,
-                               batch_size=8, pp=PP, seed=3, **kwargs)
+                               batch_size=8, spec=PP, seed=3, **kwargs)
   return [next(it) for _ in range(n)]
 
 
@@ -271,9 +271,9 @@ def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
   data_dir, images = i21k
-  pp = dict(crop='resize', image_size=16)
+  spec = specs.train_spec('resize', 16)
   it = data_lib.train_iterator(dataset='imagenet21k', split='full[8:16]', data_dir=data_dir,
-                               batch_size=8, pp=pp, seed=0, shuffle_buffer=1)
+                               batch_size=8, spec=spec, seed=0, shuffle_buffer=1)
   batch = next(it)
   split = info.find_release('imagenet21k', data_dir).splits['full']
   for i, row in enumerate(split.rows[8:16]):
@@ -282,7 +282,7 @@ def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
     image = preprocess.decode(tf.constant(images[name]), 3)
     np.testing.assert_array_equal(
         batch['image'][i], preprocess.train_preprocess(image, tf.constant([0, 0], tf.int64),
-                                                       specs.train_spec(pp)).numpy())
+                                                       spec).numpy())
     assert batch['label'][i] == sorted(SYNSETS).index(name.split('/')[0])
 
 
@@ -299,7 +299,7 @@ def test_two_processes_read_disjoint_shards_that_cover_the_split(i21k):
   seen = []
   for index in range(2):
     batches, n = data_lib.eval_iterator(dataset='imagenet21k', split='full', data_dir=data_dir,
-                                        batch_size=8, pp=dict(crop='central', image_size=16, resize=18),
+                                        batch_size=8, spec=specs.eval_spec('central_crop(resize=18)', 16),
                                         process_index=index, process_count=2)
     masks = [b['mask'] for b in batches]
     assert n == len(masks) == 4
@@ -439,22 +439,22 @@ def test_imagenet_real_scores_the_validation_archive_in_file_name_order(i1k, tmp
   with open(os.path.join(data_dir, 'imagenet2012', releases.REAL_LABELS), 'w') as f:
     json.dump(sets, f)
   release = info.real_release('imagenet2012_real', data_dir)
-  pp = dict(crop='resize', image_size=8)
+  spec = specs.eval_spec('resize', 8)
   batches = pipeline.real_label_set_batches(release, 'validation', batch_size=4,
-                                            spec=specs.eval_spec(pp), process_index=0,
+                                            spec=spec, process_index=0,
                                             process_count=1)
   got = np.concatenate([b['label'] for b in batches])[:6]
   np.testing.assert_array_equal(got, [[int(c in s) for c in range(3)] for s in sets])
   mesh = parallel.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1)))
   evaluator = real.RealEvaluator(model=_AlwaysFirstClass(), mesh=mesh, param_shardings=None,
                                  dataset='imagenet2012_real', data_dir=data_dir,
-                                 split='validation', batch_size=8, pp=pp)
+                                 split='validation', batch_size=8, spec=spec)
   assert evaluator({}) == {'accuracy': 3 / 5, 'count': 5.0}  # the empty set is not scored
 
 
 @pytest.mark.slow
 def test_the_input_benchmark_times_both_sources_on_the_same_images(tmp_path):
-  from vit_jax.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
   paths = input_bench.synthetic_release(str(tmp_path), count=16, classes=2)
   with tarfile.open(os.path.join(paths['archive'], 'imagenet21k', 'synthetic_whole.tar')) as outer:
     inner = {m.name: outer.extractfile(m).read() for m in outer}
@@ -631,7 +631,7 @@ def _drain(iterator, n=40):
 
 def _stream(data_dir, shuffle_buffer=1):
   return data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=str(data_dir),
-                                 batch_size=8, pp=PP, seed=0, shuffle_buffer=shuffle_buffer)
+                                 batch_size=8, spec=PP, seed=0, shuffle_buffer=shuffle_buffer)
 
 
 def test_a_vanished_image_stops_the_train_and_eval_streams_with_one_line(tmp_path, capfd):
@@ -647,7 +647,7 @@ def test_a_vanished_image_stops_the_train_and_eval_streams_with_one_line(tmp_pat
   with pytest.raises(UserError, match=message):
     _within(120, lambda: _drain(_stream(data_dir)))
   batches, _ = data_lib.eval_iterator(dataset='imagenet21k', split='full', data_dir=str(data_dir),
-                                      batch_size=8, pp=dict(crop='resize', image_size=16))
+                                      batch_size=8, spec=specs.eval_spec('resize', 16))
   with pytest.raises(UserError, match=message):
     _within(120, lambda: list(batches))
   assert 'skipped an image' not in capfd.readouterr().err  # a read error is no corrupt image
@@ -692,14 +692,14 @@ def test_a_train_batch_of_only_undecodable_images_is_one_line_not_a_hang(tmp_pat
 _UNREADABLE = """
 import os, sys
 from vit_jax import data as data_lib
-from vit_jax.data import info
+from vit_jax.data import info, specs
 from vit_jax.errors import UserError
 data_dir, archive = sys.argv[1:]
 
 def batch():
   info._RELEASES.clear()  # as a new process: the release found and indexed again
   return next(data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=data_dir,
-                                      batch_size=8, pp=dict(crop='resize', image_size=16), seed=0))
+                                      batch_size=8, spec=specs.train_spec('resize', 16), seed=0))
 
 batch()  # as root: every module imported, the index built
 os.seteuid(65534)  # an ordinary user (nobody) from here on

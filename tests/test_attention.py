@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vit_jax.configs import mnist5k
 from vit_jax import analysis
-from vit_jax.benchmarking import ours
+from vit_jax.tools.benchmarking import ours
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import create_model

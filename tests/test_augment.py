@@ -9,7 +9,7 @@ import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
 from vit_jax.configs import pretrain
-from vit_jax.data import config_pp, preprocess, randaug, specs
+from vit_jax.data import preprocess, randaug, specs
 from vit_jax.errors import UserError
 from vit_jax.tasks import losses, mixup
 from vit_jax.train import polyak
@@ -186,22 +186,19 @@ def test_randaugment_is_seeded_and_runs_in_tf_data():
   with pytest.raises(UserError, match='num_layers'):
     randaug.randaugment(x, -1, 10, tf.constant([1, 2], tf.int64))
 
-  spec = specs.train_spec(dict(crop='resize', image_size=16, randaug_layers=2,
-                                    randaug_magnitude=10))
+  spec = specs.train_spec('resize|randaug(num_layers=2, magnitude=10)', 16)
   images = tf.data.Dataset.from_tensors(x).repeat(4).enumerate().map(
       lambda i, im: preprocess.train_preprocess(im, tf.stack([tf.constant(0, tf.int64), i]),
                                                 spec))
   batch = np.stack(list(images.as_numpy_iterator()))
   assert batch.shape == (4, 16, 16, 3) and batch.min() >= -1 and batch.max() <= 1
   plain = preprocess.train_preprocess(x, tf.constant([0, 0], tf.int64),
-                                      specs.train_spec(dict(crop='resize', image_size=16)))
+                                      specs.train_spec('resize', 16))
   assert not np.array_equal(batch[0], plain)
-  with pytest.raises(UserError, match=r'^config.randaug.num_layers: randaug\(num_layers=1, '
+  with pytest.raises(UserError, match=r'^config.pp.train: randaug\(num_layers=1, '
                                       r'magnitude=-2\): magnitude=-2 must be a number >= 0'):
-    specs.train_spec(dict(crop='resize', image_size=16, randaug_layers=1,
-                               randaug_magnitude=-2))
-  # The trainer hands config.randaug to the train pipeline: the op after the crop and the flip.
+    specs.train_spec('resize|randaug(num_layers=1, magnitude=-2)', 16)
+  # An AugReg recipe's train ops: randaug after the crop and the flip (seed slot 2).
   config = pretrain.get_config('model=B/16,dataset=imagenet21k,augreg=true,aug=medium2')
-  spec = specs.train_spec(config_pp.train_pp(config))
+  spec = specs.of_config(config).train
   assert str(spec.ops) == 'inception_crop|flip|randaug(num_layers=2, magnitude=15)'
-  assert spec.ops.slots == (0, 1, 2)

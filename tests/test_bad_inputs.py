@@ -112,7 +112,7 @@ CASES = [
                         'VIT_JAX_WEIGHTS_DIR': f'{r["tmp"]}/mirror_cache'}),
     Case('init of an RGB run into a 1-channel run', _main('--config.init={ze_rgb_npz}'),
          ['--config.init=', 'ze_rgb.npz was trained on 3-channel images and this run feeds '
-          '1-channel ones: set --config.pp.channels=3']),
+          '1-channel ones: end --config.pp.train and --config.pp.eval with channels(3)']),
     # Image folders.
     Case('image folder empty', _main('--config.dataset=folder:{empty_folder}'), ['empty_folder']),
     Case('image folder with one class', _main('--config.dataset=folder:{one_class_folder}'),

@@ -20,10 +20,11 @@ from PIL import Image
 from vit_jax.configs import mnist5k
 from helpers import ROOT, file_tree
 from vit_jax import data as data_lib
-from vit_jax.data import config_pp, folder, image_files, specs
+from vit_jax.data import folder, image_files, specs
 from vit_jax.data.archive import building
 from vit_jax.errors import UserError
-from vit_jax.train import logs, loop, program
+from vit_jax.train import loop, program
+from vit_jax.run import logs
 
 
 def _config(data_dir, **overrides):
@@ -82,7 +83,7 @@ def test_fewshot_shots_above_the_class_size_are_refused(data_dir):
         param_shardings=sharding.replicated(mesh), dataset='mnist5k', data_dir=data_dir,
         train_split='train', eval_split='test', shots=(1, smallest + 1), l2_reg=1.0,
         batch_size=8 * jax.device_count(), cache=False,
-        pp=config_pp.eval_pp(_config(data_dir)))
+        spec=specs.of_config(_config(data_dir)).eval)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +273,7 @@ def test_cmyk_jpeg_decodes_for_a_one_channel_model(tmp_path):
   (tmp_path / 'cmyk.jpg').write_bytes(cmyk.getvalue())
   # The reference: the same JPEG decoded to RGB by Pillow, stored losslessly.
   Image.open(io.BytesIO(cmyk.getvalue())).convert('RGB').save(tmp_path / 'reference.png')
-  spec = specs.eval_spec({'crop': 'resize', 'image_size': 32})
+  spec = specs.eval_spec('resize', 32)
   gray = image_files.load_one(str(tmp_path / 'cmyk.jpg'), spec, 1)
   expected = image_files.load_one(str(tmp_path / 'reference.png'), spec, 1)
   assert gray.shape == (32, 32, 1)
@@ -290,7 +291,7 @@ def test_every_format_tf_decodes_passes_the_first_bytes_check_and_others_do_not(
   the one-line decode error, an empty file too."""
   rng = np.random.default_rng(0)
   rgb = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-  spec = specs.eval_spec({'crop': 'resize', 'image_size': 8})
+  spec = specs.eval_spec('resize', 8)
   for fmt in ('PNG', 'JPEG', 'GIF', 'BMP'):
     path = tmp_path / f'image.{fmt.lower()}'
     Image.fromarray(rgb).save(path, fmt)
@@ -377,8 +378,8 @@ def test_a_config_argument_none_is_that_value_and_None_unsets():
   from vit_jax.configs import common, pretrain  # pylint: disable=g-import-not-at-top
   plain = pretrain.get_config('model=S/16,dataset=imagenet21k,augreg=true,aug=none')
   recommended = pretrain.get_config('model=S/16,dataset=imagenet21k,augreg=true')
-  assert (plain.randaug.num_layers, plain.mixup) == (0, 0.0)  # the level `none`
-  assert recommended.randaug.num_layers == 2  # S/16's recommendation, light1
+  assert ('randaug' in plain.pp.train, plain.mixup) == (False, 0.0)  # the level `none`
+  assert 'randaug(num_layers=2, magnitude=0)' in recommended.pp.train  # S/16's: light1
   assert common.parse_arg('x=none', x=None) == {'x': 'none'}
   assert common.parse_arg('x=None', x='a') == {'x': 'None'}
   assert common.parse_arg('x=None', x=None) == {'x': None}

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from vit_jax.configs import mnist5k
-from vit_jax.benchmarking import compare
-from vit_jax.benchmarking import profile
+from vit_jax.tools.benchmarking import compare
+from vit_jax.tools.benchmarking import profile
 from helpers import ROOT
 
 FIELDS = ('img_per_s', 'compile_s', 'flops_per_img', 'achieved_flops', 'matmul_peak_flops',

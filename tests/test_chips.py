@@ -1,5 +1,5 @@
 """The chip table and device line (vit_jax/platform/chips.py), the GPU probe, install hint and
-XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (train/logs.py).
+XLA:GPU flag variants (vit_jax/platform/gpu.py), and MFU in the trainer's log (run/logs.py).
 Compiling for the chips that are not here: tests/test_compile_targets.py."""
 
 import collections
@@ -16,7 +16,7 @@ from vit_jax.models import cost
 from vit_jax.models import create_model
 from vit_jax.platform import chips
 from vit_jax.platform import gpu
-from vit_jax.train import logs
+from vit_jax.run import logs
 from helpers import ROOT
 
 Device = collections.namedtuple('Device', 'platform device_kind')
@@ -79,20 +79,12 @@ def test_the_gpu_probe_reads_the_driver_entry_and_nvidia_smi(tmp_path):
   assert gpu.cuda_jax_installed(find_spec=spec, compiler_dir=str(tmp_path / 'elsewhere'))
 
 
-def test_xla_gpu_flag_variants(monkeypatch):
+def test_xla_gpu_flag_variants():
   for name, (flags, purpose) in gpu.XLA_GPU_FLAGS.items():
     assert purpose and all(f.startswith('--xla_gpu_') for f in flags), name
   assert gpu.variant_flags(gpu.DEFAULT_VARIANT) == ()
   with pytest.raises(UserError, match='unknown XLA:GPU flag variant .*latency_hiding'):
     gpu.variant_flags('fast')
-  # Applied only where a CUDA build of JAX is installed: not here.
-  env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
-  gpu.apply_flags(env, 'latency_hiding')
-  assert env == {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
-  monkeypatch.setattr(gpu, 'cuda_jax_installed', lambda: True)
-  env = {'XLA_FLAGS': '--xla_gpu_enable_triton_gemm=true --xla_dump_to=/tmp/x'}
-  gpu.apply_flags(env, 'no_triton_gemm')
-  assert env['XLA_FLAGS'] == '--xla_dump_to=/tmp/x --xla_gpu_enable_triton_gemm=false'
 
 
 @pytest.mark.slow

@@ -91,7 +91,8 @@ def test_libtpu_is_installed_for_the_suite():
 
 def _config(**overrides):
   c = mnist5k.get_config('model_name=ViT-Mu/4,steps=1000,batch_size=64')
-  c.dataset, c.num_classes, c.pp.channels = 'imagenet2012', 1000, 3
+  c.dataset, c.num_classes = 'imagenet2012', 1000
+  common.rgb_input(c)
   c.data_dir = '/nonexistent/tfds'  # not prepared anywhere: compile-only needs no data
   c.compile_for = 'v3-8'
   # 2 of Mu/4's 6 layers: every kind of parameter, about half the compile time.
@@ -245,7 +246,8 @@ def test_a_config_that_cannot_fit_says_so_in_one_line():
   command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
              '--workdir=/nonexistent/never-written', '--config.compile_for=v3-8',
              '--config.model_name=ViT-Ze/4', '--config.image_size=224',
-             '--config.batch_size=8192', '--config.num_classes=10', '--config.pp.channels=3',
+             '--config.batch_size=8192', '--config.num_classes=10',
+             '--config.pp.train=pad_crop(pad=2)|channels(3)', '--config.pp.eval=resize|channels(3)',
              '--config.dataset=imagenet2012', '--config.data_dir=/nonexistent/tfds']
   env = dict(os.environ, VIT_JAX_HUGEPAGES='0')
   result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)

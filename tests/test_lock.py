@@ -1,4 +1,4 @@
-"""One writer per workdir (vit_jax/train/lock.py): a held workdir is refused at once naming the
+"""One writer per workdir (vit_jax/run/lock.py): a held workdir is refused at once naming the
 holder, stale locks (dead process, reused PID, silent other host) are taken over, the gs:// code
 path (tf.io.gfile, here on ram:// and local paths) decides races by reading back, and a training
 run holds the lock from start to end (process 0 only)."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from vit_jax.train import lock
+from vit_jax.run import lock
 from helpers import ROOT
 
 

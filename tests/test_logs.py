@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.train import events
-from vit_jax.train import logs
+from vit_jax.run import events
+from vit_jax.run import logs
 
 
 def test_metrics_and_curve_on_a_non_local_filesystem():
@@ -88,7 +88,7 @@ def test_learning_curve_puts_each_evaluation_where_its_axes_say(tmp_path):
   step 200 is at (142, 129) and 10**-0.6 at step 600 at (314, 294); eval top-1 0.4 and 0.8 at
   (642, 228) and (814, 96)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import curve  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import curve  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'metrics.jsonl'
   path.write_text(''.join(json.dumps(r) + '\n' for r in _curve_records()))
   logs.plot_learning_curve(str(path), str(tmp_path / 'curve.png'))
@@ -108,7 +108,7 @@ def test_learning_curve_puts_each_evaluation_where_its_axes_say(tmp_path):
 
 def test_learning_curve_ticks_and_legend():
   import math  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import curve  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import curve  # pylint: disable=g-import-not-at-top
   assert curve.nice_ticks(0, 3600, integer=True) == [0, 1000, 2000, 3000, 4000]
   assert curve.nice_ticks(0.22, 0.995) == [0.2, 0.4, 0.6, 0.8, 1.0]
   assert curve.nice_ticks(3, 3, integer=True) == [2, 3, 4]  # one step: a range around it
@@ -155,7 +155,7 @@ def test_runs_repair_the_log_on_a_fresh_start_and_on_resume(tmp_path, data_dir):
 
 @pytest.mark.parametrize('serial', [0, 9, 99])
 def test_tensorboard_reads_the_scalars_written_without_tensorflow(tmp_path, monkeypatch, serial):
-  """The event files (vit_jax/train/events.py) as TensorBoard's own reader sees them, in the order
+  """The event files (vit_jax/run/events.py) as TensorBoard's own reader sees them, in the order
   they were written whatever the process's count of writers so far (10 sorted before 9 once)."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(events, '_SERIAL', itertools.count(serial))

@@ -1,6 +1,7 @@
 """End to end: `vit_jax.main` trains, evaluates, checkpoints and resumes; bad input gets one line."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -81,53 +82,48 @@ def test_train_resume_is_exact_and_does_not_rerun_steps(tmp_path, data_dir):
   assert _steps_logged(full, 'train') == [3, 6, 9, 12]
 
 
-def _recorded_with(full, cut, input_pipeline):
-  """`cut`: `full` cut back to its step-6 checkpoint, whose stored config says `input_pipeline`
-  as earlier versions wrote it (None: before the key existed)."""
+def _recorded_with(full, cut, key, value):
+  """`cut`: `full` cut back to its step-6 checkpoint, whose stored config also holds `key`
+  (a dotted key of a retired setting) = `value`, as an earlier state of vit_jax wrote it."""
   cut_run(full, cut, keep_step=6, drop_step=12)
   stored = os.path.join(cut, 'checkpoints', '6', 'config', 'metadata')
   with open(stored) as f:
     config_json = json.load(f)
-  if input_pipeline is not None:
-    config_json['input_pipeline'] = input_pipeline
+  node = config_json
+  *parents, leaf = key.split('.')
+  for part in parents:
+    node = node.setdefault(part, {})
+  node[leaf] = value
   with open(stored, 'w') as f:
     json.dump(config_json, f)
-  # The step's manifest as that version wrote it, over the files as they were written.
+  # The step's manifest as that state wrote it, over the files as they were written.
   step_dir = os.path.join(cut, 'checkpoints', '6')
   os.remove(os.path.join(step_dir, integrity.MANIFEST))
   integrity.write_manifest(step_dir)
 
 
-def test_runs_recorded_on_tf_data_resume_and_on_the_numpy_streams_are_refused(tmp_path, data_dir):
-  """Earlier versions fed the embedded datasets through NumPy streams (input_pipeline='auto',
-  their own crops and orders) or tf.data ('tf.data', and every run before the key existed). A
-  tf.data run resumes on today's streams, which give its batches (tests/test_data.py), and ends
-  bitwise where the uninterrupted run does; a NumPy one is refused in one line before anything
-  is read, its checkpoints kept."""
+def test_checkpoints_of_earlier_states_are_refused_in_one_line_naming_the_version(tmp_path,
+                                                                                  data_dir):
+  """A checkpoint whose config holds a retired key (the preprocessing keys the op strings
+  replaced, the input pipeline choice) is refused by resuming and by loading alike, before
+  anything is read; its checkpoints stay."""
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
   full = str(tmp_path / 'full')
   loop.train_and_evaluate(_config(data_dir), full)
-  for name, recorded in (('tf_data', 'tf.data'), ('before', None)):
-    cut = str(tmp_path / name)
-    _recorded_with(full, cut, recorded)
-    loop.train_and_evaluate(_config(data_dir), cut)
-    jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
-  cut = str(tmp_path / 'numpy')
-  _recorded_with(full, cut, 'auto')
-  with pytest.raises(UserError, match=rf"^{cut} holds a run \(step 6\) recorded on the NumPy "
-                                      r"streams of mnist5k \(input_pipeline='auto'\), which no "
-                                      r'longer exist: its batches cannot be continued; use a new '
-                                      r'--workdir'):
-    loop.train_and_evaluate(_config(data_dir), cut)
-  assert sorted(os.listdir(os.path.join(cut, 'checkpoints'))) == ['6']
-  # 'auto' with a crop the NumPy streams never took (inception) was on tf.data: it resumes.
-  inception = _config(data_dir)
-  inception.pp.train_crop = 'inception'
-  full = str(tmp_path / 'full_inception')
-  loop.train_and_evaluate(inception, full)
-  cut = str(tmp_path / 'auto_inception')
-  _recorded_with(full, cut, 'auto')
-  loop.train_and_evaluate(inception, cut)
-  jax.tree.map(np.testing.assert_array_equal, _final_params(full, 12), _final_params(cut, 12))
+  for key, value, replaced_by in (('pp.train_crop', 'pad_crop', 'the train op list pp.train'),
+                                  ('input_pipeline', 'auto',
+                                   'the one tf.data pipeline for every source')):
+    cut = str(tmp_path / key)
+    _recorded_with(full, cut, key, value)
+    earlier = (rf'was written by an earlier, unreleased state of vit_jax 0\.1\.0 \(its config has '
+               rf'{re.escape(key)}, now {replaced_by}\): this version neither resumes nor loads '
+               r'it; train it again with this version$')
+    with pytest.raises(UserError, match=rf'^{re.escape(cut)} \(step 6\) {earlier}'):
+      loop.train_and_evaluate(_config(data_dir), cut)
+    assert sorted(os.listdir(os.path.join(cut, 'checkpoints'))) == ['6']
+    step_dir = os.path.join(cut, 'checkpoints', '6')
+    with pytest.raises(UserError, match=rf'^{re.escape(step_dir)} {earlier}'):
+      restore.load_checkpoint(step_dir)
 
 
 def test_training_learns_mnist5k(tmp_path, data_dir):

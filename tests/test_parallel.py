@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from vit_jax.configs import common
 from vit_jax.configs import mnist5k
 from vit_jax import models
-from vit_jax.benchmarking import ours
+from vit_jax.tools.benchmarking import ours
 from vit_jax.errors import UserError
 from vit_jax.parallel import mesh as mesh_lib
 from vit_jax.parallel import sharding
@@ -234,7 +234,8 @@ def test_compile_only_reports_memory_without_training(tmp_path, capsys):
   in a fraction of the time (test_models checks the whole model's count)."""
   common = dict(dataset='imagenet2012', data_dir=str(tmp_path / 'no_data'), num_classes=1000,
                 image_size=224, batch_size=8, compile_only=True, total_steps=100,
-                **{'pp.channels': 3, 'model.num_layers': 2})
+                **{'pp.train': 'resize|channels(3)', 'pp.eval': 'resize|channels(3)',
+                   'model.num_layers': 2})
   common['model_name'] = 'ViT-Ti/16'
   reports = {}
   for name, overrides in [('dp', {}), ('fsdp', {'mesh.data': 1, 'mesh.fsdp': -1})]:

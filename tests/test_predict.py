@@ -34,8 +34,8 @@ def _train(base):
   config = mnist5k.get_config(f'model_name=ViT-Ze/4,steps={STEPS},batch_size=16,lr=3e-3')
   config.dataset = f'folder:{base / "colours"}'
   config.data_dir = str(base / 'tfds')
-  config.pp.train_crop = 'resize'
-  config.pp.eval_crop = 'central'  # resize_small + central crop: predict must do the same
+  config.pp.train = 'resize'
+  config.pp.eval = 'central_crop'  # resize_small + central crop: predict must do the same
   config.eval_batch_size = 8
   config.warmup_steps = 5
   config.eval_every = config.checkpoint_every = config.log_every = STEPS
@@ -70,7 +70,7 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
   assert run['result']['count'] == 3  # the 3 test images (one per class), corrupt file skipped
   bundle = bundle_lib.from_workdir(run['workdir'])
   assert bundle.class_names == ('blue', 'green', 'red')
-  assert (bundle.crop, bundle.resize, bundle.decode_channels) == ('central', 28, 3)
+  assert (bundle.ops, bundle.decode_channels) == ('central_crop', 3)
   paths = list(run['images'])
   results = inference.predict(bundle, paths, batch_size=2, top_k=5)  # 2 batches, last padded
   assert [r['file'] for r in results] == paths
@@ -81,7 +81,7 @@ def test_folder_run_trains_and_predict_gives_the_expected_class(run):
     assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-5
   # The numbers are the model's on the eval preprocessing (here resize_small + central crop).
   images = image_files.load(
-      paths, specs.eval_spec({'crop': 'central', 'image_size': 28, 'resize': 28}), 3)
+      paths, specs.eval_spec('central_crop(resize=28)', 28), 3)
   assert images.shape == (3, 28, 28, 3)
   logits = np.asarray(bundle.spec.build().apply({'params': bundle.params}, images, train=False),
                       np.float64)
@@ -110,8 +110,8 @@ def test_bundle_and_converted_files_predict_the_same(run, tmp_path):
   from_file = bundle_lib.from_params_file(path)
   assert from_file.spec == loaded.spec and from_file.class_names == loaded.class_names
   # A params file carries no preprocessing: it gets the original fine-tuning's eval resize.
-  assert from_file.crop == 'resize'
-  from_file.crop = loaded.crop
+  assert from_file.ops == 'resize'
+  from_file.ops = loaded.ops
   np.testing.assert_allclose(_probabilities(inference.predict(from_file, paths)), want, atol=1e-6)
 
   plain = bundle_lib.from_params_file(str(tmp_path / 'bundle' / 'params.npz'),

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax.benchmarking import profile
+from vit_jax.tools.benchmarking import profile
 
 
 def _entry_flops(fn, *args) -> float:

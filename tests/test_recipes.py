@@ -1,14 +1,18 @@
 """The recipe configs against the paper: every Table 3 and Table 4 row, AugReg, schedules."""
 
 import math
+import os
+import re
 
 import numpy as np
 import pytest
 
 from vit_jax.configs import common, finetune, pretrain, recipes
+from vit_jax.data import specs
 from vit_jax.data.sources import vtab
 from vit_jax.errors import UserError
 from vit_jax.train import optim, program
+from helpers import ROOT
 
 IMAGENET_TRAIN = 1_281_167  # images in ImageNet-2012's train split (tfds imagenet2012)
 
@@ -66,7 +70,7 @@ def test_table_3_rows(model, dataset, arg, epochs, lr, decay, wd, dropout, clip)
       dropout, 0.0, clip)
   assert c.model.classifier == 'token'
   assert c.model.representation_size == {'B': 768, 'L': 1024, 'H': 1280}[recipes.base(model)]
-  assert (c.randaug.num_layers, c.mixup, c.model.stochastic_depth) == (0, 0.0, 0.0)
+  assert 'randaug' not in c.pp.train and (c.mixup, c.model.stochastic_depth) == (0.0, 0.0)
 
 
 def test_imagenet_1k_schedule_at_chosen_steps():
@@ -92,12 +96,18 @@ def test_jft_linear_schedule_at_chosen_steps():
     np.testing.assert_allclose(float(s(step)), lr, atol=1e-8, err_msg=f'step {step}')
 
 
+def _randaug(c):
+  """(num_layers, magnitude) of the randaug op in a config's train ops, or None."""
+  calls = [call for call in specs.train_spec(c.pp.train, c.image_size).ops.calls
+           if call.name == 'randaug']
+  return (calls[0].keywords['num_layers'], calls[0].keywords['magnitude']) if calls else None
+
+
 def test_pretrain_data_settings():
   c = pretrain.get_config('model=B/16,dataset=imagenet21k')
   assert (c.train_split, c.eval_split) == ('full[51200:]', 'full[:25600]')
   assert (c.loss, c.model.head_bias_init) == ('sigmoid_xent', -10.0)
-  assert (c.pp.train_crop, c.pp.flip, c.pp.eval_crop, c.pp.resize) == (
-      'inception', True, 'central', 256)
+  assert (c.pp.train, c.pp.eval) == ('inception_crop|flip', 'central_crop(resize=256)')
   c = pretrain.get_config('model=B/16,dataset=imagenet2012')
   assert (c.train_split, c.eval_split, c.model.head_bias_init) == ('train', 'validation', -6.9)
 
@@ -110,7 +120,7 @@ def test_pretrain_data_settings():
     ('medium2', 2, 15, 0.5), ('strong1', 2, 20, 0.5), ('strong2', 2, 20, 0.8)])
 def test_augreg_levels(level, layers, magnitude, alpha):
   c = pretrain.get_config(f'model=B/16,dataset=imagenet21k,augreg=true,aug={level}')
-  assert (c.randaug.num_layers, c.randaug.magnitude, c.mixup) == (layers, magnitude, alpha)
+  assert (_randaug(c), c.mixup) == ((layers, magnitude) if layers else None, alpha)
 
 
 @pytest.mark.parametrize('model, aug, wd, dropout, sd', [
@@ -122,7 +132,7 @@ def test_augreg_levels(level, layers, magnitude, alpha):
 def test_augreg_recommended_settings(model, aug, wd, dropout, sd):
   c = pretrain.get_config(f'model={model},dataset=imagenet21k,augreg=true')
   layers, magnitude, alpha = recipes.AUG_LEVELS[aug]
-  assert (c.randaug.num_layers, c.randaug.magnitude, c.mixup) == (layers, magnitude, alpha)
+  assert (_randaug(c), c.mixup) == ((layers, magnitude) if layers else None, alpha)
   assert (c.weight_decay, c.model.dropout_rate, c.model.stochastic_depth) == (wd, dropout, sd)
   assert (c.lr, c.decay_type, c.grad_clip_norm, c.batch_size, c.warmup_steps) == (
       1e-3, 'cosine', 1.0, 4096, 10_000)
@@ -249,10 +259,89 @@ def test_every_tpu_plan_is_its_recipe_compiled_for_its_slice():
     else:
       stated = finetune.get_config(f'model={model},dataset={plan["dataset"]},headline=true')
       assert (c.batch_size, c.image_size) == (512, {'L/16': 512, 'H/14': 518}[model])
-    assert (c.compile_for, c.num_classes, c.pp.channels) == (
-        plan['slice'], recipes.NUM_CLASSES[plan['dataset']], 3)
+    assert (c.compile_for, c.num_classes) == (plan['slice'], recipes.NUM_CLASSES[plan['dataset']])
+    assert (c.pp.train, c.pp.eval) == (stated.pp.train + '|channels(3)',
+                                       stated.pp.eval + '|channels(3)')
     for key in ('model_name', 'lr', 'weight_decay', 'total_steps', 'total_epochs', 'warmup_steps'):
       assert c[key] == stated[key], (recipe, model, key)
   with pytest.raises(UserError, match=r'no TPU plan for recipe=pretrain,model=S/16: planned are '
                                       r'pretrain:B/16, .*pretrain:R50\+L/16'):
     plans.get_config('recipe=pretrain,model=S/16')
+
+
+# ---------------------------------------------------------------- preprocessing ops
+
+# Each shipped recipe's (train ops, eval ops, image_size), as the preprocessing keys that the op
+# strings replaced (pp.train_crop, pp.eval_crop, pp.resize, pp.pad, pp.flip, pp.channels,
+# randaug.*) composed them: the op strings give the same pipelines, random ops at the same seed
+# slots (crop 0, flip 1, randaug 2).
+_INCEPTION = 'inception_crop|flip'
+_PINNED_OPS = {
+    'configs/default.py': ('pad_crop(pad=2)', 'resize', 28),
+    'configs/mnist5k.py': ('pad_crop(pad=2)', 'resize', 28),
+    'configs/finetune.py:dataset=imagenet2012': (_INCEPTION, 'resize', 384),
+    'configs/finetune.py:dataset=cifar10': (_INCEPTION, 'resize', 384),
+    'configs/finetune.py:dataset=cifar100': (_INCEPTION, 'resize', 384),
+    'configs/finetune.py:dataset=oxford_iiit_pet': (_INCEPTION, 'resize', 384),
+    'configs/finetune.py:dataset=oxford_flowers102': (_INCEPTION, 'resize', 384),
+    'configs/finetune.py:dataset=vtab/dtd': (_INCEPTION, 'resize', 384),
+    'configs/finetune.py:dataset=mnist5k': ('pad_crop(pad=2)', 'resize', 36),
+    'configs/finetune.py:dataset=digits': ('pad_crop(pad=1)', 'resize', 36),
+    'configs/finetune.py:model=L/16,dataset=imagenet2012,headline=true': (
+        _INCEPTION, 'resize', 512),
+    'configs/pretrain.py:dataset=jft300m': (_INCEPTION, 'central_crop(resize=256)', 224),
+    'configs/pretrain.py:dataset=imagenet21k': (_INCEPTION, 'central_crop(resize=256)', 224),
+    'configs/pretrain.py:dataset=imagenet2012': (_INCEPTION, 'central_crop(resize=256)', 224),
+    'configs/pretrain.py:dataset=mnist5k': ('pad_crop(pad=2)', 'resize', 28),
+    'configs/pretrain.py:augreg=true,aug=none': (_INCEPTION, 'central_crop(resize=256)', 224),
+    **{f'configs/pretrain.py:augreg=true,aug={level}': (
+        f'{_INCEPTION}|randaug(num_layers=2, magnitude={magnitude})',
+        'central_crop(resize=256)', 224)
+       for level, magnitude in (('light1', 0), ('light2', 10), ('medium1', 15), ('medium2', 15),
+                                ('strong1', 20), ('strong2', 20))},
+    **{f'configs/plans.py:recipe=pretrain,model={m}': (
+        f'{_INCEPTION}|channels(3)', 'central_crop(resize=256)|channels(3)', 224)
+       for m in ('B/16', 'L/16', 'H/14', 'R50+B/16', 'R50+L/16')},
+    'configs/plans.py:recipe=headline,model=L/16': (
+        f'{_INCEPTION}|channels(3)', 'resize|channels(3)', 512),
+    'configs/plans.py:recipe=headline,model=H/14': (
+        f'{_INCEPTION}|channels(3)', 'resize|channels(3)', 518),
+}
+
+
+def _user_config(spec: str):
+  """The config of a top-level config file with its argument ('configs/x.py:arg')."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('user_config', os.path.join(ROOT, path))
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+@pytest.mark.parametrize('recipe', sorted(_PINNED_OPS))
+def test_every_recipe_gives_the_pipeline_it_gave_before_the_op_strings(recipe):
+  c = _user_config(recipe)
+  parsed = specs.of_config(c)
+  assert (str(parsed.train.ops), str(parsed.eval.ops), c.image_size) == _PINNED_OPS[recipe]
+  # The seed slot of op i is i (vit_jax/data/ops.py): the recipes' random ops sit where they did.
+  slots = {call.name: i for i, call in enumerate(parsed.train.ops.calls)}
+  assert all(slots[name] == slot for name, slot in (('inception_crop', 0), ('pad_crop', 0),
+                                                     ('flip', 1), ('randaug', 2))
+             if name in slots), slots
+
+
+_OLD_PP_KEYS = ('train_crop', 'eval_crop', 'resize', 'pad', 'flip', 'channels')
+
+
+def test_the_older_preprocessing_keys_are_gone_from_schema_recipes_and_docs():
+  c = common.base_config()
+  assert set(c.pp.keys()) == {'train', 'eval'} and 'randaug' not in c
+  spelled = re.compile(r'pp\.(' + '|'.join(_OLD_PP_KEYS) + r')\b|randaug\.(num_layers|magnitude)')
+  files = ['README.md'] + [os.path.join(d, f) for d in ('docs', 'configs', 'vit_jax/configs')
+                           for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(('.md', '.py'))]
+  files += [os.path.join(d, f) for d, _, names in os.walk(os.path.join(ROOT, 'experiments'))
+            for f in names if f.endswith(('.md', '.py'))]
+  found = [(f, m.group(0)) for f in files
+           for m in spelled.finditer(open(os.path.join(ROOT, f)).read())]
+  assert not found, found

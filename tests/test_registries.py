@@ -12,7 +12,7 @@ import pytest
 
 from helpers import ROOT
 from vit_jax import data
-from vit_jax.data import config_pp, ops
+from vit_jax.data import ops, specs
 from vit_jax.errors import UserError
 from vit_jax.evaluate import registry
 from vit_jax.train import loop, validate
@@ -91,9 +91,10 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
 
   # The train stream runs the op: each image's background (0 in mnist5k) is shifted by one amount
   # in [0, 40] (negative shifts clip to 0), different between images.
-  plain = dict(config_pp.train_pp(config), ops='pad_crop(pad=2)')
+  plain = specs.train_spec('pad_crop(pad=2)', config.image_size)
   batches = [next(data.train_iterator(dataset='mnist5k', split='train', batch_size=32, seed=0,
-                                      pp=pp)) for pp in (config_pp.train_pp(config), plain)]
+                                      spec=spec)) for spec in (specs.of_config(config).train,
+                                                                plain)]
   shifts = []
   for image, raw in zip(*(np.round(b['image'] * 127.5 + 127.5).astype(int) for b in batches)):
     level = np.unique(image[raw == 0])
@@ -113,6 +114,20 @@ def test_a_config_registers_an_op_and_an_evaluator_and_a_run_uses_both(extending
                             say=lines.append)
   assert out['directory'].endswith('weights_' + weights.replace('/', '_'))
   assert 0.0 <= out['results']['knn']['metrics']['top1'] <= 1.0
+
+  # The checkpoint records the file that registered the op; a reader of the checkpoint in a
+  # process that has not loaded it (predict, fewshot, export) registers it from there.
+  from vit_jax.checkpoint import restore  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import bundle  # pylint: disable=g-import-not-at-top
+  step_dir = os.path.join(workdir, 'checkpoints', str(restore.available_steps(workdir)[-1]))
+  source = os.path.join(ROOT, 'configs', 'extending.py')
+  assert restore.load_facts(step_dir)['ops'] == {'brightness': source}
+  ops.OPS.unregister('brightness')
+  assert bundle.from_workdir(workdir).op_sources == {'brightness': source}
+  assert 'brightness' in ops.OPS
+  with pytest.raises(UserError, match=r"^RUN uses the preprocessing op 'gone' registered by "
+                                      r'/nonexistent/ops.py, which is gone: put that file back$'):
+    ops.OPS.load_sources({'gone': '/nonexistent/ops.py'}, 'RUN')
 
 
 def test_the_docs_show_the_registering_code_of_configs_extending():

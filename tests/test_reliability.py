@@ -24,8 +24,8 @@ from image_folder_util import write_colour_folder
 from vit_jax.analysis import inputs
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.errors import UserError
-from vit_jax.train import guards
-from vit_jax.train import logs
+from vit_jax.run import guards
+from vit_jax.run import logs
 from vit_jax.train import loop
 from vit_jax.train import program
 from helpers import ROOT, free_port, xla_flags
@@ -324,7 +324,7 @@ def test_resume_after_a_class_folder_was_added_is_refused_and_nothing_moved(tmp_
   write_colour_folder(str(root), per_class=4)
   c = mnist5k.get_config('model_name=ViT-Ze/4,steps=2,batch_size=8')
   c.dataset, c.data_dir, c.image_size = f'folder:{root}', str(tmp_path / 'tfds'), 16
-  c.pp.train_crop = c.pp.eval_crop = 'resize'
+  c.pp.train = c.pp.eval = 'resize'
   c.eval_batch_size, c.warmup_steps, c.progress = 8, 1, False
   workdir = tmp_path / 'work'
   loop.train_and_evaluate(c, str(workdir))

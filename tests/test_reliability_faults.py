@@ -22,7 +22,7 @@ from vit_jax.checkpoint import integrity
 from vit_jax.errors import UserError
 from vit_jax.serving import bundle as bundle_lib
 from vit_jax.serving import inference
-from vit_jax.train import logs
+from vit_jax.run import logs
 from vit_jax.train import loop
 from helpers import ROOT, file_tree, xla_flags
 
@@ -469,7 +469,7 @@ def test_stdout_to_a_full_device_trains_saves_and_ends_with_one_line_naming_it(t
 def _folder_config(root, tmp_path, **overrides):
   c = mnist5k.get_config('model_name=ViT-Ze/4,steps=2,batch_size=8')
   c.dataset, c.data_dir, c.image_size = f'folder:{root}', str(tmp_path / 'tfds'), 16
-  c.pp.train_crop = c.pp.eval_crop = 'resize'
+  c.pp.train = c.pp.eval = 'resize'
   c.eval_batch_size, c.warmup_steps, c.progress = 8, 1, False
   for key, value in overrides.items():
     c[key] = value

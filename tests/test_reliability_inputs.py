@@ -19,10 +19,11 @@ from vit_jax.configs import mnist5k
 from image_folder_util import write_colour_folder
 from vit_jax.formats import npz
 from vit_jax.formats import weights
-from vit_jax.launch import Plan, Steps, gcloud_reason
-from vit_jax import launch
+from vit_jax.tools.launch import Plan, Steps
+from vit_jax.tools.launch import tools as launch_tools
+from vit_jax.tools import launch
 from vit_jax.train import loop
-from vit_jax.train import workdir as workdir_lib
+from vit_jax.run import workdir as workdir_lib
 from vit_jax.errors import UserError
 from helpers import ROOT, free_port
 
@@ -238,6 +239,10 @@ def test_a_run_lock_that_is_a_directory_is_refused_before_training(tmp_path):
   with pytest.raises(UserError, match=r'run.lock is not a file, and the run writes its run.lock '
                                       r'there: move it away or use another --workdir'):
     workdir_lib.check(str(tmp_path))
+
+
+def gcloud_reason(stderr: str) -> str:
+  return launch_tools.reason(stderr, launch.GCLOUD_MARKERS, 300)
 
 
 def test_gcloud_reason_keeps_its_error_lines_whole():

@@ -1,5 +1,6 @@
-"""A train run is built once: the config validated once, its task resolved once, the mesh and the
-model built once, and handed down from the train command to the program and the loop."""
+"""A train run is built once: the config validated once, its task resolved once, its op lists
+parsed once, the mesh and the model built once, and handed down from the train command to the
+program and the loop."""
 
 import json
 import subprocess
@@ -12,6 +13,7 @@ from helpers import ROOT
 _COUNTING_RUN = '''
 import atexit, collections, json, runpy, sys
 import vit_jax.models, vit_jax.parallel, vit_jax.parallel.mesh, vit_jax.tasks
+from vit_jax.data import ops
 from vit_jax.train import validate
 calls = collections.Counter()
 
@@ -27,13 +29,14 @@ counted(vit_jax.parallel.mesh, 'make_mesh', 'mesh')
 vit_jax.parallel.make_mesh = vit_jax.parallel.mesh.make_mesh
 counted(vit_jax.models, 'create_model', 'model')
 counted(vit_jax.tasks, 'get_task', 'task')
+counted(ops, 'parse', 'parse')  # each op list (pp.train, pp.eval) parsed once
 atexit.register(lambda: print('calls', json.dumps(dict(calls)), flush=True))
 sys.argv = ['vit_jax.main', *sys.argv[1:]]
 runpy.run_module('vit_jax.main', run_name='__main__', alter_sys=True)
 '''
 
 
-def test_a_train_run_validates_its_config_and_builds_its_task_mesh_and_model_once(tmp_path,
+def test_a_train_run_validates_its_config_and_builds_its_task_ops_mesh_and_model_once(tmp_path,
                                                                                    data_dir):
   proc = subprocess.run(
       [sys.executable, '-c', _COUNTING_RUN,
@@ -44,4 +47,4 @@ def test_a_train_run_validates_its_config_and_builds_its_task_mesh_and_model_onc
   assert proc.returncode == 0, proc.stderr
   assert 'final test top-1 accuracy:' in proc.stdout
   counts = json.loads(proc.stdout.split('calls ', 1)[1])
-  assert counts == {'validate': 1, 'task': 1, 'mesh': 1, 'model': 1}, counts
+  assert counts == {'validate': 1, 'task': 1, 'parse': 2, 'mesh': 1, 'model': 1}, counts

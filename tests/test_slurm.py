@@ -30,7 +30,7 @@ import pytest
 
 from vit_jax.analysis import inputs
 from vit_jax.parallel import mesh
-from vit_jax.train import lock
+from vit_jax.run import lock
 from helpers import ROOT, free_port, records, xla_flags
 import slurm_cluster
 

@@ -1,4 +1,4 @@
-"""`bench --suite` (vit_jax/benchmarking/suite.py): the plan, the commands and the table as pure
+"""`bench --suite` (vit_jax/tools/benchmarking/suite.py): the plan, the commands and the table as pure
 functions, and the smoke suite run end to end on this CPU (each run in its own process)."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from vit_jax.benchmarking import suite
+from vit_jax.tools.benchmarking import suite
 from vit_jax.errors import UserError
 from helpers import ROOT
 
@@ -79,7 +79,7 @@ def test_each_run_has_its_command_and_flags():
       '--xla_dump_to=/out/dump/B_16-train-ours-einsum', '--xla_dump_hlo_as_text',
       f'--xla_dump_hlo_module_re={suite.TRAIN_STEP_MODULE}']
   argv, env = suite.command(timm, 'gpu', python='py', dump_to='/out/dump')
-  assert argv[:3] == ['py', '-m', 'vit_jax.benchmarking.timm_side']
+  assert argv[:3] == ['py', '-m', 'vit_jax.tools.benchmarking.timm_side']
   assert env == {'JAX_PLATFORMS': 'cpu'}  # JAX stays off the GPU timm runs on
   assert json.loads(argv[3]) == dict(model='ViT-B/16', batch_size=256, image_size=224,
                                      mode='train', compiled=True, steps=20, device='cuda',

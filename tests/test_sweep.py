@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from vit_jax import sweeps
+from vit_jax.tools import sweeps
 from vit_jax.errors import UserError
-from vit_jax.sweeps import report, runner, spec as spec_lib
+from vit_jax.tools.sweeps import report, runner, spec as spec_lib
 from helpers import ROOT, write_sweep_spec
 
 
@@ -301,7 +301,7 @@ def test_kill_9_of_the_sweep_stops_its_trainer_with_a_checkpoint(tmp_path, data_
 def test_rerun_finds_a_trainer_still_holding_a_run_and_says_so(tmp_path, data_dir):
   """A trainer of an earlier sweep still runs in a run's workdir (here: this process holds its
   lock): the run is not started a second time, and the line names the holder."""
-  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock  # pylint: disable=g-import-not-at-top
   spec = _long_spec(tmp_path, data_dir, runs=1)
   root = tmp_path / 'sweep'
   (root / 'grid' / 'lr_0.001').mkdir(parents=True)
@@ -319,7 +319,7 @@ def test_rerun_finds_a_trainer_still_holding_a_run_and_says_so(tmp_path, data_di
 
 
 def test_second_sweep_on_the_same_directory_is_refused(tmp_path, data_dir):
-  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock  # pylint: disable=g-import-not-at-top
   spec = _long_spec(tmp_path, data_dir, runs=1)
   (tmp_path / 'sweep').mkdir()
   held = lock.WorkdirLock(str(tmp_path / 'sweep')).acquire()
@@ -355,7 +355,7 @@ def test_two_workers_taking_the_last_sample_at_once_train_it_once():
   failed still counts (it is retried, not replaced); a trial that failed before it was named
   never ran and frees its place."""
   import types  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import study as study_lib, worker  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import study as study_lib, worker  # pylint: disable=g-import-not-at-top
   optuna = study_lib._optuna()  # pylint: disable=protected-access
   study = optuna.create_study(direction='maximize')
   phase = worker.Phase(sweep=types.SimpleNamespace(trials=2), study=study, runs=None)

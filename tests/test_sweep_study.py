@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from vit_jax import sweeps
+from vit_jax.tools import sweeps
 from helpers import ROOT, free_port, records, write_sweep_spec
 
 
@@ -177,7 +177,7 @@ def test_unreachable_database_is_one_error_line(tmp_path, data_dir):
 
 def test_storage_errors_say_what_to_pass(tmp_path, data_dir):
   from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import study  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import study  # pylint: disable=g-import-not-at-top
   with pytest.raises(UserError, match=r'--storage=not a url is not a database URL .*postgresql://'):
     study.open_storage('not a url', 60)
   with pytest.raises(UserError, match=r'cannot use the study database mysql://u:\*\*\*@h/db '
@@ -200,7 +200,7 @@ def test_a_worker_that_loses_the_schema_race_opens_the_study_on_its_next_try(tmp
   row; another ProgrammingError still propagates."""
   import optuna  # pylint: disable=g-import-not-at-top
   import sqlalchemy  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import study  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import study  # pylint: disable=g-import-not-at-top
   real, calls = optuna.storages.RDBStorage, []
 
   def racing(message):
@@ -224,7 +224,7 @@ def test_a_worker_that_loses_the_schema_race_opens_the_study_on_its_next_try(tmp
 
 
 def test_reporter_reports_evaluations_that_are_not_the_last_in_step_order(tmp_path):
-  from vit_jax.sweeps import worker  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import worker  # pylint: disable=g-import-not-at-top
 
   class Trial:
     def __init__(self):
@@ -260,7 +260,7 @@ def test_tables_and_results_go_through_gfile_for_a_bucket_workdir(tmp_path):
   """A gs:// workdir: the tables, the plot and a run's result are written and read through
   tf.io.gfile (here its in-memory file system, ram://); the trainer's log goes to a local file."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import report, runner, spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import report, runner, spec as spec_lib  # pylint: disable=g-import-not-at-top
   path = tmp_path / 's.py'
   path.write_text("def get_sweep():\n  return {'config': 'c.py', 'grid': {'lr': [0.1, 0.3]}}\n")
   sweep = spec_lib.load(str(path))
@@ -287,7 +287,7 @@ def test_telling_a_retried_grid_run_stores_it_when_one_grid_point_is_left():
   the state (seen in `make test`: test_killed_sweep_reruns_only_the_unfinished_runs). The worker's
   tell stores the result without the error."""
   import optuna  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import worker  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import worker  # pylint: disable=g-import-not-at-top
   optuna.logging.set_verbosity(optuna.logging.ERROR)
   grid = {'lr': [0.1, 0.2]}
   study = optuna.create_study(sampler=optuna.samplers.GridSampler(grid), direction='maximize')

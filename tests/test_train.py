@@ -250,7 +250,8 @@ def test_a_run_on_an_embedded_dataset_reads_it_in_place(tmp_path):
   log.write_text('{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "spl')  # a torn line
   code = f'''
 from vit_jax.configs import mnist5k
-from vit_jax.train import logs, loop, program, workdir
+from vit_jax.train import loop, program
+from vit_jax.run import logs, workdir
 config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=8')
 config.warmup_steps = 1
 config.data_dir = {str(tmp_path / 'tfds')!r}

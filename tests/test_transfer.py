@@ -207,7 +207,8 @@ def test_an_rgb_checkpoint_for_a_one_channel_run_names_the_channels():
       np.zeros((1, 28, 28, 3), np.float32))['params'])
   target = models.create_model('ViT-Ze/4', num_classes=3)
   with pytest.raises(UserError, match=r'^config.init=x.npz was trained on 3-channel images and '
-                                      r'this run feeds 1-channel ones: set config.pp.channels=3 '
+                                      r'this run feeds 1-channel ones: end config.pp.train and '
+                                      r'config.pp.eval with channels\(3\) '
                                       r'\(images are converted: .*\), or start from a checkpoint '
                                       r'trained on 1-channel images$'):
     transfer.transfer_params(loaded, _abstract(target, 28, channels=1), has_cls=True,

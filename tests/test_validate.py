@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from vit_jax.configs import common
+from vit_jax.data import specs
 from vit_jax import cli
 from vit_jax.errors import UserError
 from vit_jax.models import option_values
@@ -64,8 +65,9 @@ def test_model_options_are_checked_before_anything_is_built(key, value, message)
 def test_the_validation_resolves_the_runs_task():
   config = common.base_config()
   config.loss = 'mpp'
-  task = validate.check_config(config)
-  assert task.is_mpp and task.config is config
+  checked = validate.check_config(config)
+  assert checked.task.is_mpp and checked.task.config is config
+  assert checked.pp == specs.of_config(config)  # and its preprocessing, parsed
   # The task's own options are checked with the user's: masked patch prediction needs a ViT.
   config.model_name = 'BiT-R14x0.5'
   with pytest.raises(UserError, match='config.model.classifier=.unpooled. does not apply to BiT'):
@@ -88,22 +90,21 @@ def test_choices_come_from_the_modules_that_use_them():
 
 
 @pytest.mark.parametrize('key, value, message', [
-    ('pp.train_crop', 'nope', r"^unknown preprocessing op 'nope' in config.pp.train_crop: use "
-                              r'one of central_crop, channels, flip, inception_crop, pad_crop, '),
-    ('pp.eval_crop', 'inception', r'^config.pp.eval_crop: inception_crop draws at random'),
-    ('pp.pad', -2, r'^config.pp.train_crop: pad_crop\(pad=-2\): pad '),
-    ('randaug.num_layers', -1, r'^config.randaug.num_layers: randaug\(num_layers=-1, '
-                               r'magnitude=10\): num_layers=-1 must be an int >= 0'),
+    ('pp.train', 'nope', r"^unknown preprocessing op 'nope' in config.pp.train: use "
+                         r'one of central_crop, channels, flip, inception_crop, pad_crop, '),
+    ('pp.eval', 'inception_crop', r'^config.pp.eval: inception_crop draws at random'),
+    ('pp.train', 'pad_crop(pad=-2)', r'^config.pp.train: pad_crop\(pad=-2\): pad '),
+    ('pp.train', 'randaug(num_layers=-1)', r'^config.pp.train: randaug\(num_layers=-1\): '
+                                           r'num_layers=-1 must be an int >= 0'),
+    ('pp.train', '', r'^config.pp.train is empty: name at least one op, e.g. resize$'),
     ('pp.train', 'inception_crop|flipp', r"^unknown preprocessing op 'flipp' in config.pp.train"),
     ('pp.eval', 'central_crop(resize=2)', r'^config.pp.eval: central_crop\(resize=2\): resize '),
     ('evals.knn.type', 'nope', r"^unknown evaluator type 'nope' in config.evals.knn.type"),
 ])
 def test_registered_names_and_their_arguments_are_checked(key, value, message):
-  """The preprocessing ops and evaluators a config names, in either spelling, against their
-  registries: one line naming the key, before anything is built."""
+  """The preprocessing ops and evaluators a config names against their registries: one line
+  naming the key, before anything is built."""
   config = common.base_config()
-  if key == 'pp.pad':
-    config.pp.train_crop = 'pad_crop'
   _set(config, key, value)
   with pytest.raises(UserError, match=message):
     validate.check_config(config)
@@ -118,14 +119,14 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
   first used."""
   code = ('import sys\n'
           # A sweep reads its runs' logs without JAX or TensorFlow.
-          'from vit_jax import sweeps\n'
-          'from vit_jax.train import guards, logs\n'
+          'from vit_jax.tools import sweeps\n'
+          'from vit_jax.run import guards, logs\n'
           'print(logs.read_metrics("/nonexistent/metrics.jsonl"), "jax" in sys.modules,\n'
           '      "tensorflow" in sys.modules)\n'
           'from vit_jax.configs import common\n'
           'from vit_jax.train import validate\n'
           'config = common.base_config()\n'
-          'config.pp.train_crop = "nope"\n'
+          'config.pp.train = "nope"\n'
           'try:\n'
           '  validate.check_config(config)\n'
           'except Exception as e:\n'
@@ -152,7 +153,7 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           # Nor does a file that is no image, given to predict or the analyses.
           'from vit_jax.data import image_files, specs\n'
           'try:\n'
-          '  spec = specs.eval_spec({"ops": "resize", "image_size": 8})\n'
+          '  spec = specs.eval_spec("resize", 8)\n'
           '  image_files.load_one("README.md", spec, 3)\n'
           'except Exception as e:\n'
           '  print(type(e).__name__, str(e).split(":")[0], end="; ")\n'

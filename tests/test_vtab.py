@@ -226,7 +226,7 @@ def test_a_vtab_task_streams_its_derived_splits_and_a_run_trains_on_it(tmp_path)
 
 def test_the_vtab_sweep_runs_the_19_tasks_and_its_table_gives_the_papers_columns(tmp_path):
   import os  # pylint: disable=g-import-not-at-top
-  from vit_jax.sweeps import spec  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import spec  # pylint: disable=g-import-not-at-top
   sweep = spec.load(os.path.join(os.path.dirname(__file__), '..', 'experiments', 'vtab',
                                  'sweep.py'))
   runs = sweep.grid_runs()

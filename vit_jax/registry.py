@@ -9,14 +9,26 @@ it in a call written as Python: `name`, `name(2)`, `name(pad=2)`; a list joins c
 signature (and the function's own `check`, if it registered one) without calling it, so the one
 config validation (vit_jax/train/validate.py) finds a wrong name or argument before anything is
 built; an unknown name lists the registered ones. Errors name the config key.
+
+A function registered outside vit_jax (by the config file that names it) is recorded with the
+file that registered it (`sources`), so a reader of the run's checkpoint (`predict`, `fewshot`,
+`export`) registers it again from there (`load_sources`).
 """
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
+import os
+import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from vit_jax.errors import UserError
+
+
+def _origin(fn: Callable) -> Tuple[str, str]:
+  """(source file, qualified name) of a function."""
+  return os.path.abspath(inspect.getsourcefile(fn) or ''), fn.__qualname__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +66,11 @@ class Registry:
     self._entries: Dict[str, Entry] = {}
 
   def register(self, name: str, *, check: Optional[Callable] = None, **attrs):
-    """Decorator: registers the function as `name` (a name registered twice is a bug)."""
+    """Decorator: registers the function as `name` (a name registered twice is a bug, unless
+    the same file registers it again: `load_sources` running a config file loaded before)."""
 
     def add(fn: Callable) -> Callable:
-      if name in self._entries:
+      if name in self._entries and _origin(self._entries[name].fn) != _origin(fn):
         raise ValueError(f'{self.kind} {name!r} is registered twice')
       params = list(inspect.signature(fn).parameters)
       if params[:len(self.leading)] != list(self.leading):
@@ -74,6 +87,34 @@ class Registry:
 
   def names(self) -> Tuple[str, ...]:
     return tuple(sorted(self._entries))
+
+  def sources(self, names) -> Dict[str, str]:
+    """{name: the file that registered it} of those of `names` registered outside vit_jax (a
+    config file's own functions): what a checkpoint records so its readers find them again."""
+    out = {}
+    for name in sorted(set(names)):
+      fn = self.get(name).fn
+      if not (fn.__module__ or '').startswith('vit_jax.'):
+        out[name] = _origin(fn)[0]
+    return out
+
+  def load_sources(self, sources: Dict[str, str], where: str) -> None:
+    """Loads the files that registered `sources` ({name: file}, as `sources` recorded them) for
+    the names not registered in this process; UserError naming `where` if a file is gone or no
+    longer registers its name."""
+    for name, path in sorted(sources.items()):
+      if name in self._entries:
+        continue
+      if not os.path.isfile(path):
+        raise UserError(f'{where} uses the {self.kind} {name!r} registered by {path}, which is '
+                        f'gone: put that file back')
+      spec = importlib.util.spec_from_file_location(f'_vit_jax_registered_{len(sys.modules)}',
+                                                    path)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      if name not in self._entries:
+        raise UserError(f'{where} uses the {self.kind} {name!r}, which {path} no longer '
+                        f'registers: register it there again')
 
   def __contains__(self, name: str) -> bool:
     return name in self._entries

@@ -1,4 +1,5 @@
-"""Class token vs global average pooling, each at its own best learning rate (P App. D.3, Fig. 9).
+"""Class token vs global average pooling, each at its own best learning rate (ViT paper, App. D.3,
+Fig. 9).
 
 The lr is chosen on a held-out 10% of the train split, as the paper chose its lrs; the chosen
 setting is then trained on the whole train split and evaluated on the test split.

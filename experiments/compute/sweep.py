@@ -1,6 +1,6 @@
-"""Accuracy against training compute (P §4.2, Fig. 5 at small scale): three sizes of each family
-(ViT, hybrid, BiT ResNet), 400 steps of batch 64 on mnist5k's 4,000 train images, evaluated on
-the 1,000 test images. Training FLOPs per image come from XLA's cost analysis
+"""Accuracy against training compute (ViT paper, §4.2, Fig. 5 at small scale): three sizes of each
+family (ViT, hybrid, BiT ResNet), 400 steps of batch 64 on mnist5k's 4,000 train images, evaluated
+on the 1,000 test images. Training FLOPs per image come from XLA's cost analysis
 (experiments/compute/flops.py prints them); the README's table multiplies them by 400 x 64.
 
 python -m vit_jax sweep --sweep=experiments/compute/sweep.py --workdir=runs/experiments/compute

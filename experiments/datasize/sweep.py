@@ -1,5 +1,5 @@
-"""Dataset size (P §4.2, Fig. 4 at small scale): a ViT, a hybrid and a BiT ResNet of similar
-training FLOPs per image (ViT-Mu/4 103.8 M, R+ViT-Mu/4 107.6 M, BiT-R50x0.5 95.3 M; README,
+"""Dataset size (ViT paper, §4.2, Fig. 4 at small scale): a ViT, a hybrid and a BiT ResNet of
+similar training FLOPs per image (ViT-Mu/4 103.8 M, R+ViT-Mu/4 107.6 M, BiT-R50x0.5 95.3 M; README,
 "BiT baselines") trained on 500 / 1,000 / 2,500 / 4,500 mnist5k images, 400 steps of batch 64
 each, evaluated on the same 500 held-out test images. The 4,500 are train (4,000) + the first
 half of test; every subset is a prefix of tfds' key-hashed record order, so it is class-balanced

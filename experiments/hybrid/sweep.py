@@ -1,4 +1,5 @@
-"""ViT against the hybrid (ResNet stem + ViT) at equal training compute, mnist5k (P §4.2, Fig. 5).
+"""ViT against the hybrid (ResNet stem + ViT) at equal training compute, mnist5k (ViT paper, §4.2,
+Fig. 5).
 
 Train FLOPs per image (XLA cost analysis, `python -m vit_jax bench --model=M --image_size=28
 --batch_size=64 --mode=train`): ViT-Mu/4 105.2 M, R+ViT-Mu/4 113.0 M; so the ViT gets

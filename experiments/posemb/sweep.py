@@ -1,4 +1,5 @@
-"""Position embeddings: none vs learned 1-D vs fixed 2-D sin-cos (P App. D.4, Table 8), mnist5k.
+"""Position embeddings: none vs learned 1-D vs fixed 2-D sin-cos (ViT paper, App. D.4, Table 8),
+mnist5k.
 
 python -m vit_jax sweep --sweep=experiments/posemb/sweep.py --workdir=runs/experiments/posemb
 """

@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from vit_jax.configs import mnist5k
-from vit_jax.benchmarking import compare
+from vit_jax.tools.benchmarking import compare
 from helpers import ROOT
 
 

@@ -5,15 +5,16 @@ Checkpoints are restored as host numpy arrays, whatever device topology wrote th
 `params` of the train state are read (not the optimizer state).
 """
 
+import dataclasses
 from typing import Optional, Sequence
 
 import numpy as np
 
-from vit_jax.checkpoint.restore import available_steps, load_checkpoint, resolve_checkpoint  # pylint: disable=unused-import
+from vit_jax.checkpoint.restore import available_steps, load_checkpoint, load_facts, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.models.spec import input_channels  # pylint: disable=unused-import
 from vit_jax import data as data_lib
 from vit_jax import tasks
-from vit_jax.data import config_pp, image_files, specs
+from vit_jax.data import image_files, ops, specs
 from vit_jax.errors import UserError
 from vit_jax.formats import npz, weights
 from vit_jax.models import layout
@@ -30,6 +31,7 @@ def load_model(step_dir, *, averaged: bool = False):
   `model.scan` gets its scanned model and its blocks stacked (`load_checkpoint` reads them
   unrolled)."""
   params, config = load_checkpoint(step_dir, averaged=averaged)
+  ops.OPS.load_sources(load_facts(step_dir).get('ops') or {}, str(step_dir))
   model = build_model(config, params)
   return model, layout.for_model(params, model), config
 
@@ -56,7 +58,7 @@ def load_params_file(source: str, model_name: Optional[str] = None):
 
 def load_image_files(paths: Sequence[str], image_size: int, channels: int) -> np.ndarray:
   """PNG/JPEG files -> [B, S, S, channels] float32 in [-1, 1], resized like the eval images."""
-  spec = specs.eval_spec({'ops': 'resize', 'image_size': image_size})
+  spec = specs.eval_spec('resize', image_size)
   return image_files.load(paths, spec, channels)
 
 
@@ -64,14 +66,12 @@ def eval_images(config, num_images: int, data_dir: Optional[str] = None,
                 image_size: Optional[int] = None):
   """The first `num_images` eval images of the run's dataset and their labels (as evaluated;
   at `image_size` if given, a resize before the crop scaled with it)."""
-  pp = config_pp.eval_pp(config)
-  if image_size and image_size != pp['image_size']:
-    pp = dict(pp, image_size=image_size)
-    if pp.get('resize'):  # the older keys' resize before the crop, scaled with the image
-      pp['resize'] = round(pp['resize'] * image_size / config.image_size)
+  spec = specs.eval_spec(config.pp.eval, config.image_size)
+  if image_size and image_size != spec.image_size:
+    spec = dataclasses.replace(spec, ops=spec.ops.at_size(image_size))
   batches, _ = data_lib.eval_iterator(
       dataset=config.dataset, split=config.eval_split, data_dir=data_dir or config.data_dir,
-      batch_size=num_images, pp=pp, cache=False)
+      batch_size=num_images, spec=spec, cache=False)
   batch = next(iter(batches))
   real = batch['mask'] > 0
   return batch['image'][real], batch['label'][real]

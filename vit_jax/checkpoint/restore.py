@@ -18,6 +18,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax.checkpoint import integrity
+from vit_jax.checkpoint import versions
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
 from vit_jax.models import layout
@@ -193,7 +194,9 @@ def _damaged(step_dir, what: str, flags: Flags) -> Damaged:
 def _read_params(step_dir: epath.Path, averaged: bool) -> Tuple[dict, ml_collections.ConfigDict]:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
-    config = ml_collections.ConfigDict(ckptr.restore(step_dir / 'config'))
+    stored = ckptr.restore(step_dir / 'config')
+    versions.refuse_earlier(stored, str(step_dir))
+    config = ml_collections.ConfigDict(stored)
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
     tree = ckptr.metadata(step_dir / 'state').item_metadata.tree
     if 'params' not in tree:

@@ -9,13 +9,13 @@ flops_per_img (XLA cost analysis), achieved_flops, matmul_peak_flops (a 2048^3 f
 in the same run), utilization (achieved / peak), peak_bytes (compiled step: arguments + outputs - aliased + temporaries) and rss_peak_bytes.
 --compare=timm times the same model, batch, resolution, dtype and optimizer in timm (PyTorch CPU)
 alternately with ours and prints the ratio (needs `make test-interop`). --profile adds where the
-time goes (vit_jax/benchmarking/profile.py). --json: one JSON object.
+time goes (vit_jax/tools/benchmarking/profile.py). --json: one JSON object.
 The base config is --config (default: the package's mnist5k recipe, vit_jax/configs/mnist5k.py,
 found from any working directory: no Polyak averaging or other extras of `make train`'s recipe,
 so the step is the plain trainer's). The compute dtype is --dtype, else the config's
 `model.dtype`; both given and different is refused.
 --suite=gpu [--compare=timm] runs a fixed set of runs, each in its own process, and prints one
-table (vit_jax/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
+table (vit_jax/tools/benchmarking/suite.py); --suite_models, --suite_modes, --suite_sides and
 --suite_only narrow it, --suite_xla adds XLA:GPU flag variants, --suite_timeout bounds each run,
 --suite_dump keeps the compiled train steps' buffer assignments, --suite_profile adds where each
 step's time goes by kernel class, ours against timm (one table per model and mode).
@@ -46,7 +46,7 @@ _COMPARE = flags.DEFINE_enum('compare', None, ['timm'], 'Also time the same mode
 _INPUT = flags.DEFINE_string('input_data', 'synthetic', "--mode=input: 'synthetic' (JPEGs made "
                              "once in --data_dir), 'archive' (the same JPEGs read in place from "
                              "a tar of tars against a folder of class folders, per core: "
-                             "vit_jax/benchmarking/input.py) or a prepared dataset name (e.g. "
+                             "vit_jax/tools/benchmarking/input.py) or a prepared dataset name (e.g. "
                              "mnist5k).")
 _INPUT_SIZE = flags.DEFINE_integer('input_size', 400, 'Side of the synthetic JPEGs (pixels).')
 _DATA_DIR = flag_groups.data_dir()
@@ -104,7 +104,7 @@ def compute_dtype(dtype_flag, config_dtype: str, argv) -> str:
 
 
 def run_suite() -> int:
-  from vit_jax.benchmarking import suite  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import suite  # pylint: disable=g-import-not-at-top
   runs = suite.plan(_SUITE.value, compare=_COMPARE.value, models=_SUITE_MODELS.value,
                     modes=_SUITE_MODES.value, sides=_SUITE_SIDES.value, only=_SUITE_ONLY.value,
                     xla=_SUITE_XLA.value)
@@ -126,7 +126,7 @@ def run_compile_for(dtype: str) -> int:
   if _MODE.value == 'input':
     raise cli.UserError('--compile_for compiles a step: use it with --mode=train or infer')
   targets.load_gpu_compiler()  # before JAX starts: cuDNN too where it is in the compiler's folder
-  from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import ours  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   ours.set_benchmark_values(config, _MODEL.value, _BATCH.value, _IMAGE.value, dtype)
   result = ours.compile_for(config, targets.parse(_COMPILE_FOR.value), _MODE.value)
@@ -152,18 +152,18 @@ def run(argv) -> int:
   dtype = compute_dtype(_DTYPE.value, str(_CONFIG.value.model.dtype), sys.argv)
   if _COMPILE_FOR.value:
     return run_compile_for(dtype)
-  from vit_jax.benchmarking import compare  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import compare  # pylint: disable=g-import-not-at-top
   if _STEPS.value < 1 or _BATCH.value < 1:
     raise cli.UserError('--steps and --batch_size must be at least 1')
   if _PROFILE.value and _MODE.value == 'input':
     raise cli.UserError('--profile profiles a compiled step: use it with --mode=train or infer')
   if _MODE.value == 'input' and _INPUT.value == 'archive':
-    from vit_jax.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
+    from vit_jax.tools.benchmarking import input as input_bench  # pylint: disable=g-import-not-at-top
     result = input_bench.run(_DATA_DIR.value, batch_size=_BATCH.value, batches=_STEPS.value)
     print(json.dumps(result, indent=1) if _JSON.value else input_bench.format_result(result))
     return 0
   if _MODE.value == 'train':
-    from vit_jax.benchmarking import ours  # pylint: disable=g-import-not-at-top
+    from vit_jax.tools.benchmarking import ours  # pylint: disable=g-import-not-at-top
     ours.set_benchmark_values(_CONFIG.value, _MODEL.value, _BATCH.value, _IMAGE.value, dtype)
   result = compare.run_benchmark(
       _CONFIG.value, model=_MODEL.value, batch_size=_BATCH.value, image_size=_IMAGE.value,

@@ -23,7 +23,7 @@ trainer saves a checkpoint and the job is requeued to resume from it. --status s
 state and the log's last --lines; --logs prints them; --stop sends SIGTERM to the tasks (the
 trainer saves and exits), and cancels the job after --stop_timeout s if it still runs.
 --dry_run prints the commands (and the batch script) instead.
-The logic is in vit_jax/launch/.
+The logic is in vit_jax/tools/launch/.
 """
 
 import os
@@ -85,13 +85,13 @@ def _given(names) -> list:
 
 
 def run(argv) -> int:
-  from vit_jax import launch  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools import launch  # pylint: disable=g-import-not-at-top
   steps = launch.Steps(sync=_SYNC.value, setup=_SETUP.value, command=argv[1:],
                        status=_STATUS.value, logs=_LOGS.value, stop=_STOP.value,
                        lines=_LINES.value, stop_timeout=_STOP_TIMEOUT.value)
   say = lambda line: print(line, flush=True)  # pylint: disable=unnecessary-lambda-assignment
   if _SLURM.value:
-    from vit_jax.launch import slurm  # pylint: disable=g-import-not-at-top
+    from vit_jax.tools.launch import slurm  # pylint: disable=g-import-not-at-top
     wrong = _given(TPU_ONLY)
     if wrong:
       raise cli.UserError(f'{wrong[0]} is a flag of the Cloud TPU launcher, not of --slurm: drop '

@@ -38,7 +38,7 @@ _HEARTBEAT = flags.DEFINE_integer(
 
 def run(argv) -> int:
   del argv
-  from vit_jax import sweeps  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools import sweeps  # pylint: disable=g-import-not-at-top
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR for the sweep')
   say = plan_line if _DRY_RUN.value else (

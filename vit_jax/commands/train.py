@@ -33,13 +33,14 @@ def run(argv) -> int:
   del argv
   # Every mistake of a flag, the config or a path is said before JAX, TensorFlow or orbax loads.
   # pylint: disable-next=g-import-not-at-top
-  from vit_jax.train import guards, lock, validate
+  from vit_jax.run import guards, lock
+  from vit_jax.train import validate
   config = _CONFIG.value
   guards.stop_with_parent()  # started by a sweep: its death stops this run (with a checkpoint)
   if not _WORKDIR.value:
     raise cli.UserError('missing --workdir: pass --workdir=DIR (checkpoints and logs go there)')
   info = data_facts(config)
-  task = validate.check_config(config)  # the one validation: before joining a distributed run
+  checked = validate.check_config(config)  # the one validation: before joining a distributed run
   lock.check_free(_WORKDIR.value)  # a workdir another run holds: stop before building anything
   # JAX and the trainer load here (TensorFlow only once the input pipeline is built).
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
@@ -49,14 +50,14 @@ def run(argv) -> int:
   # Every process of the run on the same workdir, config and command line, before any writes.
   parallel.check_agreement(parallel.run_record(_WORKDIR.value, config.to_dict(), sys.argv[1:]),
                            timeout_s=_TIMEOUT.value)
-  prog = program.build_program(config, task=task, info=info)  # the mesh and the model, once
+  prog = program.build_program(config, checked=checked, info=info)  # the mesh and model, once
   result = loop.train_and_evaluate(config, _WORKDIR.value, program=prog,
                                    allow_config_change=_ALLOW_CHANGE.value)
   if result.get('preempted'):  # saved and said so: a Ctrl-C from now on changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
   if config.compile_only or config.compile_for or result.get('preempted'):
     return 0
-  print(f'final {config.eval_split} {task.metric_name}: '
+  print(f'final {config.eval_split} {checked.task.metric_name}: '
         f'{result["accuracy"]:.4f} ({int(result["count"])} examples)')
   return 0
 

@@ -56,17 +56,9 @@ def base_config() -> config_dict.ConfigDict:
   c.num_classes = placeholder(int)        # None = read from the dataset's metadata
   c.image_size = 224                      # side of the square model input, pixels
   c.pp = config_dict.ConfigDict()
-  c.pp.train = ''                         # train ops by name, 'op|op(arg, k=v)|...' (docs/data.md);
-                                          # '' = composed from train_crop, pad, resize, flip,
-                                          # channels and randaug.*
-  c.pp.eval = ''                          # eval ops (deterministic); '' = from eval_crop, resize,
-                                          # channels
-  c.pp.train_crop = 'inception'           # inception | resize_crop | pad_crop | resize | any op
-  c.pp.eval_crop = 'central'              # central (resize_small + central crop) | resize | any op
-  c.pp.resize = placeholder(int)          # resize_small side for resize_crop/central; None = image_size
-  c.pp.pad = 0                            # padding for pad_crop, pixels
-  c.pp.flip = True                        # random horizontal flip (off for digits)
-  c.pp.channels = placeholder(int)        # None = the dataset's own; 3 tiles grayscale to RGB
+  c.pp.train = 'inception_crop|flip'     # train ops by name, 'op|op(arg, k=v)|...' (docs/data.md)
+  c.pp.eval = 'central_crop'              # eval ops (deterministic); channels(n) in both lists
+                                          # converts gray <-> RGB
   c.shuffle_buffer = 50_000
   c.cache = True                          # cache undecoded tfds records in memory (small datasets)
   c.prefetch = 2                          # batches prefetched by tf.data
@@ -96,9 +88,6 @@ def base_config() -> config_dict.ConfigDict:
 
   # Recipes: augmentation and regularisation, transfer, self-supervision, evaluators.
   c.mixup = 0.0                           # mixup Beta(a, a) alpha, one lambda per step; 0 = off
-  c.randaug = config_dict.ConfigDict()
-  c.randaug.num_layers = 0                # RandAugment ops applied per image; 0 = off
-  c.randaug.magnitude = 10                # RandAugment magnitude (10 = each op's max; AugReg to 20)
   c.polyak_decay = 0.0                    # evaluate a moving average of the params; 0 = off
   c.init = placeholder(str)               # start from: a workdir, a checkpoint step dir or an .npz
   c.init_posemb_resize = 'bilinear'       # bilinear | bicubic: posemb resize to a new grid
@@ -167,6 +156,13 @@ def base_config() -> config_dict.ConfigDict:
 # the same spelling for overrides): Python's None only, since `none` is a value of several keys
 # (model.remat, model.posemb, the `aug` argument of configs/pretrain.py).
 UNSET_SPELLINGS = ('None',)
+
+
+def rgb_input(c) -> None:
+  """Ends both op lists with `channels(3)`: the model takes RGB images whatever the dataset
+  stores (a config compiled or benchmarked without its dataset)."""
+  c.pp.train += '|channels(3)'
+  c.pp.eval += '|channels(3)'
 
 
 def parse_arg(arg: str | None, **defaults):

@@ -23,10 +23,10 @@ Arguments:
   dev       true: train on the train split minus the held-out dev part and evaluate on that part
             (ImageNet 1%, CIFAR 2%, Pets/Flowers 10%, VTAB the 200 val images); false: train on
             the whole train split (VTAB: all 1,000) and evaluate on the test split
-  headline  ImageNet only: 512 px (L/16) or 518 px (H/14) with Polyak averaging 0.9999 (P Tab.2)
-  steps, image_size (mnist5k and digits only)
+  headline  ImageNet only: 512 px (L/16) or 518 px (H/14) with Polyak averaging 0.9999 (ViT paper,
+  Table 2) steps, image_size (mnist5k and digits only)
 
-Expected: P Table 2 / Table 5; the mnist5k recipe is measured in docs/recipes.md.
+Expected: ViT paper, Table 2 / Table 5; the mnist5k recipe is measured in docs/recipes.md.
 """
 
 from vit_jax.configs import common
@@ -35,16 +35,19 @@ from vit_jax.errors import UserError
 
 
 def _common(c) -> None:
-  """P App. B.1.1: SGD momentum 0.9, batch 512, no weight decay, clip 1.0, cosine, 384 px."""
-  c.optimizer, c.momentum, c.mu_dtype = 'sgd', 0.9, 'bfloat16'  # VJ: bf16 momentum
+  """ViT paper, App. B.1.1: SGD momentum 0.9, batch 512, no weight decay, clip 1.0, cosine, 384
+  px."""
+  # bf16 momentum, as the original vision_transformer code.
+  c.optimizer, c.momentum, c.mu_dtype = 'sgd', 0.9, 'bfloat16'
   c.batch_size, c.eval_batch_size = recipes.FINETUNE_BATCH, recipes.FINETUNE_BATCH
   c.weight_decay = 0.0
   c.grad_clip_norm = 1.0
   c.decay_type = 'cosine'
   c.image_size = recipes.FINETUNE_RESOLUTION
   c.loss = 'softmax_xent'
-  c.pp.train_crop, c.pp.flip = 'inception', True
-  c.pp.eval_crop = 'resize'  # VJ: the whole image resized to image_size, no central crop
+  c.pp.train = 'inception_crop|flip'
+  # The original vision_transformer code: the whole image resized to image_size, no central crop.
+  c.pp.eval = 'resize'
   c.model.representation_size = None  # the pre-training pre_logits layer is dropped
 
 
@@ -83,7 +86,7 @@ def _small(c, args) -> None:
   c.batch_size, c.eval_batch_size = 64, 200
   c.image_size = args['image_size']
   pad = 2 if c.dataset == 'mnist5k' else 1  # random shifts of at most 2 px (digits: 1 of 8 px)
-  c.pp.train_crop, c.pp.pad, c.pp.flip, c.pp.eval_crop = 'pad_crop', pad, False, 'resize'
+  c.pp.train, c.pp.eval = f'pad_crop(pad={pad})', 'resize'
   c.total_steps = args['steps']
   c.warmup_steps = max(1, args['steps'] // 10)
   c.lr = args['lr'] or 0.03

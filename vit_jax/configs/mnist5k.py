@@ -21,10 +21,8 @@ def recipe(model_name: str, steps: int, batch_size: int, lr: float):
   c.train_split = 'train'
   c.eval_split = 'test'
   c.image_size = 28
-  c.pp.train_crop = 'pad_crop'
-  c.pp.pad = 2
-  c.pp.flip = False
-  c.pp.eval_crop = 'resize'
+  c.pp.train = 'pad_crop(pad=2)'
+  c.pp.eval = 'resize'
   c.batch_size = batch_size
   c.eval_batch_size = 200
   c.total_steps = steps

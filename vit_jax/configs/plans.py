@@ -9,7 +9,7 @@ trained or read (the dataset need not exist; its class count comes from recipes.
 `--config.batch_size` and `--config.eval_batch_size` plan another global batch (one that splits
 over another slice of `--config.compile_for`); the report then gives the estimated step time of
 the train and eval steps (docs/scaling.md, "Planning for TPUs").
-Recipes: pretrain (configs/pretrain.py, the ViT paper's Table 3, batch 4096 at 224 px) and headline
+Recipes: pretrain (configs/pretrain.py, ViT paper, Table 3, batch 4096 at 224 px) and headline
 (configs/finetune.py headline=true: ImageNet at 512 px for L/16, 518 px for H/14, batch 512).
 Needs the TPU compiler: `make tpu-compiler`. Expected: benchmarks/RESULTS.md, "Planning TPU runs";
 how to read the report: docs/scaling.md.
@@ -43,6 +43,6 @@ def get_config(arg=None, settings=None):
     common.apply(c, settings)
   c.compile_for = plan['slice']
   c.num_classes = recipes.NUM_CLASSES[plan['dataset']]
-  c.pp.channels = 3
+  common.rgb_input(c)
   return c
 

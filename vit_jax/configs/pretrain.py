@@ -16,15 +16,15 @@ Arguments:
             is this config value, override it with --config.dataset=<your JFT builder>.
   epochs    one of the row's (JFT L/16: 7 or 14; i21k L: 90 or 30; AugReg i21k 300 or 30);
             default the first
-  augreg    false: the ViT paper (P Table 3); true: AugReg (AR), cosine decay, lr 1e-3
+  augreg    false: the ViT paper (Table 3); true: AugReg, cosine decay, lr 1e-3
   aug       AugReg augmentation level none|light1|light2|medium1|medium2|strong1|strong2;
-            default the AR Tab.3 recommendation for the model (none without one)
+            default the AugReg paper, Table 3 recommendation for the model (none without one)
   wd, dropout, sd   AugReg weight decay (paper convention), dropout, stochastic depth; default
             the recommendation (wd 0.1, no dropout/sd without one)
   steps, lr (mnist5k only)
 
-Expected: the paper's numbers come after fine-tuning (configs/finetune.py; P Tables 2 and 5).
-The mnist5k recipe is measured in docs/recipes.md.
+Expected: the paper's numbers come after fine-tuning (configs/finetune.py; ViT paper, Tables 2 and
+5). The mnist5k recipe is measured in docs/recipes.md.
 """
 
 from vit_jax.configs import common
@@ -35,7 +35,7 @@ PAPER_MODELS = tuple(recipes.JFT_ROWS)
 
 
 def _paper(c, model: str, dataset: str, epochs: float) -> None:
-  """P Table 3."""
+  """ViT paper, Table 3."""
   if model not in PAPER_MODELS:
     raise UserError(f'model={model} has no row in the paper\'s Table 3: use one of '
                     f'{", ".join(PAPER_MODELS)} (or augreg=true)')
@@ -53,11 +53,11 @@ def _paper(c, model: str, dataset: str, epochs: float) -> None:
   c.weight_decay_mask = 'all'  # old flax.optim.Adam decayed every parameter
   c.model.dropout_rate = row['dropout_rate']
   c.grad_clip_norm = row['grad_clip_norm']
-  c.model.representation_size = _width(model)  # P §3.1: an MLP head with one hidden layer
+  c.model.representation_size = _width(model)  # ViT paper, §3.1: an MLP head with one hidden layer
 
 
 def _augreg(c, model: str, dataset: str, epochs: float, args) -> None:
-  """AR §3.3-3.4 and Tab.3."""
+  """AugReg paper, §3.3-3.4 and Table 3."""
   if dataset not in recipes.AUGREG_EPOCHS:
     raise UserError(f'AugReg pre-trains on {" or ".join(recipes.AUGREG_EPOCHS)}, not {dataset}')
   aug, wd, dropout, sd = recipes.AUGREG_RECOMMENDED.get(model, ('none', 0.1, 0.0, 0.0))
@@ -72,8 +72,11 @@ def _augreg(c, model: str, dataset: str, epochs: float, args) -> None:
   c.weight_decay = wd if args['wd'] < 0 else args['wd']
   c.model.dropout_rate = dropout if args['dropout'] < 0 else args['dropout']
   c.model.stochastic_depth = sd if args['sd'] < 0 else args['sd']
-  c.randaug.num_layers, c.randaug.magnitude, c.mixup = recipes.AUG_LEVELS[aug]
-  # AR: "drop the hidden layer in the head" for ImageNet-21k; big_vision keeps it for i1k.
+  layers, magnitude, c.mixup = recipes.AUG_LEVELS[aug]
+  if layers:
+    c.pp.train += f'|randaug(num_layers={layers}, magnitude={magnitude})'
+  # The AugReg paper: "drop the hidden layer in the head" for ImageNet-21k; big_vision keeps it for
+  # i1k.
   c.model.representation_size = None if dataset == 'imagenet21k' else _width(model)
 
 
@@ -86,7 +89,7 @@ def _width(model: str) -> int:
 def _mnist5k(c, args) -> None:
   """A CPU-sized pre-training on 28 px digits (not a paper recipe), for pre-train -> fine-tune."""
   c.image_size = 28
-  c.pp.train_crop, c.pp.pad, c.pp.flip, c.pp.eval_crop = 'pad_crop', 2, False, 'resize'
+  c.pp.train, c.pp.eval = 'pad_crop(pad=2)', 'resize'
   c.batch_size, c.eval_batch_size = 64, 200
   c.total_steps = args['steps']
   c.warmup_steps = min(100, args['steps'] // 10)
@@ -117,8 +120,8 @@ def get_config(arg: str | None = None):
   c.warmup_steps = recipes.PRETRAIN_WARMUP
   c.image_size = recipes.PRETRAIN_RESOLUTION
   c.optimizer, c.b1, c.b2 = 'adam', 0.9, 0.999
-  c.pp.train_crop, c.pp.flip = 'inception', True
-  c.pp.eval_crop, c.pp.resize = 'central', 256  # resize_small(256) + central_crop(224)
+  c.pp.train = 'inception_crop|flip'
+  c.pp.eval = 'central_crop(resize=256)'  # the shorter side to 256, then the central 224 px
   c.eval_every, c.checkpoint_every, c.log_every = 5000, 5000, 100
   if args['augreg']:
     _augreg(c, model, dataset, args['epochs'], args)

@@ -1,4 +1,5 @@
-"""The numbers of the paper's recipes, in one place (P Section 4.1, Appendix B.1 and Tables 3-4).
+"""The numbers of the paper's recipes, in one place (ViT paper, Section 4.1, Appendix B.1 and
+Tables 3-4).
 
 configs/pretrain.py and configs/finetune.py read these tables; tests/test_recipes.py checks every
 row against the paper. Model names here are short: 'B/16', 'R50+B/16'; `variant()` gives the
@@ -8,8 +9,8 @@ registered name ('ViT-B/16', 'R50+ViT-B/16').
 from vit_jax.errors import UserError
 
 # ---------------------------------------------------------------------------------------------
-# Pre-training, P Table 3: batch 4096, Adam 0.9/0.999, 10k warmup steps, 224 px for every row;
-# gradient clipping at global norm 1 for the ImageNet rows only.
+# Pre-training, ViT paper, Table 3: batch 4096, Adam 0.9/0.999, 10k warmup steps, 224 px for every
+# row; gradient clipping at global norm 1 for the ImageNet rows only.
 
 PRETRAIN_BATCH = 4096
 PRETRAIN_WARMUP = 10_000
@@ -33,7 +34,7 @@ PRETRAIN_DATASETS = {
 I21K_EPOCHS = {'B': (90,), 'L': (90, 30)}
 
 # ---------------------------------------------------------------------------------------------
-# AugReg (AR §3.3-3.4): Adam 0.9/0.999, batch 4096, cosine, 10k warmup, clip 1.0, 224 px,
+# AugReg (AugReg paper, §3.3-3.4): Adam 0.9/0.999, batch 4096, cosine, 10k warmup, clip 1.0, 224 px,
 # lr 1e-3; ImageNet-21k 300 (or 30) epochs, ImageNet-1k 300 epochs.
 
 AUG_LEVELS = {  # name -> (RandAugment layers, magnitude, mixup alpha)
@@ -43,7 +44,8 @@ AUG_LEVELS = {  # name -> (RandAugment layers, magnitude, mixup alpha)
 }
 AUGREG_LR = 1e-3
 AUGREG_EPOCHS = {'imagenet21k': (300, 30), 'imagenet2012': (300,)}
-# AR Tab.3 recommended checkpoints (i21k, 300 epochs): model -> (aug, wd, dropout, stoch. depth).
+# AugReg paper, Table 3 recommended checkpoints (i21k, 300 epochs): model -> (aug, wd, dropout,
+# stoch. depth).
 AUGREG_RECOMMENDED = {
     'L/16': ('strong1', 0.1, 0.0, 0.0), 'B/16': ('medium1', 0.1, 0.0, 0.0),
     'S/16': ('light1', 0.03, 0.0, 0.0), 'R50+L/32': ('medium1', 0.1, 0.1, 0.1),
@@ -52,8 +54,9 @@ AUGREG_RECOMMENDED = {
     'R+Ti/16': ('none', 0.03, 0.0, 0.0),
 }
 
-# Datasets as tfds names, splits (BV: i21k trains on full[51200:], tests on full[:25600]), and the
-# loss and head-bias init big_vision's pre-training configs use (the paper does not state them).
+# Datasets as tfds names, splits (big_vision: i21k trains on full[51200:], tests on full[:25600]),
+# and the loss and head-bias init big_vision's pre-training configs use (the paper does not state
+# them).
 PRETRAIN_DATA = {
     'jft300m': dict(train_split='train', eval_split='validation', loss='sigmoid_xent',
                     head_bias_init=-10.0),
@@ -64,18 +67,19 @@ PRETRAIN_DATA = {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Fine-tuning, P Table 4 / App. B.1.1: SGD momentum 0.9, batch 512, no weight decay, clip 1.0,
-# cosine decay, 384 px. Dev splits (held out of train) for choosing the lr: 1% ImageNet, 2% CIFAR,
-# 10% Pets and Flowers; final runs train on the whole train split.
+# Fine-tuning, ViT paper, Table 4 / App. B.1.1: SGD momentum 0.9, batch 512, no weight decay, clip
+# 1.0, cosine decay, 384 px. Dev splits (held out of train) for choosing the lr: 1% ImageNet, 2%
+# CIFAR, 10% Pets and Flowers; final runs train on the whole train split.
 
 FINETUNE_BATCH = 512
 FINETUNE_RESOLUTION = 384
 LR_GRID = (0.001, 0.003, 0.01, 0.03)
 LR_GRID_IMAGENET = (0.003, 0.01, 0.03, 0.06)
 
-# dataset -> steps, warmup, lr grid, default lr, dev %, eval split. Default lrs: VJ's 0.03
-# (ImageNet), VJ's B/16 CIFAR-10 value 0.01 (CIFAR), big_vision transfer.py's 0.003 (Pets,
-# Flowers); the paper picks each from its grid on the dev split.
+# dataset -> steps, warmup, lr grid, default lr, dev %, eval split. Default lrs: the original
+# vision_transformer code's 0.03 (ImageNet), the original vision_transformer code's B/16 CIFAR-10
+# value 0.01 (CIFAR), big_vision transfer.py's 0.003 (Pets, Flowers); the paper picks each from its
+# grid on the dev split.
 FINETUNE_ROWS = {
     'imagenet2012': dict(steps=20_000, warmup=500, grid=LR_GRID_IMAGENET, lr=0.03, dev=1,
                          eval_split='validation'),
@@ -86,23 +90,22 @@ FINETUNE_ROWS = {
     'oxford_flowers102': dict(steps=500, warmup=100, grid=LR_GRID, lr=0.003, dev=10,
                               eval_split='test'),
 }
-# ImageNet headline (P Tab.2): higher resolution and Polyak averaging.
+# ImageNet headline (ViT paper, Table 2): higher resolution and Polyak averaging.
 HEADLINE_RESOLUTION = {'L/16': 512, 'H/14': 518}
 HEADLINE_POLYAK = 0.9999
-# VJ fine-tuning dropout per model (0.0 for every other model).
+# The original vision_transformer code's fine-tuning dropout per model (0.0 for every other model).
 FINETUNE_DROPOUT = {'L/16': 0.1, 'H/14': 0.1, 'R50+B/16': 0.1}
 
 # ---------------------------------------------------------------------------------------------
-# Paper-scale plans (configs/plans.py; docs/scaling.md, "Planning for TPUs with the TPU
-# compiler"): the Cloud TPU slice each planned recipe runs on, and the memory setting under which
-# its train and eval steps fit a TPU v3 core's 16 GiB there, as the TPU compiler found it
-# (benchmarks/tpu_plans.py --search). The settings are part of the recipe: configs/pretrain.py
-# and finetune.py apply them.
+# Paper-scale plans (configs/plans.py; docs/scaling.md, "Planning for TPUs with the TPU compiler"):
+# the Cloud TPU slice each planned recipe runs on, and the memory setting under which its train and
+# eval steps fit a TPU v3 core's 16 GiB there, as the TPU compiler found it (benchmarks/tpu_plans.py
+# --search). The settings are part of the recipe: configs/pretrain.py and finetune.py apply them.
 # Slices: the paper's Table 2 budgets in TPUv3-core-days (H/14 2.5k, L/16 0.68k on JFT) over a
-# v3-512 (4.9 days) and a v3-256 (2.7 days); B/16 (no budget in Table 2) and the fine-tunes
-# (batch 512: 2 images per core at 518 px) on a v3-256. The hybrids R50+B/16 and R50+L/16 (no
-# budget in Table 2 either) on the slice of the ViT their pre-training compute is close to (P
-# Table 6, exaFLOPs: R50+B/16 274 against B/16 224, R50+L/16 859 against L/16 783, 7 epochs).
+# v3-512 (4.9 days) and a v3-256 (2.7 days); B/16 (no budget in Table 2) and the fine-tunes (batch
+# 512: 2 images per core at 518 px) on a v3-256. The hybrids R50+B/16 and R50+L/16 (no budget in
+# Table 2 either) on the slice of the ViT their pre-training compute is close to (ViT paper, Table 6,
+# exaFLOPs: R50+B/16 274 against B/16 224, R50+L/16 859 against L/16 783, 7 epochs).
 
 NUM_CLASSES = {'jft300m': 18_291, 'imagenet21k': 21_843, 'imagenet2012': 1_000}
 TPU_PLANS = {
@@ -158,7 +161,7 @@ def choose(value, allowed, what: str):
 
 
 def lr_grid(dataset: str):
-  """The fine-tuning learning rates the paper sweeps for `dataset` (P Table 4)."""
+  """The fine-tuning learning rates the paper sweeps for `dataset` (ViT paper, Table 4)."""
   if dataset.startswith('vtab/'):
     return (VTAB_LR,)
   if dataset not in FINETUNE_ROWS:

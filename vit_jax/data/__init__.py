@@ -16,8 +16,8 @@ Modules, by role:
                  `info` (which source serves a name; tfds datasets, never downloading),
                  `offline_info` (tfds info of the datasets built here);
   preprocessing  `ops` (the preprocessing ops, registered by name), `randaug` (RandAugment's
-                 ops), `specs` (what preprocessing is asked for, checked), `config_pp` (a
-                 config's), `preprocess` (the ops run on one image), `choices` (valid values);
+                 ops), `specs` (a config's op lists, parsed once and checked),
+                 `preprocess` (the ops run on one image), `choices` (valid values);
   streams        `streams` (the arguments checked), `pipeline` (the tf.data train/eval streams
                  every source feeds).
 

@@ -7,7 +7,7 @@ with scikit-learn.
 Split (fixed, independent of any seed): for each class, in file order, the first round(0.8 n)
 images -> 'train', the rest -> 'test' (1,438 train / 359 test).
 
-Used at higher resolution (`pp.eval_crop='resize'`, `image_size=32`: bilinear upsampling) as a
+Used at higher resolution (`pp.eval='resize'`, `image_size=32`: bilinear upsampling) as a
 second small dataset, e.g. to fine-tune a model pre-trained on mnist5k at another resolution.
 """
 

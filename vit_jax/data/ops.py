@@ -1,9 +1,9 @@
 """Preprocessing ops by name: one registered function each, run by every input pipeline.
 
 A config gives its train and eval preprocessing as lists of op calls joined by `|`
-(`config.pp.train='inception_crop|flip|randaug(2, 15)'`, `config.pp.eval='central_crop'`), or
-leaves them empty to have them composed from the older keys (`compose_train`, `compose_eval`):
-`pp.train_crop`, `pp.pad`, `pp.resize`, `pp.flip`, `pp.channels` and `randaug.*`.
+(`config.pp.train='inception_crop|flip|randaug(2, 15)'`, `config.pp.eval='central_crop'`): the one
+way a config says its preprocessing. Config validation parses them once (`specs.of_config`) and
+the run passes the parsed lists on.
 
 An op is `fn(image, ctx, *args) -> image`: `image` is [H, W, C] with values in [0, 255] (uint8 or
 float32), the decoded image for the first op; `ctx.size` is the output side (`config.image_size`)
@@ -16,8 +16,7 @@ raises `UserError` for a bad argument.
 Seeds (`op_seed`): op i of a list draws from slot i of the example's seed (the seed of its run,
 process and stream position, `preprocess.example_seed`), so every random op's draws are a pure
 function of (run seed, process, position, i): a stream stays exactly resumable whatever ops it
-runs. The composed lists keep their ops at slots 0 (crop), 1 (flip) and 2 (randaug), the slots
-their draws have always come from.
+runs.
 
 Adding an op: one registered function here (or in the config file that names it, which registers
 it when loaded), and its test; docs/data.md lists every op (tests check the table).
@@ -37,10 +36,6 @@ OPS = registry.Registry('preprocessing op', leading=('image', 'ctx'), docs='docs
 register = OPS.register
 
 INCEPTION_ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
-# The older keys' crop names that differ from their op's name (pp.train_crop, pp.eval_crop).
-CROP_NAMES = {'inception': 'inception_crop', 'central': 'central_crop'}
-# The slots of the composed lists' random ops (module docstring).
-CROP_SLOT, FLIP_SLOT, RANDAUG_SLOT, CHANNELS_SLOT = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +47,7 @@ class Context:
 
 def op_seed(seed, slot: int):
   """The stateless seed of list slot `slot` from an example's [2] seed: the two halves of
-  `stateless_split(seed)` for slots 0 and 1, `stateless_fold_in(seed, slot)` after (the
-  derivation earlier versions gave the crop, the flip and RandAugment)."""
+  `stateless_split(seed)` for slots 0 and 1, `stateless_fold_in(seed, slot)` after."""
   if slot < 2:
     return tf.unstack(tf.random.experimental.stateless_split(seed, num=2))[slot]
   return tf.random.experimental.stateless_fold_in(seed, slot)
@@ -211,14 +205,13 @@ def channels(image, ctx, n):
 
 
 # ---------------------------------------------------------------------------------------------
-# Lists: parsed, composed from the older keys, checked, run.
+# Lists: parsed, checked, run.
 
 
 @dataclasses.dataclass(frozen=True)
 class OpList:
-  """Checked calls of registered ops with their seed slots, and the output side."""
+  """Checked calls of registered ops (op i draws from seed slot i), and the output side."""
   calls: Tuple[registry.Call, ...]
-  slots: Tuple[int, ...]
   size: int
 
   def __str__(self) -> str:
@@ -233,6 +226,14 @@ class OpList:
     counts = [_channels_arg(c) for c in self.calls if c.name == 'channels']
     return counts[-1] if counts else None
 
+  def at_size(self, size: int) -> 'OpList':
+    """The same ops for `size` px outputs, each `resize` side (the shorter side before a crop)
+    scaled with the output."""
+    scaled = lambda k, v: round(v * size / self.size) if k == 'resize' and v else v
+    calls = tuple(dataclasses.replace(c, kwargs=tuple((k, scaled(k, v)) for k, v in c.kwargs))
+                  for c in self.calls)
+    return OpList(calls, size)
+
 
 def _channels_arg(call: registry.Call) -> int:
   return call.args[0] if call.args else call.keywords['n']
@@ -245,50 +246,14 @@ def parse(text: str, size: int, key: str) -> OpList:
   calls = OPS.parse(text, key)
   for call in calls:
     OPS.check(call, key, size)
-  return OpList(calls, tuple(range(len(calls))), size)
-
-
-def compose_train(*, crop: str, size: int, resize=None, pad=None, flip: bool = False,
-                  channels: Optional[int] = None, randaug_layers: int = 0,
-                  randaug_magnitude: float = 10) -> OpList:
-  """The train list the older keys describe: the crop (pp.train_crop; pad_crop takes pp.pad,
-  resize_crop pp.resize), flip (pp.flip), randaug (randaug.num_layers > 0), channels."""
-  name = CROP_NAMES.get(crop, crop)
-  arguments = {'pad_crop': {'pad': pad}, 'resize_crop': {'resize': resize}}.get(name, {})
-  items = [(registry.Call(name, kwargs=tuple(arguments.items())), CROP_SLOT, 'pp.train_crop')]
-  if flip:
-    items.append((registry.Call('flip'), FLIP_SLOT, 'pp.flip'))
-  if randaug_layers:
-    items.append((registry.Call('randaug', kwargs=(('num_layers', randaug_layers),
-                                                   ('magnitude', randaug_magnitude))),
-                  RANDAUG_SLOT, 'randaug.num_layers'))
-  if channels is not None:
-    items.append((registry.Call('channels', (channels,)), CHANNELS_SLOT, 'pp.channels'))
-  return _checked(items, size)
-
-
-def compose_eval(*, crop: str, size: int, resize=None, channels: Optional[int] = None) -> OpList:
-  """The eval list the older keys describe: the crop (pp.eval_crop; central takes pp.resize),
-  channels (pp.channels)."""
-  name = CROP_NAMES.get(crop, crop)
-  arguments = {'central_crop': {'resize': resize}}.get(name, {})
-  items = [(registry.Call(name, kwargs=tuple(arguments.items())), CROP_SLOT, 'pp.eval_crop')]
-  if channels is not None:
-    items.append((registry.Call('channels', (channels,)), CHANNELS_SLOT, 'pp.channels'))
-  return _checked(items, size)
-
-
-def _checked(items, size: int) -> OpList:
-  for call, _, key in items:
-    OPS.check(call, key, size)
-  return OpList(tuple(c for c, _, _ in items), tuple(s for _, s, _ in items), size)
+  return OpList(calls, size)
 
 
 def apply(ops: OpList, image, seed=None, channels: Optional[int] = None):
   """uint8 [H, W, C] -> float32 [S, S, C'] in [-1, 1] (S = ops.size): the ops in turn (random
   ones seeded from the example's `seed`), then [0, 255] -> [-1, 1]. `channels`: the C' the
   pipeline expects (UserError if the ops give other images)."""
-  for call, slot in zip(ops.calls, ops.slots):
+  for slot, call in enumerate(ops.calls):
     entry = OPS.get(call.name)
     random = entry.attrs.get('random')
     if random and seed is None:
@@ -310,5 +275,5 @@ def table() -> str:
   return OPS.table((('random', lambda entry: 'yes' if entry.attrs.get('random') else ''),))
 
 
-__all__ = ['CROP_NAMES', 'Context', 'OPS', 'OpList', 'apply', 'compose_eval', 'compose_train',
-           'op_seed', 'parse', 'register', 'resize_small', 'resize_to', 'table', 'to_channels']
+__all__ = ['Context', 'OPS', 'OpList', 'apply', 'op_seed', 'parse', 'register', 'resize_small',
+           'resize_to', 'table', 'to_channels']

@@ -39,11 +39,6 @@ def decode(stored: tf.Tensor, channels: int) -> tf.Tensor:
   return image
 
 
-def value_range(image: tf.Tensor) -> tf.Tensor:
-  """Maps pixel values [0, 255] to [-1, 1] as (x - 127.5) / 127.5, float32."""
-  return (tf.cast(image, tf.float32) - 127.5) / 127.5
-
-
 def train_preprocess(image: tf.Tensor, seed: tf.Tensor, spec: Spec,
                      channels: Optional[int] = None) -> tf.Tensor:
   """uint8 [H, W, C] image + its [2] seed -> float32 [S, S, C'] in [-1, 1] (S = image_size);

@@ -1,21 +1,16 @@
-"""What preprocessing a pipeline is asked for, checked, without TensorFlow.
+"""What preprocessing a run is asked for, parsed and checked once, without TensorFlow.
 
-`train_spec(pp)` and `eval_spec(pp)` read a mapping (or ConfigDict) with 'image_size' and either
-'ops', a list of registered op calls ('pad_crop(pad=2)|flip'; vit_jax/data/ops.py), or the older
-keys that compose one: 'crop', 'resize', 'pad', 'flip', 'channels', 'randaug_layers',
-'randaug_magnitude' (`ops.compose_train`, `ops.compose_eval`). Eval preprocessing has no random
-op. `config_pp` gives a config's two mappings.
+`of_config(config)` parses a config's `pp.train` and `pp.eval` (lists of registered op calls,
+'pad_crop(pad=2)|flip': vit_jax/data/ops.py) into a `Preprocessing`; config validation calls it
+once per run and the run passes the result on to its streams, evaluators and records.
+`train_spec` and `eval_spec` parse one list (eval preprocessing has no random op).
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Optional, Tuple
 
 from vit_jax.data import ops
 from vit_jax.errors import UserError
-
-_TRAIN_KEYS = ('crop', 'resize', 'pad', 'flip', 'channels', 'randaug_layers', 'randaug_magnitude')
-_EVAL_KEYS = ('crop', 'resize', 'channels')
-_ALL_KEYS = frozenset(('ops', 'image_size') + _TRAIN_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,27 +29,45 @@ class Spec:
     return self.ops.channels()
 
 
-def train_spec(pp: Any) -> Spec:
-  """The train preprocessing of `pp` (module docstring), checked (UserError naming the key)."""
-  values = _read(pp, 'train')
-  if 'ops' in values:
-    return Spec(ops.parse(values['ops'], values['image_size'], 'pp.train'), True)
-  return Spec(ops.compose_train(
-      crop=values.get('crop'), size=values['image_size'], resize=values.get('resize'),
-      pad=values.get('pad'), flip=bool(values.get('flip')), channels=values.get('channels'),
-      randaug_layers=values.get('randaug_layers', 0),
-      randaug_magnitude=values.get('randaug_magnitude', 10)), True)
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+  """A run's parsed train and eval preprocessing."""
+  train: Spec
+  eval: Spec
+
+  def input_channels(self, stored_channels: Optional[int]) -> int:
+    """The channels of the model's input: what the train ops give (a `channels(n)` op), else the
+    stored images' (3 when unknown); UserError when the eval ops give another count."""
+    stored = stored_channels or 3
+    train = self.train.channels or stored
+    evaluated = self.eval.channels or stored
+    if train != evaluated:
+      raise UserError(f'the train preprocessing gives {train}-channel images and the eval '
+                      f'preprocessing {evaluated}-channel ones: end both config.pp.train and '
+                      f'config.pp.eval with the same channels(n)')
+    return train
+
+  def op_names(self) -> Tuple[str, ...]:
+    """The names of the ops both lists call."""
+    return tuple(c.name for spec in (self.train, self.eval) for c in spec.ops.calls)
 
 
-def eval_spec(pp: Any) -> Spec:
-  """The eval preprocessing of `pp` (module docstring), checked: deterministic ops only."""
-  values = _read(pp, 'eval')
-  if 'ops' in values:
-    key, op_list = 'pp.eval', ops.parse(values['ops'], values['image_size'], 'pp.eval')
-  else:
-    key, op_list = 'pp.eval_crop', ops.compose_eval(
-        crop=values.get('crop'), size=values['image_size'], resize=values.get('resize'),
-        channels=values.get('channels'))
+def _check_size(image_size, key: str) -> None:
+  if not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1:
+    raise UserError(f'config.{key}: the output side (config.image_size) must be an int >= 1, '
+                    f'got {image_size!r}')
+
+
+def train_spec(text: str, image_size: int, key: str = 'pp.train') -> Spec:
+  """The train op list `text` for `image_size` px outputs, checked (UserError naming `key`)."""
+  _check_size(image_size, key)
+  return Spec(ops.parse(text, image_size, key), True)
+
+
+def eval_spec(text: str, image_size: int, key: str = 'pp.eval') -> Spec:
+  """The eval op list `text`, checked as `train_spec` does and deterministic."""
+  _check_size(image_size, key)
+  op_list = ops.parse(text, image_size, key)
   random = [str(c) for c in op_list.calls if ops.OPS.get(c.name).attrs.get('random')]
   if random:
     raise UserError(f'config.{key}: {", ".join(random)} draws at random: eval preprocessing is '
@@ -62,23 +75,10 @@ def eval_spec(pp: Any) -> Spec:
   return Spec(op_list, False)
 
 
-def _read(pp: Any, kind: str) -> dict:
-  """The values of `pp` (a mapping or ConfigDict), the output side checked."""
-  if not hasattr(pp, 'keys'):
-    raise UserError(f'{kind} preprocessing must be a dict or ConfigDict with keys '
-                    f'{sorted(_ALL_KEYS)}, got {type(pp).__name__}')
-  unknown = sorted(set(pp.keys()) - _ALL_KEYS)
-  if unknown:
-    raise UserError(f'unknown {kind} preprocessing key(s) {unknown}; valid keys: '
-                    f'{sorted(_ALL_KEYS)}')
-  values = {k: pp[k] for k in pp.keys() if pp[k] is not None}
-  size = values.get('image_size')
-  if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-    raise UserError(f"{kind} preprocessing 'image_size' (the output side in pixels) must be an "
-                    f'int >= 1, got {size!r}')
-  if 'ops' not in values and values.get('crop') is None:
-    raise UserError(f"{kind} preprocessing needs 'ops' (e.g. 'resize') or 'crop'")
-  return values
+def of_config(config) -> Preprocessing:
+  """A config's `pp.train` and `pp.eval` at `image_size`, parsed and checked."""
+  return Preprocessing(train_spec(config.pp.train, config.image_size),
+                       eval_spec(config.pp.eval, config.image_size))
 
 
-__all__ = ['Spec', 'eval_spec', 'train_spec']
+__all__ = ['Preprocessing', 'Spec', 'eval_spec', 'of_config', 'train_spec']

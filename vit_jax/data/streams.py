@@ -17,16 +17,16 @@ from vit_jax.data.choices import SHARDINGS
 from vit_jax.errors import UserError
 
 
-def train_iterator(*, split: str, batch_size: int, pp: Any, seed: int,
+def train_iterator(*, split: str, batch_size: int, spec: specs.Spec, seed: int,
                    dataset: Optional[str] = None, data_dir: Optional[str] = None, info=None,
                    start_step: int = 0, process_index: int = 0,
                    process_count: int = 1, shuffle_buffer: int = 50_000, cache: bool = True,
                    prefetch: int = 2,
                    sharding: str = 'process') -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of {'image': float32 [B, S, S, C], 'label': int32 [B]} (B = batch_size):
-  the arguments checked (`pp` as `specs.train_spec` reads it), then pipeline.py's stream (whose
+  the arguments checked (`spec`: a `specs.train_spec`), then pipeline.py's stream (whose
   docstring describes the arguments) of `info`, or of `dataset` in `data_dir`."""
-  spec = check_train_args(pp=pp, batch_size=batch_size, seed=seed, start_step=start_step,
+  check_train_args(spec=spec, batch_size=batch_size, seed=seed, start_step=start_step,
                           process_index=process_index, process_count=process_count,
                           shuffle_buffer=shuffle_buffer, sharding=sharding)
   from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
@@ -36,12 +36,12 @@ def train_iterator(*, split: str, batch_size: int, pp: Any, seed: int,
       shuffle_buffer=shuffle_buffer, cache=cache, prefetch=prefetch, sharding=sharding)
 
 
-def eval_iterator(*, split: str, batch_size: int, pp: Any, dataset: Optional[str] = None,
+def eval_iterator(*, split: str, batch_size: int, spec: specs.Spec, dataset: Optional[str] = None,
                   data_dir: Optional[str] = None, info=None, process_index: int = 0,
                   process_count: int = 1, cache: bool = True) -> tuple[Any, int]:
   """(re-iterable batches of {'image', 'label', 'mask'}, num_batches) for one process: the
-  arguments checked (`pp` as `specs.eval_spec` reads it), then pipeline.py's batches."""
-  spec = check_eval_args(pp=pp, batch_size=batch_size, process_index=process_index,
+  arguments checked (`spec`: a `specs.eval_spec`), then pipeline.py's batches."""
+  check_eval_args(spec=spec, batch_size=batch_size, process_index=process_index,
                          process_count=process_count)
   from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   return pipeline.eval_iterator(info=_info(info, dataset, data_dir), split=split,
@@ -57,27 +57,33 @@ def _info(info, dataset: Optional[str], data_dir: Optional[str]):
   return info_lib.get_info(dataset, data_dir)
 
 
-def check_train_args(*, pp, batch_size, seed, start_step, process_index, process_count,
-                     shuffle_buffer, sharding) -> specs.Spec:
-  """The train stream's arguments checked (UserError naming the bad one); the parsed spec."""
+def check_train_args(*, spec, batch_size, seed, start_step, process_index, process_count,
+                     shuffle_buffer, sharding) -> None:
+  """The train stream's arguments checked (UserError naming the bad one)."""
   if sharding not in SHARDINGS:
     raise UserError(f'unknown data_sharding {sharding!r}: use config.data_sharding=process or '
                     f'global')
-  spec = specs.train_spec(pp)
+  check_spec(spec, train=True)
   check_int('batch_size', batch_size, 1)
   check_int('start_step', start_step, 0)
   check_int('shuffle_buffer', shuffle_buffer, 1)
   check_int('seed', seed, -2**63)
   check_processes(process_index, process_count)
-  return spec
 
 
-def check_eval_args(*, pp, batch_size, process_index, process_count) -> specs.Spec:
-  """The eval batches' arguments checked (UserError naming the bad one); the parsed spec."""
-  spec = specs.eval_spec(pp)
+def check_eval_args(*, spec, batch_size, process_index, process_count) -> None:
+  """The eval batches' arguments checked (UserError naming the bad one)."""
+  check_spec(spec, train=False)
   check_int('batch_size', batch_size, 1)
   check_processes(process_index, process_count)
-  return spec
+
+
+def check_spec(spec, train: bool) -> None:
+  """`spec` is parsed preprocessing of its kind (`specs.train_spec` / `specs.eval_spec`)."""
+  kind = 'train' if train else 'eval'
+  if not isinstance(spec, specs.Spec) or spec.train != train:
+    raise UserError(f'spec must be {kind} preprocessing parsed by specs.{kind}_spec '
+                    f"(e.g. specs.{kind}_spec('resize', 28)), got {spec!r}")
 
 
 def check_int(name: str, value, minimum: int) -> None:
@@ -91,5 +97,5 @@ def check_processes(process_index: int, process_count: int) -> None:
     raise UserError(f'process_index must be in [0, {process_count}), got {process_index!r}')
 
 
-__all__ = ['check_eval_args', 'check_int', 'check_processes', 'check_train_args',
+__all__ = ['check_eval_args', 'check_int', 'check_processes', 'check_spec', 'check_train_args',
            'eval_iterator', 'train_iterator']

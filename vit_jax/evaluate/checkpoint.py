@@ -85,7 +85,7 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
   """The evaluators' `Run` over all local devices, its features cached under `cache_dir`."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import specs  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
   size = batch_size or config.eval_batch_size
@@ -96,7 +96,7 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
   info = data_lib.get_info(config.dataset, config.data_dir)
   return registry.Run(config=config, model=model, mesh=mesh,
                       param_shardings=sharding.replicated(mesh), data=info,
-                      eval_pp=config_pp.eval_pp(config),
+                      eval_pp=specs.of_config(config).eval,
                       cache=features_lib.FeatureCache(cache_dir, identity))
 
 

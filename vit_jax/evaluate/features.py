@@ -96,9 +96,10 @@ class FeatureCache:
     self.directory, self.identity, self.chunk_batches = directory, identity, chunk_batches
     self.key = None
 
-  def for_data(self, dataset_identity: dict, split: str, pp, batch_size: int) -> 'FeatureCache':
-    """This cache narrowed to one dataset split under one preprocessing, read in batches of
-    `batch_size` (which sets the chunks' bounds)."""
+  def for_data(self, dataset_identity: dict, split: str, pp: str,
+               batch_size: int) -> 'FeatureCache':
+    """This cache narrowed to one dataset split under one preprocessing (its op string `pp`),
+    read in batches of `batch_size` (which sets the chunks' bounds)."""
     out = FeatureCache(self.directory, self.identity, self.chunk_batches)
     out.key = digest({'checkpoint': self.identity, 'dataset': dataset_identity, 'split': split,
                       'pp': pp, 'batch_size': int(batch_size), 'chunk': self.chunk_batches})

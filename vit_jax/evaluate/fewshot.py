@@ -1,4 +1,5 @@
-"""Few-shot linear evaluation, as the paper's ablations and scaling figures use it (P §4.1).
+"""Few-shot linear evaluation, as the paper's ablations and scaling figures use it (ViT paper,
+§4.1).
 
 The frozen pre-logit features (what the head sees: the pooled token after the encoder norm, and
 after the pre_logits layer if the model has one) of `shots` training images per class are mapped
@@ -30,6 +31,7 @@ from vit_jax import parallel
 from vit_jax.evaluate import features as features_lib
 from vit_jax.data import pipeline
 from vit_jax.data import specs
+from vit_jax.data import streams
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
 
@@ -118,9 +120,10 @@ class FewShotEvaluator:
 
   def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
                train_split: str, eval_split: str, shots: Sequence[int], l2_reg: float,
-               batch_size: int, pp, cache: bool = True, info=None):
-    """`info`: the dataset's `data.DatasetInfo` when the caller holds it (a run evaluating on its
-    own dataset); else `dataset` is looked up in `data_dir`."""
+               batch_size: int, spec: specs.Spec, cache: bool = True, info=None):
+    """`spec`: the parsed eval preprocessing (`specs.eval_spec`). `info`: the dataset's
+    `data.DatasetInfo` when the caller holds it (a run evaluating on its own dataset); else
+    `dataset` is looked up in `data_dir`."""
     shots = tuple(int(n) for n in shots)
     if not shots or min(shots) < 1:
       raise UserError(f'fewshot.shots={shots} must be positive numbers of examples per class, '
@@ -128,7 +131,7 @@ class FewShotEvaluator:
     if l2_reg < 0:
       raise UserError(f'fewshot.l2_reg={l2_reg} is negative: use a value >= 0, e.g. 1.0')
     self.shots, self.l2_reg, self.mesh = shots, float(l2_reg), mesh
-    spec = specs.eval_spec(pp)
+    streams.check_spec(spec, train=False)
     pcount, pindex = jax.process_count(), jax.process_index()
     local_batch = batch_size // pcount
     info = info or data_lib.get_info(dataset, data_dir)
@@ -148,7 +151,7 @@ class FewShotEvaluator:
         num_batches=-(-max(counts) // local_batch), batch_size=local_batch, spec=spec,
         stored_shape=info.image_shape, read=read)
     self._eval, _ = data_lib.eval_iterator(
-        info=info, split=eval_split, batch_size=local_batch, pp=pp, process_index=pindex,
+        info=info, split=eval_split, batch_size=local_batch, spec=spec, process_index=pindex,
         process_count=pcount, cache=cache)
     self._extract = features_lib.Extractor(model, mesh, param_shardings)
 
@@ -174,7 +177,6 @@ def evaluate_checkpoint(checkpoint_dir: str, *, dataset: Optional[str], data_dir
   """
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import config_pp  # pylint: disable=g-import-not-at-top
   model, params, config = inputs.load_model(checkpoint_dir, averaged=True)
   mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
   if batch_size < 1 or batch_size % mesh.devices.size:
@@ -184,7 +186,8 @@ def evaluate_checkpoint(checkpoint_dir: str, *, dataset: Optional[str], data_dir
   evaluator = FewShotEvaluator(
       model=model, mesh=mesh, param_shardings=sharding.replicated(mesh), dataset=dataset,
       data_dir=data_dir or config.data_dir, train_split=train_split, eval_split=eval_split,
-      shots=shots, l2_reg=l2_reg, batch_size=batch_size, cache=False, pp=config_pp.eval_pp(config))
+      shots=shots, l2_reg=l2_reg, batch_size=batch_size, cache=False,
+      spec=specs.eval_spec(config.pp.eval, config.image_size))
   return dataset, evaluator.num_classes, evaluator(params)
 
 

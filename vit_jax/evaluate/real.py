@@ -48,7 +48,8 @@ class RealEvaluator:
   """`evaluator(params) -> {'accuracy', 'count'}` of a classifier on the ReaL label sets."""
 
   def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
-               split: str, batch_size: int, pp, cache: bool = True):
+               split: str, batch_size: int, spec: specs.Spec, cache: bool = True):
+    """`spec`: the parsed eval preprocessing (`specs.eval_spec`)."""
     self.mesh = mesh
     self._step = self._scoring_step(model, param_shardings)
     pcount, pindex = jax.process_count(), jax.process_index()
@@ -57,7 +58,7 @@ class RealEvaluator:
     if release is not None:
       self._check_classes(model, dataset, len(release.classes))
       self._batches = pipeline.real_label_set_batches(
-          release, split, batch_size=batch_size // pcount, spec=specs.eval_spec(pp),
+          release, split, batch_size=batch_size // pcount, spec=spec,
           process_index=pindex, process_count=pcount)
       return
     # (An embedded dataset, read from its arrays, has no label sets.)
@@ -79,7 +80,7 @@ class RealEvaluator:
     records = pipeline.encoded_records(builder, shares[pindex], IMAGE_KEY, label_set, cache=cache)
     self._batches = pipeline.padded_eval_batches(
         records, count=counts[pindex], num_batches=-(-max(counts) // local_batch),
-        batch_size=local_batch, spec=specs.eval_spec(pp),
+        batch_size=local_batch, spec=spec,
         stored_shape=builder.info.features[IMAGE_KEY].shape, label_shape=(num_classes,))
 
   @staticmethod

@@ -84,7 +84,7 @@ class Run:
   mesh: Any
   param_shardings: Any
   data: Any      # the run's `data.DatasetInfo` (None where a run has no dataset)
-  eval_pp: dict  # the eval preprocessing (`config_pp.eval_pp`)
+  eval_pp: Any  # the run's parsed eval preprocessing (`specs.Spec`)
   eval_fn: Optional[Callable] = None
   cache: Any = None
   _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -103,7 +103,7 @@ class Run:
     run's eval split."""
     batches, _ = data_lib.eval_iterator(
         info=self.info(dataset), split=split or self.config.eval_split,
-        batch_size=self.config.eval_batch_size // jax.process_count(), pp=self.eval_pp,
+        batch_size=self.config.eval_batch_size // jax.process_count(), spec=self.eval_pp,
         process_index=jax.process_index(), process_count=jax.process_count(),
         cache=self.config.cache)
     return batches
@@ -120,7 +120,7 @@ class Run:
       self._memo['extractor'] = features.Extractor(self.model, self.mesh, self.param_shardings)
     info = self.info(dataset)
     # One process only: processes that saw different chunks on disk would gather out of step.
-    cache = (self.cache.for_data(features.dataset_identity(info), split, self.eval_pp,
+    cache = (self.cache.for_data(features.dataset_identity(info), split, str(self.eval_pp.ops),
                                  self.config.eval_batch_size)
              if self.cache is not None and jax.process_count() == 1 else None)
     return self._memo['extractor'](params, self.eval_batches(split, dataset), cache)
@@ -305,7 +305,7 @@ def fewshot(run: Run, dataset: Optional[str] = None, train_split: str = 'train',
   return Evaluation(FewShotEvaluator(
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
       data_dir=c.data_dir, train_split=train_split, eval_split=eval_split, shots=shots,
-      l2_reg=l2_reg, batch_size=c.eval_batch_size, pp=run.eval_pp, cache=c.cache,
+      l2_reg=l2_reg, batch_size=c.eval_batch_size, spec=run.eval_pp, cache=c.cache,
       info=run.info(dataset)))
 
 
@@ -317,7 +317,7 @@ def real(run: Run, dataset: str = 'imagenet2012_real', split: str = 'validation'
   c = run.config
   return Evaluation(RealEvaluator(
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
-      data_dir=c.data_dir, split=split, batch_size=c.eval_batch_size, pp=run.eval_pp,
+      data_dir=c.data_dir, split=split, batch_size=c.eval_batch_size, spec=run.eval_pp,
       cache=c.cache))
 
 
@@ -340,7 +340,7 @@ def robustness(run: Run, sets: str = 'all') -> Evaluation:
   return Evaluation(robustness_lib.RobustnessEvaluator(
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings,
       sets=robustness_lib.set_names(sets), data_dir=c.data_dir, batch_size=c.eval_batch_size,
-      pp=run.eval_pp, cache=c.cache))
+      spec=run.eval_pp, cache=c.cache))
 
 
 def _train_test(run: Run, params, dataset, train_split, test_split):

@@ -45,7 +45,7 @@ class RobustnessEvaluator:
   """`evaluator(params) -> {set: top-1}` of a 1,000-class ImageNet classifier on the sets."""
 
   def __init__(self, *, model, mesh, param_shardings, sets: Sequence[str],
-               data_dir: Optional[str], batch_size: int, pp, cache: bool = True):
+               data_dir: Optional[str], batch_size: int, spec, cache: bool = True):
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
@@ -62,7 +62,7 @@ class RobustnessEvaluator:
       source = info.source
       to_set = (source.scoring if source is not None else robustness.scoring(name)).to_set
       batches, _ = data_lib.eval_iterator(info=info, split='test', batch_size=batch_size // pcount,
-                                          pp=pp, process_index=pindex, process_count=pcount,
+                                          spec=spec, process_index=pindex, process_count=pcount,
                                           cache=cache)
       self.sets[name] = (batches, jnp.asarray(to_set))
 

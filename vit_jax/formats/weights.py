@@ -4,7 +4,7 @@ file, downloaded once.
   ViT-{B/16,B/32,L/16,L/32,H/14}, R50+ViT-B/16 @imagenet21k    gs://vit_models/imagenet21k/...
   ViT-{B/16,B/32,L/16,L/32}, R50+ViT-B/16 @imagenet21k+imagenet2012 (fine-tuned at 384 px;
     ViT-B/16 and ViT-L/16 also @imagenet21k+imagenet2012-224)  gs://vit_models/imagenet21k+imagenet2012/
-  the AugReg paper's recommended models (the original README's table; AR Table 3):
+  the AugReg paper's recommended models (the original README's table; AugReg paper, Table 3):
     NAME@augreg-i21k (pre-trained 300 epochs on ImageNet-21k) and NAME@augreg-i21k+imagenet2012
     (then fine-tuned at 384 px) for ViT-Ti/16, S/16, S/32, B/16, B/32, L/16, R+ViT-Ti/16,
     R26+ViT-S/32, R50+ViT-L/32                                  gs://vit_models/augreg/...

@@ -34,16 +34,16 @@ layer shapes are the same (its head is a 1x1 conv with bias: the same count).
 
 Differences between the references (read, not run):
 - Weight standardisation: bit_jax and big_vision bit_paper.py sqrt(var + 1e-10) (this module);
-  timm's BiT models sqrt(var + 1e-8); the ViT hybrid (VJ, big_vision bit.py) std + 1e-5.
-- GroupNorm: bit_jax and bit_paper.py have their own, eps 1e-5, two-pass variance, params stored
-  [1,1,1,C]; timm GroupNormAct eps 1e-5, params [C]; the hybrid flax's, eps 1e-6, E[x^2]-E[x]^2.
-  Here flax's GroupNorm with eps 1e-5 and the two-pass variance; params [C] as the hybrid's.
-- Root max-pool: bit_jax pads with zeros then pools 'VALID', and timm's 'fixed' BiT stem does the
-  same (ConstantPad2d(1, 0)); as no ReLU precedes the pool, a zero pad can win the max where the
-  conv output is negative. big_vision bit_paper.py pads the pool with -inf (flax max_pool's
-  explicit padding), which differs on the border. This module follows bit_jax (zeros).
-- Padding: bit_jax, bit_paper.py and timm pad symmetrically (3 for 7x7, 1 for 3x3); the hybrid
-  uses TF 'SAME', which is asymmetric for stride 2 on even sizes.
+  timm's BiT models sqrt(var + 1e-8); the ViT hybrid (the original vision_transformer code,
+  big_vision's bit.py) std + 1e-5. - GroupNorm: bit_jax and bit_paper.py have their own, eps 1e-5,
+  two-pass variance, params stored [1,1,1,C]; timm GroupNormAct eps 1e-5, params [C]; the hybrid
+  flax's, eps 1e-6, E[x^2]-E[x]^2. Here flax's GroupNorm with eps 1e-5 and the two-pass variance;
+  params [C] as the hybrid's. - Root max-pool: bit_jax pads with zeros then pools 'VALID', and
+  timm's 'fixed' BiT stem does the same (ConstantPad2d(1, 0)); as no ReLU precedes the pool, a zero
+  pad can win the max where the conv output is negative. big_vision bit_paper.py pads the pool with
+  -inf (flax max_pool's explicit padding), which differs on the border. This module follows bit_jax
+  (zeros). - Padding: bit_jax, bit_paper.py and timm pad symmetrically (3 for 7x7, 1 for 3x3); the
+  hybrid uses TF 'SAME', which is asymmetric for stride 2 on even sizes.
 - big_vision bit.py is a ResNet v1 (post-activation, gn3 scale 0, GroupNorm after conv_proj): the
   hybrid stem's unit (models/resnet.py), not BiT.
 - Head: bit_jax names it conv_head, bit_paper.py and this module `head`; timm uses a 1x1 conv

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import resnet as resnet_lib
-from vit_jax.models import variants
 from vit_jax.models.bit import BiT
 from vit_jax.models.mixer import MlpMixer
 from vit_jax.models import vit as vit_lib
@@ -50,25 +49,6 @@ def compiled_flops(model: nn.Module, image_shape: Sequence[int], batch: int, *,
   if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
     analysis = analysis[0]
   return float(analysis['flops'])
-
-
-def largest_activation(model_name: str, image_size: int, batch: int) -> int:
-  """Values in the largest activation of `model_name` on `batch` images of `image_size` px, from
-  its shape alone: batch x the larger of the transformer's tokens x width (patches + 1) and a
-  ResNet's first feature map (image / 4 squared x channels after the stem or its first stage)."""
-  cls, kwargs = variants.decode(model_name)
-  if cls is MlpMixer:  # tokens x the channel-mixing MLP's hidden width
-    return batch * (image_size // kwargs['patch_size'][0]) ** 2 * kwargs['channels_mlp_dim']
-  if 'hidden_size' in kwargs:  # a ViT or a hybrid
-    resnet, patch = kwargs['resnet'], kwargs['patch_size'][0]
-    stride = patch * (resnet.stride if resnet is not None else 1)
-    per_image = ((image_size // stride) ** 2 + 1) * kwargs['hidden_size']
-    if resnet is not None:
-      channels = resnet.width * (4 if resnet.num_layers else 1)
-      per_image = max(per_image, (image_size // 4) ** 2 * channels)
-  else:  # a BiT: its first stage's output
-    per_image = (image_size // 4) ** 2 * 4 * int(64 * kwargs['width_factor'])
-  return batch * per_image
 
 
 def flops(model: nn.Module, image_shape: Sequence[int], *, backward: bool = False) -> Flops:

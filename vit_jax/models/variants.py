@@ -12,7 +12,7 @@ from typing import Any, Dict, Tuple
 from vit_jax.errors import UserError
 from vit_jax.models.bit_width import root_width
 
-# Transformer shape of each base (P Table 1; Mu and Ze are small CPU bases for 28 px).
+# Transformer shape of each base (ViT paper, Table 1; Mu and Ze are small CPU bases for 28 px).
 BASES: Dict[str, Dict[str, int]] = {
     'Ti': dict(hidden_size=192, num_layers=12, num_heads=3, mlp_dim=768),
     'S': dict(hidden_size=384, num_layers=12, num_heads=6, mlp_dim=1536),
@@ -26,9 +26,10 @@ BASES: Dict[str, Dict[str, int]] = {
 # Hybrid name -> (base, ResNet units per stage (() = stem only), ViT patch size on the feature map).
 HYBRIDS: Dict[str, Tuple[str, Tuple[int, ...], int]] = {
     'R50+ViT-B/16': ('B', (3, 4, 9), 1),       # stage 4 removed, its units moved into stage 3
-    'R50+ViT-B/32': ('B', (3, 4, 6, 3), 1),    # standard R50 (P Tab.6); not in the VJ model test
+    # Standard R50 (ViT paper, Table 6); not in the original vision_transformer code's model test.
+    'R50+ViT-B/32': ('B', (3, 4, 6, 3), 1),
     'R50+ViT-L/32': ('L', (3, 4, 6, 3), 1),
-    'R50+ViT-L/16': ('L', (3, 4, 9), 1),       # as R50+ViT-B/16 (P Tab.3 and Tab.6)
+    'R50+ViT-L/16': ('L', (3, 4, 9), 1),       # as R50+ViT-B/16 (ViT paper, Tables 3 and 6)
     'R26+ViT-S/32': ('S', (2, 2, 2, 2), 1),
     'R26+ViT-B/32': ('B', (2, 2, 2, 2), 1),
     'R+ViT-Ti/16': ('Ti', (), 8),              # stem stride 4 x patch 8: 7x7 grid (50 tokens) @224

@@ -105,7 +105,7 @@ CHIPS: Tuple[Chip, ...] = (
 # NVIDIA GPUs with fp8 tensor cores: compute capability 8.9 (Ada Lovelace) and later (Hopper 9.0).
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
-MATMUL_SIZE = 2048  # the measured matmul: the fastest of the sizes 1024-4096 on the CPUs here
+MATMUL_SIZE = 2048  # the side of the square matmul timed for a chip's measured peak
 
 
 def find_chip(device_kind: str) -> Optional[Chip]:

@@ -15,7 +15,7 @@ import importlib.util
 import os
 import shutil
 import sys
-from typing import Callable, Dict, MutableMapping, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from vit_jax.errors import UserError
 
@@ -103,16 +103,5 @@ def variant_flags(name: str) -> Tuple[str, ...]:
   return XLA_GPU_FLAGS[name][0]
 
 
-def apply_flags(environ: MutableMapping[str, str], name: str = DEFAULT_VARIANT) -> None:
-  """Appends variant `name`'s flags to environ['XLA_FLAGS'] (before JAX starts), replacing any
-  earlier value of the same flag; only where a CUDA build of JAX is installed."""
-  flags = variant_flags(name)
-  if not flags or not cuda_jax_installed():
-    return
-  names = {f.split('=')[0] for f in flags}
-  kept = [f for f in environ.get('XLA_FLAGS', '').split() if f.split('=')[0] not in names]
-  environ['XLA_FLAGS'] = ' '.join([*kept, *flags])
-
-
 __all__ = ['XLA_GPU_FLAGS', 'DEFAULT_VARIANT', 'INSTALL_COMMAND', 'nvidia_gpu_present',
-           'cuda_jax_installed', 'install_hint', 'cudnn_available', 'variant_flags', 'apply_flags']
+           'cuda_jax_installed', 'install_hint', 'cudnn_available', 'variant_flags']

@@ -5,8 +5,9 @@ A bundle is a directory:
                and by timm's npz loader)
   model.json   {"format": "vit_jax.bundle", "version": 1, "model_name", "num_classes", "options"
                (create_model overrides), "image_size", "channels", "class_names",
-               "preprocess": {"crop", "resize", "decode_channels", and "ops" for a run whose
-               eval preprocessing is a list of ops}, "output": softmax | sigmoid,
+               "preprocess": {"ops" (the eval op list, vit_jax/data/ops.py), "decode_channels",
+               "sources" (the files that register its ops defined outside vit_jax)},
+               "output": softmax | sigmoid,
                "source"}
 
 `Bundle` is also what `predict`, `export` and `convert` load from any source (`resolve`): a training
@@ -30,12 +31,12 @@ from vit_jax.checkpoint import restore
 from vit_jax.models import posemb_resize
 from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options, input_channels
 from vit_jax import tasks
-from vit_jax.data import config_pp
+from vit_jax.data import ops
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 
 FORMAT = 'vit_jax.bundle'
-VERSION = 1
+VERSION = 2  # version 1 described its preprocessing by crop and resize keys
 PARAMS_FILE = 'params.npz'
 MODEL_FILE = 'model.json'
 PARAM_SUFFIXES = ('.npz', '.safetensors')
@@ -44,32 +45,30 @@ OUTPUTS = ('softmax', 'sigmoid')
 
 @dataclasses.dataclass
 class Bundle:
-  """Params and how to run them. `crop`/`resize` are the eval preprocessing (`specs.eval_spec`),
-  or `ops` (a list of registered ops, vit_jax/data/ops.py) when set; images are decoded to
-  `decode_channels` first."""
+  """Params and how to run them. `ops` is the eval preprocessing (a list of registered ops,
+  vit_jax/data/ops.py; `op_sources`: the files that register those defined outside vit_jax);
+  images are decoded to `decode_channels` first."""
   spec: ModelSpec
   params: Dict[str, Any]
   class_names: Tuple[str, ...]
-  crop: str = 'resize'
-  resize: Optional[int] = None
+  ops: str = 'resize'
   decode_channels: int = 3
   output: str = 'softmax'
   source: Dict[str, Any] = dataclasses.field(default_factory=dict)
-  ops: Optional[str] = None
+  op_sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
-  def eval_spec(self):
-    if self.ops:
-      return specs.eval_spec(dict(ops=self.ops, image_size=self.spec.image_size))
-    return specs.eval_spec(dict(crop=self.crop, image_size=self.spec.image_size,
-                                resize=self.resize or self.spec.image_size,
-                                channels=self.spec.channels))
+  def eval_spec(self) -> specs.Spec:
+    """The parsed eval ops, ending in the model's channels when they are not those decoded."""
+    spec = specs.eval_spec(self.ops, self.spec.image_size)
+    if spec.channels is None and self.decode_channels != self.spec.channels:
+      spec = specs.eval_spec(f'{self.ops}|channels({self.spec.channels})', self.spec.image_size)
+    return spec
 
   def to_json(self) -> Dict[str, Any]:
     return {'format': FORMAT, 'version': VERSION, **self.spec.to_dict(),
             'class_names': list(self.class_names),
-            'preprocess': {'crop': self.crop, 'resize': self.resize,
-                           'decode_channels': self.decode_channels,
-                           **({'ops': self.ops} if self.ops else {})},
+            'preprocess': {'ops': self.ops, 'decode_channels': self.decode_channels,
+                           'sources': self.op_sources},
             'output': self.output, 'source': self.source}
 
 
@@ -117,14 +116,16 @@ def from_workdir(workdir: Optional[str], checkpoint: Optional[str] = None,
 
 def _from_step_dir(step_dir, data_dir: Optional[str]) -> Bundle:
   params, config = restore.load_checkpoint(step_dir)
+  op_sources = restore.load_facts(step_dir).get('ops') or {}
+  ops.OPS.load_sources(op_sources, str(step_dir))
   task = tasks.get_task(config)
   spec = task.model_spec(params)
   source = {'checkpoint': str(step_dir), 'dataset': config.dataset}
   names, source['class_names'] = _class_names(config, step_dir, spec.num_classes, data_dir)
-  pp = config_pp.eval_pp(config)  # the eval preprocessing policy
+  eval_spec = specs.eval_spec(config.pp.eval, config.image_size)
   return Bundle(spec=spec, params=fitted(spec, params, str(step_dir)), class_names=names,
-                crop=pp.get('crop', 'resize'), resize=pp.get('resize'), ops=pp.get('ops'),
-                decode_channels=spec.channels if config.pp.channels is None else 3,
+                ops=config.pp.eval, op_sources=op_sources,
+                decode_channels=spec.channels if eval_spec.channels is None else 3,
                 output=task.output, source=source)
 
 
@@ -189,8 +190,8 @@ def at_image_size(bundle: Bundle, image_size: int) -> Bundle:
   spec = dataclasses.replace(bundle.spec, image_size=int(image_size))
   params = posemb_resize.params_at_image_size(bundle.params, spec.build(), old,
                                               spec.image_size)
-  resize = round(bundle.resize * image_size / old) if bundle.resize else None
-  return dataclasses.replace(bundle, spec=spec, resize=resize,
+  ops = specs.eval_spec(bundle.ops, old).ops.at_size(spec.image_size)
+  return dataclasses.replace(bundle, spec=spec, ops=str(ops),
                              params=fitted(spec, params, f'at {image_size}x{image_size}'),
                              source={**bundle.source, 'resized_from': old})
 
@@ -229,12 +230,13 @@ def load(path: str) -> Bundle:
                     f'version {VERSION}: re-export the bundle with this version')
   spec = ModelSpec.from_dict(meta, source=model_file)
   pp = meta.get('preprocess') or {}
+  ops.OPS.load_sources(dict(pp.get('sources') or {}), model_file)
   names = tuple(str(n) for n in meta.get('class_names') or _index_names(spec.num_classes))
   if len(names) != spec.num_classes or meta.get('output', 'softmax') not in OUTPUTS:
     raise UserError(f'{model_file}: class_names or output do not fit the model: re-export it')
   params = npz.load_npz(os.path.join(path, PARAMS_FILE))
   return Bundle(spec=spec, params=fitted(spec, params, path), class_names=names,
-                crop=pp.get('crop', 'resize'), resize=pp.get('resize'), ops=pp.get('ops'),
+                ops=pp.get('ops') or 'resize', op_sources=dict(pp.get('sources') or {}),
                 decode_channels=int(pp.get('decode_channels', spec.channels)),
                 output=meta.get('output', 'softmax'), source={'bundle': path})
 

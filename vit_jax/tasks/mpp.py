@@ -1,4 +1,5 @@
-"""Masked patch prediction: the paper's self-supervised pre-training (P §4.6 and App. B.1.2).
+"""Masked patch prediction: the paper's self-supervised pre-training (ViT paper, §4.6 and App.
+B.1.2).
 
 Per image, `ratio` (50%) of the patch embeddings are selected and corrupted: with probability
 `mask_prob` (80%) replaced by a learnable [mask] embedding, with `random_prob` (10%) by the

@@ -29,17 +29,17 @@ from vit_jax import evaluate as evaluate_lib
 from vit_jax import parallel
 from vit_jax.checkpoint import train_ckpt
 from vit_jax.data import identity
+from vit_jax.data import ops as ops_lib
 from vit_jax.train import transfer
 from vit_jax.errors import UserError
 from vit_jax.parallel import memory
-from vit_jax.train import feed as feed_lib
-from vit_jax.train import guards
-from vit_jax.train import lock as lock_lib
-from vit_jax.train import logs
+from vit_jax.run import feed as feed_lib
+from vit_jax.run import guards
+from vit_jax.run import lock as lock_lib
+from vit_jax.run import logs
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
-from vit_jax.train import workdir as workdir_lib
-from vit_jax.data.config_pp import eval_pp, train_pp
+from vit_jax.run import workdir as workdir_lib
 
 
 def _mean_metrics(history: list) -> dict:
@@ -156,9 +156,13 @@ def _start(prog, ckpt, workdir, allow_config_change, facts):
 def run_facts(prog) -> dict:
   """What a checkpoint records of the data it was trained on (checked again on resume): the class
   count and input shape, and the dataset's class names, split sizes and fingerprint
-  (`vit_jax.data.identity`; absent for a dataset that cannot be read)."""
+  (`vit_jax.data.identity`; absent for a dataset that cannot be read), and the files that
+  registered the preprocessing ops the config names outside vit_jax (`ops`; absent if none)."""
   facts = {'num_classes': int(prog.num_classes),
            'image_shape': [int(d) for d in prog.image_shape]}
+  sources = ops_lib.OPS.sources(prog.pp.op_names())
+  if sources:
+    facts['ops'] = sources
   data = identity.identify(prog.data)
   if data is not None:
     facts['data'] = data
@@ -184,7 +188,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   config_json, facts = config.to_dict(), run.facts
   evaluators = evaluate_lib.periodic_evaluators(config, evaluate_lib.Run(
       config=config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
-      data=prog.data, eval_pp=eval_pp(config), eval_fn=prog.eval_fn))
+      data=prog.data, eval_pp=prog.pp.eval, eval_fn=prog.eval_fn))
   results = {}  # the newest metrics of each evaluator
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
@@ -192,7 +196,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   if start_step < total_steps:
     train_data = data_lib.train_iterator(
         info=prog.data, split=config.train_split,
-        batch_size=prog.local_batch, pp=train_pp(config), seed=config.seed, start_step=start_step,
+        batch_size=prog.local_batch, spec=prog.pp.train, seed=config.seed, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count(),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache, prefetch=config.prefetch,
         sharding=config.data_sharding)

@@ -1,4 +1,5 @@
-"""Polyak averaging of the parameters (P Tab.2: factor 0.9999 for the ImageNet headline numbers).
+"""Polyak averaging of the parameters (ViT paper, Table 2: factor 0.9999 for the ImageNet headline
+numbers).
 
 An exponential moving average, updated after every step from the new parameters,
   avg_t = decay * avg_{t-1} + (1 - decay) * params_t,  avg_0 = params_0,

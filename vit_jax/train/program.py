@@ -3,7 +3,8 @@
 `build_program(config, devices)` resolves the dataset facts and the step count, builds the mesh,
 the model, the optimizer, the abstract train state and its shardings (parameters
 are born sharded from `init_fn`), and the jitted train and eval steps of the chosen parallel path.
-The run's task (`tasks.Task`) comes from the config's one validation and rides on the program.
+The run's task (`tasks.Task`) and parsed preprocessing (`specs.Preprocessing`) come from the
+config's one validation and ride on the program.
 The training loop runs it; `compile_only` and the benchmarks compile it without training.
 """
 
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import data as data_lib
-from vit_jax.data import config_pp
+from vit_jax.data import specs
 from vit_jax import models
 from vit_jax import parallel
 from vit_jax.errors import UserError
@@ -43,6 +44,7 @@ class Program:
   mesh: jax.sharding.Mesh
   model: Any
   task: tasks.Task           # what the run optimises and how it is scored
+  pp: specs.Preprocessing    # the train and eval op lists, parsed once by the validation
   tx: Any                    # the optax transformation (its state is part of the train state)
   num_classes: int           # outputs of the head (masked patch prediction: colour classes)
   num_train: int             # train examples (0 if the dataset is absent in compile-only mode)
@@ -159,7 +161,8 @@ def resolve_steps(config, num_train_examples: int) -> int:
   return steps
 
 
-def dataset_facts(config, task: tasks.Task, require_dataset: bool = True, info=None):
+def dataset_facts(config, task: tasks.Task, pp: specs.Preprocessing,
+                  require_dataset: bool = True, info=None):
   """(num_classes, train examples, input channels, the dataset's info) of the configured dataset
   for `task`.
 
@@ -167,7 +170,7 @@ def dataset_facts(config, task: tasks.Task, require_dataset: bool = True, info=N
   run and passed on to the pipelines, the evaluators and the checkpoint's record of the data.
   Without `require_dataset` (compile-only, benchmarks) a dataset that is not prepared here is
   fine when `num_classes` is set (channels from the train ops, else 3; 0 train examples; no
-  info). The channels are what the train preprocessing gives (`config_pp.input_channels`).
+  info). The channels are what the train preprocessing gives (`pp.input_channels`).
   `info`: the info already looked up (the train command does, before JAX loads).
   """
   try:
@@ -175,9 +178,9 @@ def dataset_facts(config, task: tasks.Task, require_dataset: bool = True, info=N
   except UserError:
     if require_dataset or not config.num_classes:
       raise
-    return config.num_classes, 0, config_pp.input_channels(config, None), None
+    return config.num_classes, 0, pp.input_channels(None), None
   return (head_width(config, info.num_classes, task), info.num_examples(config.train_split),
-          config_pp.input_channels(config, info.image_shape[-1]), info)
+          pp.input_channels(info.image_shape[-1]), info)
 
 
 def head_width(config, dataset_classes: int, task: tasks.Task) -> int:
@@ -304,24 +307,26 @@ def check_placement(config, devices: Optional[list] = None) -> Placement:
 
 def build_program(config, devices: Optional[list] = None, *,
                   require_dataset: Optional[bool] = None,
-                  task: Optional[tasks.Task] = None, info=None) -> Program:
+                  checked: Optional[validate.Checked] = None, info=None) -> Program:
   """Resolves and compiles (lazily, at first call) everything a config describes, building the
   mesh and the model once.
 
-  The config is validated first (`validate.check_config`, which resolves the run's task) unless
-  the caller did and passes its `task` (the train command, before it joins a distributed run), and
-  likewise the dataset's `info`.
+  The config is validated first (`validate.check_config`, which resolves the run's task and
+  parses its preprocessing) unless the caller did and passes what it returned, `checked` (the
+  train command, before it joins a distributed run), and likewise the dataset's `info`.
   `require_dataset` (default: not in compile-only mode) says whether the dataset must exist. With
   `config.compile_for` the devices are that TPU slice's or GPU's, described by its compiler
   (`vit_jax/platform/targets.py`): the program can be compiled, not run.
   """
-  if task is None:
-    task = validate.check_config(config)
+  if checked is None:
+    checked = validate.check_config(config)
+  task = checked.task
   placement = check_placement(config, devices)
   mesh = placement.mesh
   if require_dataset is None:
     require_dataset = not (config.compile_only or config.compile_for)
-  num_classes, num_train, channels, data = dataset_facts(config, task, require_dataset, info)
+  num_classes, num_train, channels, data = dataset_facts(config, task, checked.pp,
+                                                         require_dataset, info)
   num_classes = task.num_outputs(num_classes, channels)  # masked patch prediction: 8**C
   # Compile-only without the dataset: epochs cannot be counted, and the step count is only an
   # argument of the compiled step (the learning-rate schedule's length).
@@ -347,7 +352,7 @@ def build_program(config, devices: Optional[list] = None, *,
   train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
   eval_fn = steps_lib.compile_eval_step(task.eval_step(model, num_classes), mesh,
                                         state_shardings.params)
-  return Program(config=config, mesh=mesh, model=model, task=task, tx=tx,
+  return Program(config=config, mesh=mesh, model=model, task=task, pp=checked.pp, tx=tx,
                  num_classes=num_classes, num_train=num_train, data=data, total_steps=total_steps,
                  image_shape=image_shape, hyper=hyper, init_fn=init_fn, init_rng=init_rng,
                  dropout_rng=dropout_rng,

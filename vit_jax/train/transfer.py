@@ -3,7 +3,8 @@
 `config.init` names a training workdir (its newest checkpoint), one checkpoint step directory
 (`<workdir>/checkpoints/<step>`), an .npz file in any layout `load_npz` reads, or official weights
 by name (`ViT-B/16@imagenet21k`; `python -m vit_jax weights` lists them). Every parameter of
-the new model is taken from the checkpoint, except (P §3.2, App. B.1.1; the original `checkpoint.py`):
+the new model is taken from the checkpoint, except (ViT paper, §3.2, App. B.1.1; the original
+`checkpoint.py`):
 
   head        the new model's own freshly initialised head (zero kernel) for the new class count
   pre_logits  dropped, unless the new model has one (config.model.representation_size set): then
@@ -106,7 +107,9 @@ def _check_channels(loaded, target, what: str) -> None:
   have, want = _input_channels(loaded), _input_channels(target)
   if have is not None and want is not None and have != want:
     raise UserError(f'{what} was trained on {have}-channel images and this run feeds '
-                    f'{want}-channel ones: set config.pp.channels={have} (images are converted: '
+                    f'{want}-channel ones: end config.pp.train and config.pp.eval with '
+                    f'channels({have}) '
+                    f'(images are converted: '
                     f'grayscale tiled to RGB, RGB to its luma), or start from a checkpoint '
                     f'trained on {want}-channel images')
 

@@ -6,19 +6,19 @@ range of `RANGES`, the variant and its `config.model` options (the one check of 
 `models.check_options`, with the task's own options applied), the preprocessing ops and
 evaluators the config names (their registries: vit_jax/data/ops.py, vit_jax/evaluate/registry.py),
 then the combinations that no single key shows. It runs once per run, in the train command right
-after parsing flags, else in `build_program`, and returns the run's task (`tasks.get_task`), which
-the run passes on.
+after parsing flags, else in `build_program`, and returns what it resolved (`Checked`: the run's
+task, `tasks.get_task`, and its parsed preprocessing, `specs.of_config`), which the run passes on.
 
 Messages name the key as `config.<key>`; the command line spells it as the flag `config.<key>`
 (vit_jax/cli.py).
 """
 
+import dataclasses
 import importlib
 from typing import Any, Callable, Tuple
 
 from vit_jax import models
 from vit_jax import tasks
-from vit_jax.data import config_pp
 from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.evaluate import registry as evaluators
@@ -106,18 +106,26 @@ def check_choices(config) -> None:
                       f'{", ".join(map(str, valid))}')
 
 
-def check_registered(config) -> None:
-  """The preprocessing ops (`pp.*`, `randaug.*`) and the evaluator entries (`evals`) a config names:
-  registered, their arguments fitting (vit_jax/registry.py); eval ops deterministic."""
-  specs.train_spec(config_pp.train_pp(config))
-  specs.eval_spec(config_pp.eval_pp(config))
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  """What the one validation resolved, passed on by the run: its task and preprocessing."""
+  task: tasks.Task
+  pp: specs.Preprocessing
+
+
+def check_registered(config) -> specs.Preprocessing:
+  """The preprocessing ops (`pp.train`, `pp.eval`) and the evaluators (`evaluators`) a config
+  names: registered, their arguments fitting (vit_jax/registry.py); eval ops deterministic. The
+  parsed preprocessing."""
+  pp = specs.of_config(config)
   evaluators.check(config)
+  return pp
 
 
-def check_config(config) -> tasks.Task:
+def check_config(config) -> Checked:
   """Every mistake a config alone shows, found before devices or data are touched; the run's
-  task. Everything up to the model's options is checked before JAX is imported; the options a
-  family does not have are read from its Flax module's fields, last."""
+  task and parsed preprocessing. Everything up to the model's options is checked before JAX is
+  imported; the options a family does not have are read from its Flax module's fields, last.
   check_choices(config)
   check_values(config)
   if config.total_steps:  # counted in epochs, the steps are known once the dataset is
@@ -126,13 +134,13 @@ def check_config(config) -> tasks.Task:
   options = task.model_options(config.model.to_dict())
   models.variants.family(config.model_name)  # an unknown variant: one line listing the valid ones
   models.option_values.check_values(options, prefix='config.model.')
-  check_registered(config)
+  pp = check_registered(config)
   if config.model.classifier == 'unpooled':
     raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '
                     'cannot score: train with config.model.classifier=token or gap')
   models.check_options(config.model_name, options, prefix='config.model.')  # loads Flax
-  return task
+  return Checked(task, pp)
 
 
-__all__ = ['CHOICES', 'RANGES', 'check_choices', 'check_config', 'check_registered',
+__all__ = ['CHOICES', 'Checked', 'RANGES', 'check_choices', 'check_config', 'check_registered',
            'check_values']

@@ -13,7 +13,7 @@ per step and achieved GFLOP/s.
 
 Kernel classes (`KERNEL_CLASSES`: GEMMs, attention, LayerNorm, elementwise, softmax, optimizer,
 copies and transposes, padding) compare two implementations of the same step, ours against
-timm's (vit_jax/benchmarking/timm_side.py): `hlo_kernel_class` files our kernels by their HLO,
+timm's (vit_jax/tools/benchmarking/timm_side.py): `hlo_kernel_class` files our kernels by their HLO,
 `kernel_class` any kernel by its name alone (cuBLAS/CUTLASS GEMMs, cuDNN and flash attention,
 torch.compile's Triton kernels, XLA's fusions, ATen ops), `class_table` lines them up. The
 attention core (QK, softmax, AV, whatever kernels run it) counts as attention on both sides, so a

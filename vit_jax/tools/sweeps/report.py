@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vit_jax.fileio import files_for
-from vit_jax.sweeps.spec import SEED, Sweep
+from vit_jax.tools.sweeps.spec import SEED, Sweep
 
 Setting = Tuple[Tuple[str, Any], ...]
 

@@ -16,8 +16,8 @@ import time
 from typing import Callable, Optional
 
 from vit_jax import fileio
-from vit_jax.train import curve
-from vit_jax.train import events
+from vit_jax.run import curve
+from vit_jax.run import events
 from vit_jax.errors import UserError
 
 

@@ -11,8 +11,8 @@ from typing import Optional
 
 import numpy as np
 
-from vit_jax.benchmarking import ours
-from vit_jax.benchmarking import profile as profile_lib
+from vit_jax.tools.benchmarking import ours
+from vit_jax.tools.benchmarking import profile as profile_lib
 from vit_jax.errors import UserError
 from vit_jax.platform import cpus
 from vit_jax.platform import chips
@@ -89,7 +89,7 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   if compare_with is None:
     result.update(prepared.measure(steps))
   else:
-    from vit_jax.benchmarking import timm_side  # pylint: disable=g-import-not-at-top  # torch
+    from vit_jax.tools.benchmarking import timm_side  # pylint: disable=g-import-not-at-top  # torch
     train_step, infer_step = timm_side.steps(config.model_name, config.batch_size,
                                              config.image_size, config.model.dtype)
     theirs_step = train_step if mode == 'train' else infer_step

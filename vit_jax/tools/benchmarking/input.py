@@ -18,11 +18,12 @@ from typing import Dict
 import numpy as np
 
 from vit_jax import data as data_lib
+from vit_jax.data import specs
 from vit_jax.platform import cpus
 
 # Typical ImageNet image shapes (width, height); the release's mean is about 400 x 350.
 SHAPES = ((500, 375), (500, 333), (375, 500), (500, 500), (640, 480), (400, 300), (333, 500))
-PP = dict(crop='inception', image_size=224, flip=True)  # configs/pretrain.py's train crop
+PP, SIZE = 'inception_crop|flip', 224  # configs/pretrain.py's train preprocessing
 
 
 def synthetic_release(root: str, count: int = 256, classes: int = 8) -> Dict[str, str]:
@@ -76,7 +77,7 @@ def stream_rate(dataset: str, split: str, data_dir: str, batch_size: int, count:
                 batches: int) -> float:
   """img/s of the train stream of `dataset` after a warm-up of one epoch (`count` images)."""
   it = data_lib.train_iterator(dataset=dataset, split=split, data_dir=data_dir,
-                               batch_size=batch_size, pp=PP, seed=0, shuffle_buffer=count,
+                               batch_size=batch_size, spec=specs.train_spec(PP, SIZE), seed=0, shuffle_buffer=count,
                                cache=True)
   for _ in range(-(-count // batch_size) + 1):
     next(it)

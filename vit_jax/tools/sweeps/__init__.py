@@ -12,12 +12,12 @@ import concurrent.futures
 from typing import Callable, Optional
 
 from vit_jax.fileio import files_for
-from vit_jax.sweeps import report
-from vit_jax.sweeps import runner
-from vit_jax.sweeps import spec as spec_lib
-from vit_jax.sweeps import study as study_lib
-from vit_jax.sweeps import worker
-from vit_jax.sweeps.spec import Run, Sweep, load
+from vit_jax.tools.sweeps import report
+from vit_jax.tools.sweeps import runner
+from vit_jax.tools.sweeps import spec as spec_lib
+from vit_jax.tools.sweeps import study as study_lib
+from vit_jax.tools.sweeps import worker
+from vit_jax.tools.sweeps.spec import Run, Sweep, load
 
 HEARTBEAT_S = 60
 
@@ -39,7 +39,7 @@ def run_sweep(spec_path: str, workdir: str, *, launcher: str = 'process', parall
   if heartbeat_s < 1:
     from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
     raise UserError(f'--heartbeat={heartbeat_s}: a running trial beats every N >= 1 seconds')
-  from vit_jax.train import lock as lock_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock as lock_lib  # pylint: disable=g-import-not-at-top
   url = study_lib.storage_url(workdir, storage)
   exclusive = storage is None
   files_for(workdir).makedirs(workdir)

@@ -28,7 +28,7 @@ from typing import Callable, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import files_for, is_remote
-from vit_jax.sweeps.spec import Run, Sweep
+from vit_jax.tools.sweeps.spec import Run, Sweep
 
 RESULT = 'sweep_result.json'
 POLL_S = 0.5      # how often a running trainer's metrics are read
@@ -99,7 +99,7 @@ def log_path(workdir: str) -> str:
 
 def final_eval(run_workdir: str) -> Optional[dict]:
   """The last 'eval' record of a run's metrics.jsonl."""
-  from vit_jax.train import logs  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import logs  # pylint: disable=g-import-not-at-top
   records = logs.read_metrics(os.path.join(run_workdir, 'metrics.jsonl'))
   evals = [r for r in records if r['split'] == 'eval']
   return evals[-1] if evals else None
@@ -167,7 +167,7 @@ class _Trainers:
     """Runs one trainer to its end; its exit status (None: not started, the sweep stops). While
     it runs, `poll()` is called every POLL_S seconds; once it returns True the trainer gets a
     SIGTERM (it saves a checkpoint and stops)."""
-    from vit_jax.train import guards  # pylint: disable=g-import-not-at-top
+    from vit_jax.run import guards  # pylint: disable=g-import-not-at-top
     with self._guard:
       if self.stopping:
         return None
@@ -199,7 +199,7 @@ class _Trainers:
 def run_one(sweep: Sweep, run: Run, workdir: str, launcher: str, trainers: _Trainers, *,
             reporter=None, lock_wait_s: float = 0.0) -> Outcome:
   """Trains one run to its end (or until `reporter.poll()` says to prune it)."""
-  from vit_jax.train import lock  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import lock  # pylint: disable=g-import-not-at-top
   files_for(workdir).makedirs(workdir)
   holder = lock.holder(workdir)
   deadline = time.monotonic() + lock_wait_s

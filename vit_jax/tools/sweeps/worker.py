@@ -21,9 +21,9 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from vit_jax.sweeps import runner
-from vit_jax.sweeps import study as study_lib
-from vit_jax.sweeps.spec import Run, Sweep
+from vit_jax.tools.sweeps import runner
+from vit_jax.tools.sweeps import study as study_lib
+from vit_jax.tools.sweeps.spec import Run, Sweep
 
 POLL_S = 0.5
 
@@ -57,7 +57,7 @@ class Reporter:
     """Reports what is new; True once the run is to be pruned."""
     if self.pruned is not None:
       return True
-    from vit_jax.train import logs  # pylint: disable=g-import-not-at-top
+    from vit_jax.run import logs  # pylint: disable=g-import-not-at-top
     records = logs.read_metrics(self.path)
     evals = [r for r in records if r['split'] == 'eval' and self.metric in r]
     newest = max((r['step'] for r in records), default=0)

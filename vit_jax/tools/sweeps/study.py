@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
-from vit_jax.sweeps.spec import PRUNERS, Run, Sweep
+from vit_jax.tools.sweeps.spec import PRUNERS, Run, Sweep
 
 DB_FILE = 'study.db'
 MAX_RETRY = 3

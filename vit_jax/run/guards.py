@@ -18,9 +18,8 @@
   refuse_mismatch    resuming a checkpoint of another config or on changed data (unless
                      allowed), or one whose arrays have other shapes than this run's (never
                      allowed: another model, class count or input shape), is one line naming
-                     the cause; the checkpoints stay as they are. So is a run recorded on the
-                     NumPy streams earlier versions fed the embedded datasets through
-                     (`numpy_streams`): no stream gives its batches any more.
+                     the cause; the checkpoints stay as they are. So is a checkpoint of an
+                     earlier state of vit_jax (`checkpoint.versions.refuse_earlier`).
 """
 
 import contextlib
@@ -33,7 +32,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from vit_jax import interrupt
-from vit_jax.data import catalog
+from vit_jax.checkpoint import versions
 from vit_jax.errors import UserError
 
 # Keys that may differ on resume: they change logging, I/O or device layout, not the math.
@@ -41,8 +40,6 @@ OPERATIONAL_KEYS = frozenset({
     'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'data_dir',
     'prefetch', 'cache', 'eval_batch_size', 'compile_only', 'compile_for', 'parallelism',
     'mesh.data', 'mesh.fsdp', 'mesh.model', 'model.scan', 'init', 'init_posemb_resize',
-    'xla_cpu_schedule',  # a key of older configs: checkpoints that still carry it resume
-    'input_pipeline',  # a key of older configs: runs it sent to tf.data resume (`numpy_streams`)
     'model.attention',  # the attention kernel: same parameters, same math
 })
 # Key prefixes that may differ on resume: the evaluators (what is measured, not what is trained).
@@ -246,13 +243,10 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
   `data_changes`: what changed in the dataset since the checkpoint, in words
   (`vit_jax.data.identity.changes`).
   """
+  versions.refuse_earlier(stored_config, f'{workdir} (step {step})')
   changes = config_changes(stored_config, config)
   fresh = (f'use a new --workdir (config.init={workdir} starts a new run from its weights '
            'where they fit)')
-  obsolete = numpy_streams(stored_config)
-  if obsolete:
-    raise UserError(f'{workdir} holds a run (step {step}) recorded on {obsolete}, which no longer '
-                    f'exist: its batches cannot be continued; {fresh}')
   dataset = config.get('dataset')
   data_text = '; '.join(data_changes)
   if changes and not data_changes and not allow_config_change and not shape_changes:
@@ -290,24 +284,6 @@ def refuse_mismatch(workdir: str, step: int, *, stored_config: dict, config: dic
                   f'{arrays}: restore the dataset as it was to resume, or {fresh}')
 
 
-def numpy_streams(stored_config: dict) -> str:
-  """What fed a run recorded with `input_pipeline='auto'` when that sent its train stream to the
-  NumPy streams that earlier versions had for the embedded datasets (their own orders and
-  augmentation draws), in words; '' for any other run (tf.data's streams, read in place now,
-  give the same batches). The rule is that of the code that made the choice."""
-  c = stored_config
-  if c.get('input_pipeline') != 'auto' or c.get('dataset') not in catalog.EMBEDDED:
-    return ''  # (a config of the versions that had the key holds every key read below)
-  try:
-    examples = catalog.num_examples(c['train_split'], catalog.EMBEDDED[c['dataset']].SPLIT_SIZES)
-  except (ValueError, KeyError, AssertionError):
-    return ''
-  served = (examples > 0 and c['pp']['train_crop'] in ('pad_crop', 'resize')
-            and not c['randaug']['num_layers'] and c['shuffle_buffer'] >= examples
-            and c['pp']['channels'] in (None, 1, 3))
-  return f"the NumPy streams of {c['dataset']} (input_pipeline='auto')" if served else ''
-
-
 # The facts that set array shapes (the head's width, the input's).
 _SHAPE_FACTS = ('num_classes', 'image_shape')
 
@@ -316,6 +292,6 @@ def _plain(value):
   return tuple(value) if isinstance(value, list) else value
 
 
-__all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes', 'numpy_streams',
+__all__ = ['Preemption', 'Diverged', 'check_finite', 'config_changes',
            'refuse_config_drift', 'refuse_mismatch', 'stop_with_parent', 'PARENT_ENV',
            'OPERATIONAL_KEYS']

@@ -4,11 +4,11 @@ The timm model is built from this project's model description (`timm_layout.timm
 depth, width, heads, patch, classifier and the tanh GELU). On the CPU (`steps`): in the same
 dtype, trained with the same optimizer family (Adam on softmax cross-entropy), one synthetic
 batch, all CPU threads. On a CUDA GPU (`gpu_benchmark`, the GPU suite's timm runs, one process
-each: `python -m vit_jax.benchmarking.timm_side '<json spec>'`): fp32 parameters under bf16
+each: `python -m vit_jax.tools.benchmarking.timm_side '<json spec>'`): fp32 parameters under bf16
 autocast, fused AdamW, gradient norm clipped at 1.0, eager or torch.compile'd, as timm's own
 training script runs it (with `device='cpu'` the same step on the CPU, for the smoke suite).
 `kernel_profile` is torch.profiler's view of a step in our profile's kernel classes
-(vit_jax/benchmarking/profile.py): the GPU's kernels, or on a CPU the ATen ops' own time.
+(vit_jax/tools/benchmarking/profile.py): the GPU's kernels, or on a CPU the ATen ops' own time.
 Needs torch and timm: `make test-interop` installs them into .venv.
 """
 
@@ -93,7 +93,7 @@ def kernel_profile(step: Callable[[], None], sync: Callable[[], None], device: s
   (`profile.kernel_class`); on a CPU: each op's own (self) time, classed likewise.
   """
   torch, _ = _import_torch_and_timm()
-  from vit_jax.benchmarking import profile  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import profile  # pylint: disable=g-import-not-at-top
   cuda = device == 'cuda'
   activities = [torch.profiler.ProfilerActivity.CPU]
   if cuda:
@@ -200,7 +200,7 @@ def gpu_benchmark(model: str, batch_size: int, image_size: int, mode: str, compi
 
 
 def main(argv: List[str]) -> int:
-  """`python -m vit_jax.benchmarking.timm_side '<json spec>'`: one `gpu_benchmark` as JSON."""
+  """`python -m vit_jax.tools.benchmarking.timm_side '<json spec>'`: one `gpu_benchmark` as JSON."""
   try:
     spec = json.loads(argv[1])
     print(json.dumps(gpu_benchmark(**spec)))

@@ -14,7 +14,7 @@ import shlex
 from typing import List, Optional, Sequence
 
 from vit_jax.errors import UserError
-from vit_jax.launch.source import ARCHIVE
+from vit_jax.tools.launch.source import ARCHIVE
 
 GCLOUD = ('gcloud', 'compute', 'tpus', 'tpu-vm')
 LOCKS = ('requirements.lock', 'requirements-tpu.lock')  # the CPU-tested pins; jax[tpu]'s libtpu
@@ -27,7 +27,7 @@ def uv_pin(lock_path: Optional[str] = None) -> str:
   """The `uv==X` line of requirements.lock (by default this checkout's): the uv that installs the
   locks on the workers."""
   if lock_path is None:
-    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    top = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
     lock_path = os.path.join(top, LOCKS[0])
   try:
     with open(lock_path) as f:

@@ -28,7 +28,7 @@ import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from vit_jax.errors import UserError
-from vit_jax.launch import Steps, check_steps, tools
+from vit_jax.tools.launch import Steps, check_steps, tools
 
 # How SLURM's tools begin the lines that say why they failed ("sbatch: error: ...").
 MARKERS = ('error:',)
@@ -140,7 +140,7 @@ def batch_script(job: Job, place: Place, command: Sequence[str]) -> str:
     raise UserError('no command to run: put it after --, e.g. -- python -m vit_jax.main '
                     '--config=... --workdir=/shared/runs/NAME')
   lines = ['#!/bin/bash',
-           '# Written by `python -m vit_jax launch --slurm` (vit_jax/launch/slurm.py).',
+           '# Written by `python -m vit_jax launch --slurm` (vit_jax/tools/launch/slurm.py).',
            *(f'#SBATCH {d}' for d in directives(job, place)),
            '',
            '# SLURM warns this shell before the time limit (or a preemption) with SIGTERM: every',

@@ -16,7 +16,7 @@ peak; timm, torch.cuda.max_memory_allocated.
 
 `profile=True` (`--suite_profile`) also profiles each run's step after timing it (ours:
 `bench --profile`, timm: torch.profiler) and `format_profile_tables` prints, per model and mode,
-the time per step by kernel class, ours against timm (vit_jax/benchmarking/profile.py).
+the time per step by kernel class, ours against timm (vit_jax/tools/benchmarking/profile.py).
 """
 
 import dataclasses
@@ -165,7 +165,7 @@ def command(run: Run, suite: str, *, steps: Optional[int] = None, dump_to: Optio
   if profile:
     spec['profile'] = True
   # JAX (imported for the FLOP count) stays off the GPU: it would take 75% of its memory.
-  return ([python, '-m', 'vit_jax.benchmarking.timm_side', json.dumps(spec)],
+  return ([python, '-m', 'vit_jax.tools.benchmarking.timm_side', json.dumps(spec)],
           {'JAX_PLATFORMS': 'cpu'})
 
 
@@ -229,7 +229,7 @@ def format_profile_tables(rows: Sequence[dict]) -> str:
   """Per model and mode, the kernel-class table (`profile.format_class_table`) of the rows that
   profiled their step, ours first and timm compiled last (the difference column is the first
   run's minus timm compiled's), with each run's measured step time below."""
-  from vit_jax.benchmarking import profile  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.benchmarking import profile  # pylint: disable=g-import-not-at-top
   order = lambda r: (r['side'] == TIMM, r['side'] == TIMM and r['variant'] == 'compiled')
   out = []
   for key in dict.fromkeys((r['model'], r['mode']) for r in rows if r.get('profile')):

@@ -21,8 +21,8 @@ import tempfile
 from typing import Callable, List, Optional, Sequence
 
 from vit_jax.errors import UserError
-from vit_jax.launch import source, tools
-from vit_jax.launch.remote import Plan, uv_pin, worker_count
+from vit_jax.tools.launch import source, tools
+from vit_jax.tools.launch.remote import Plan, uv_pin, worker_count
 
 
 @dataclasses.dataclass
@@ -44,11 +44,6 @@ def _call(command: List[str], *, capture: bool = False) -> str:
 
 
 GCLOUD_MARKERS = ('ERROR:',)  # how gcloud's lines that say why it failed begin
-
-
-def gcloud_reason(stderr: str, limit: int = 300) -> str:
-  """Why gcloud failed, from its stderr, in one line (`tools.reason` of its `ERROR:` lines)."""
-  return tools.reason(stderr, GCLOUD_MARKERS, limit)
 
 
 def check_steps(steps: Steps, choices: str, stopped: str) -> None:
@@ -119,4 +114,4 @@ def _answer(command: List[str]) -> str:
     return f'no answer: {e}'
 
 
-__all__ = ['Plan', 'Steps', 'check_steps', 'gcloud_reason', 'run', 'source', 'uv_pin']
+__all__ = ['Plan', 'Steps', 'check_steps', 'run', 'source', 'uv_pin']

@@ -20,7 +20,8 @@ import numpy as np
 
 from vit_jax import data as data_lib
 from vit_jax import tasks
-from vit_jax.data import config_pp
+from vit_jax.configs import common
+from vit_jax.data import specs
 from vit_jax.models import cost
 from vit_jax.parallel import sharding
 from vit_jax.platform import chips
@@ -28,6 +29,7 @@ from vit_jax.platform import targets
 from vit_jax.train import program as program_lib
 
 MATMUL_SIZE = chips.MATMUL_SIZE
+SYNTHETIC_CHANNELS = 3  # the synthetic images are RGB
 
 
 @dataclasses.dataclass
@@ -73,7 +75,7 @@ def rss_bytes() -> int:
 
 def _model_flops(model, config, train: bool) -> float:
   """The model's FLOPs per image (`models.cost`): a train step's or a forward pass's."""
-  shape = (config.image_size, config.image_size, config.pp.channels)
+  shape = (config.image_size, config.image_size, SYNTHETIC_CHANNELS)
   return (cost.train_flops if train else cost.forward_flops)(model, shape)
 
 
@@ -100,7 +102,8 @@ def set_benchmark_values(config, model_name: str, batch_size: int, image_size: i
   with config.unlocked():
     config.model_name, config.num_classes, config.image_size = model_name, num_classes, image_size
     config.dataset, config.data_dir = 'synthetic', '/nonexistent'
-    config.pp.channels, config.batch_size, config.eval_batch_size = 3, batch_size, batch_size
+    config.batch_size, config.eval_batch_size = batch_size, batch_size
+    common.rgb_input(config)
     config.total_steps, config.total_epochs, config.warmup_steps = 1000, None, 10
     config.model.dtype = dtype
     config.mesh.data, config.mesh.fsdp, config.mesh.model = 1, 1, 1
@@ -109,7 +112,7 @@ def set_benchmark_values(config, model_name: str, batch_size: int, image_size: i
 
 def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> Dict[str, np.ndarray]:
   rng = np.random.default_rng(0)
-  return {'image': rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype(np.float32),
+  return {'image': rng.uniform(-1, 1, (batch_size, image_size, image_size, SYNTHETIC_CHANNELS)).astype(np.float32),
           'label': rng.integers(0, num_classes, batch_size).astype(np.int32)}
 
 
@@ -121,7 +124,7 @@ class Prepared:
   flops_per_step: float
   peak_bytes: int
   compile_s: float
-  hlo_text: str = ''             # the compiled program (for vit_jax.benchmarking.profile)
+  hlo_text: str = ''             # the compiled program (for vit_jax.tools.benchmarking.profile)
   memory: Optional[Dict[str, int]] = None  # `_memory`
 
   def measure(self, steps: int) -> dict:
@@ -209,7 +212,7 @@ def compile_for(config, target: targets.Target, mode: str) -> dict:
     model, init, forward = _forward(config)
     on = jax.sharding.SingleDeviceSharding(devices[0])
     images = jax.ShapeDtypeStruct((config.batch_size, config.image_size, config.image_size,
-                                   config.pp.channels), jnp.float32, sharding=on)
+                                   SYNTHETIC_CHANNELS), jnp.float32, sharding=on)
     params = jax.tree.map(lambda a: abstract(a, on),
                           jax.eval_shape(init, jax.random.PRNGKey(0), images))
     compiled = forward.lower(params, images).compile(compiler_options=options)
@@ -225,7 +228,7 @@ def input_pipeline(config, data_dir: str, dataset: str, batches: int) -> dict:
   start = time.perf_counter()
   it = data_lib.train_iterator(
       dataset=dataset, split='train', data_dir=data_dir, batch_size=config.batch_size,
-      pp=config_pp.train_pp(config), seed=0, shuffle_buffer=config.shuffle_buffer,
+      spec=specs.train_spec(config.pp.train, config.image_size), seed=0, shuffle_buffer=config.shuffle_buffer,
       cache=True, prefetch=config.prefetch)
   next(it)
   first_s = time.perf_counter() - start
