@@ -40,8 +40,8 @@ def _runner(name: str, path: str):
       call = jax.export.deserialize(bytearray(f.read())).call
     return lambda x: np.asarray(call(x)[1])
   from vit_jax.serving import onnx  # pylint: disable=g-import-not-at-top
-  session = onnx.session(path)
-  return lambda x: session.run(['logits'], {'images': x})[0]
+  runtime = onnx.runtime(path)
+  return lambda x: runtime.run(['logits'], {'images': x})[0]
 
 
 def main():

@@ -95,12 +95,12 @@ def test_stablehlo_export_runs_with_jax_alone_at_any_batch(bundle, images, tmp_p
 def test_onnx_export_runs_in_onnxruntime_at_any_batch(bundle, images, tmp_path):
   path = str(tmp_path / onnx_export.FILENAME)
   assert onnx_export.save(bundle, path) <= EXACT
-  session = onnx_export.session(path)
-  (given,) = session.get_inputs()
+  runtime = onnx_export.runtime(path)
+  (given,) = runtime.get_inputs()
   assert (given.name, given.type, given.shape) == ('images', 'tensor(uint8)', ['batch', 28, 28, 3])
   want = jax_logits(bundle, images)
   for b in BATCHES:
-    probabilities, logits = session.run(['probabilities', 'logits'], {'images': images[:b]})
+    probabilities, logits = runtime.run(['probabilities', 'logits'], {'images': images[:b]})
     error = exported.relative_error(logits, want[:b])
     print(f'ONNX batch {b}: relative error {error:.2e}')
     assert logits.shape == (b, 5) and error <= EXACT

@@ -44,7 +44,7 @@ def base_config() -> config_dict.ConfigDict:
   c.model.fp8 = False                     # encoder dense layers as fp8 matmuls, delayed scaling
                                           # (NVIDIA GPUs of compute capability >= 8.9 only);
                                           # evaluation and exported weights run them in dtype
-  # Model options of issue 59's models (docs/models.md).
+  # Register tokens and the attention-pool head (docs/models.md).
   c.model.num_registers = 0               # register tokens after cls: attended to, never pooled;
                                           # 0 = the original model (same params)
 

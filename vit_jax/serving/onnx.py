@@ -34,8 +34,8 @@ def convert(bundle: Bundle):
                  output_names=['probabilities', 'logits'])
 
 
-def session(path: str):
-  """An onnxruntime session of the model in `path`, on the CPU."""
+def runtime(path: str):
+  """An onnxruntime inference of the model in `path`, on the CPU."""
   import onnxruntime  # pylint: disable=g-import-not-at-top
   return onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
 
@@ -51,8 +51,8 @@ def save(bundle: Bundle, path: str) -> float:
     raise UserError(f'{bundle.spec.model_name} is too large for one ONNX file (2 GB at most): '
                     'export --format=stablehlo or savedmodel') from None
   files.atomic_write(path, lambda f: f.write(data))
-  return exported.check(bundle, lambda x: session(path).run(['logits'], {'images': x})[0],
+  return exported.check(bundle, lambda x: runtime(path).run(['logits'], {'images': x})[0],
                         f'the ONNX export {path}')
 
 
-__all__ = ['FILENAME', 'OPSET', 'convert', 'save', 'session']
+__all__ = ['FILENAME', 'OPSET', 'convert', 'runtime', 'save']

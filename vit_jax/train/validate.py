@@ -114,7 +114,7 @@ class Checked:
 
 
 def check_registered(config) -> specs.Preprocessing:
-  """The preprocessing ops (`pp.train`, `pp.eval`) and the evaluators (`evaluators`) a config
+  """The preprocessing ops (`pp.train`, `pp.eval`) and the evaluator entries (`evals`) a config
   names: registered, their arguments fitting (vit_jax/registry.py); eval ops deterministic. The
   parsed preprocessing."""
   pp = specs.of_config(config)
@@ -125,7 +125,7 @@ def check_registered(config) -> specs.Preprocessing:
 def check_config(config) -> Checked:
   """Every mistake a config alone shows, found before devices or data are touched; the run's
   task and parsed preprocessing. Everything up to the model's options is checked before JAX is
-  imported; the options a family does not have are read from its Flax module's fields, last.
+  imported; the options a family does not have are read from its Flax module's fields, last."""
   check_choices(config)
   check_values(config)
   if config.total_steps:  # counted in epochs, the steps are known once the dataset is
