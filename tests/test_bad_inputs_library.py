@@ -221,15 +221,15 @@ class _FullDisk:
 @pytest.mark.slow
 def test_disk_full_while_writing_metrics(tmp_path, data_dir, monkeypatch, target):
   workdir = tmp_path / 'work'
-  real_init = logs.MetricLogger.__init__
+  real_open = logs.MetricLogger._open  # the logger opens its files at its first record
 
-  def init(self, *args, **kwargs):
-    real_init(self, *args, **kwargs)
+  def opened(self):
+    real_open(self)
     if target == 'metrics.jsonl':
       self._jsonl = _FullDisk(self._jsonl, self.path, ok=3)  # steps 1-3 logged
     else:
       self._tb.file = _FullDisk(self._tb.file, self.tb_dir, ok=3)
-  monkeypatch.setattr(logs.MetricLogger, '__init__', init)
+  monkeypatch.setattr(logs.MetricLogger, '_open', opened)
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(_config(data_dir), str(workdir))
   where = workdir / target
@@ -245,7 +245,7 @@ def test_disk_full_while_writing_metrics(tmp_path, data_dir, monkeypatch, target
   assert logged == ([1, 2, 3] if target == 'metrics.jsonl' else [1, 2, 3, 4])
   assert not os.path.exists(workdir / 'run.lock')
   # With space again, the same command resumes there and logs every step once.
-  monkeypatch.setattr(logs.MetricLogger, '__init__', real_init)
+  monkeypatch.setattr(logs.MetricLogger, '_open', real_open)
   loop.train_and_evaluate(_config(data_dir), str(workdir))
   records = logs.read_metrics(str(workdir / 'metrics.jsonl'))
   assert [r['step'] for r in records if r['split'] == 'train'] == [1, 2, 3, 4, 5, 6]
