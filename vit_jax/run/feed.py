@@ -25,16 +25,25 @@ class Feed:
     self._asked = threading.Semaphore(0)
     self._results = queue.Queue(maxsize=1)
     self._pending = False
+    self._closed = False
     threading.Thread(target=self._fetch, name='vit_jax-input', daemon=True).start()
 
   def _fetch(self) -> None:
     while True:
       self._asked.acquire()
+      if self._closed:
+        break
       try:
         self._results.put((True, next(self._iterator)))
       except BaseException as e:  # pylint: disable=broad-except  # raised in the main thread
         self._results.put((False, e))
-        return
+        break
+    self._iterator = None  # the pipeline (and its buffers) is let go once the feed ends
+
+  def close(self) -> None:
+    """Ends the helper thread (after a fetch under way, if any); `next` is not called again."""
+    self._closed = True
+    self._asked.release()
 
   def next(self, stop: Callable[[], bool]):
     if not self._pending:

@@ -210,43 +210,46 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
     run.preemption.begin_training()  # a Ctrl-C until here stops the run, nothing trained
     history = []
     feed = feed_lib.Feed(train_data)
-    for step in range(start_step + 1, total_steps + 1):
-      batch = feed.next(lambda: run.preemption.requested)
-      if batch is None:  # a signal while the input had no batch ready: step - 1 is the last
-        return _stop_waiting(run, state, step - 1, history, pending, guard, progress)
-      batch = parallel.shard_batch(batch, mesh)
-      state, metrics = train_fn(state, batch, prog.dropout_rng, prog.hyper)
-      guard.check_previous_then_hold(step, metrics)
-      history.append(metrics)
-      pending.flush()  # step N-1's metrics are read only after step N is dispatched
-      if step == start_step + 1:
-        jax.block_until_ready(metrics)
-        progress.restart_clock(step)
-      is_last = step == total_steps
-      stop = run.preemption.should_stop(step) and not is_last
-      if step % config.log_every == 0 or is_last or stop:  # the stop save logs its steps too
-        pending.hold(step, history)
-        history = []
-      due = evaluate_lib.run_due(evaluators, step, is_last, lambda: polyak.eval_params(state))
-      for scheduled, metrics in due:
-        guard.check_held()  # (no evaluation of a state after a non-finite step)
-        pending.flush()
-        logger.write(step, scheduled.name, metrics)
-        _say(('\n' if scheduled.type == 'top1' else '') + scheduled.line(step, metrics))
-        results[scheduled.name] = metrics
-      if step % config.checkpoint_every == 0 or is_last or stop:
-        guard.check_held()
-        pending.flush()  # the log has every step the checkpoint has (log write errors)
-        with run.preemption.saving():  # a second Ctrl-C while it is written waits for it
-          ckpt.save(step, state, config_json, facts)
-          if stop:
-            ckpt.wait()
-        guard.last_checkpoint = step
-      if stop:
-        progress.close()
-        _say(f'\npreempted: saved the checkpoint of step {step} in {ckpt.directory}; rerun the '
-             f'same command to resume')
-        return {'preempted': True, 'step': step}
+    try:
+      for step in range(start_step + 1, total_steps + 1):
+        batch = feed.next(lambda: run.preemption.requested)
+        if batch is None:  # a signal while the input had no batch ready: step - 1 is the last
+          return _stop_waiting(run, state, step - 1, history, pending, guard, progress)
+        batch = parallel.shard_batch(batch, mesh)
+        state, metrics = train_fn(state, batch, prog.dropout_rng, prog.hyper)
+        guard.check_previous_then_hold(step, metrics)
+        history.append(metrics)
+        pending.flush()  # step N-1's metrics are read only after step N is dispatched
+        if step == start_step + 1:
+          jax.block_until_ready(metrics)
+          progress.restart_clock(step)
+        is_last = step == total_steps
+        stop = run.preemption.should_stop(step) and not is_last
+        if step % config.log_every == 0 or is_last or stop:  # the stop save logs its steps too
+          pending.hold(step, history)
+          history = []
+        due = evaluate_lib.run_due(evaluators, step, is_last, lambda: polyak.eval_params(state))
+        for scheduled, metrics in due:
+          guard.check_held()  # (no evaluation of a state after a non-finite step)
+          pending.flush()
+          logger.write(step, scheduled.name, metrics)
+          _say(('\n' if scheduled.type == 'top1' else '') + scheduled.line(step, metrics))
+          results[scheduled.name] = metrics
+        if step % config.checkpoint_every == 0 or is_last or stop:
+          guard.check_held()
+          pending.flush()  # the log has every step the checkpoint has (log write errors)
+          with run.preemption.saving():  # a second Ctrl-C while it is written waits for it
+            ckpt.save(step, state, config_json, facts)
+            if stop:
+              ckpt.wait()
+          guard.last_checkpoint = step
+        if stop:
+          progress.close()
+          _say(f'\npreempted: saved the checkpoint of step {step} in {ckpt.directory}; rerun the '
+               f'same command to resume')
+          return {'preempted': True, 'step': step}
+    finally:
+      feed.close()  # its helper thread ends and lets go of the input pipeline
     progress.close()
     elapsed = time.perf_counter() - t_start
     _say(f'trained steps {start_step + 1}-{total_steps} in {elapsed:.0f} s (compilation, '
