@@ -1,6 +1,7 @@
 """Any model on the embedded mnist5k (4,000 train / 1,000 test, 28 px): the base recipe.
 
-ViT-Mu/4 for 1,600 steps of batch 64, Adam lr 3e-3, 100 warmup steps, cosine decay, random 2-pixel
+ViT-Mu/4 for 1,600 steps of batch 64, Adam lr 3e-3, 100 warmup steps (steps - 1 for a run of
+100 steps or fewer), cosine decay, random 2-pixel
 shifts, learned position embeddings, nothing else (about 96% test top-1). The experiments
 (experiments/*/sweep.py) and the benchmarks start from it, so their tables stay reproducible. It holds only settings every model family takes (a BiT too):
 configs/default.py adds the ViT-specific ones of the quickstart.
@@ -26,7 +27,7 @@ def recipe(model_name: str, steps: int, batch_size: int, lr: float):
   c.batch_size = batch_size
   c.eval_batch_size = 200
   c.total_steps = steps
-  c.warmup_steps = 100
+  c.warmup_steps = min(100, max(steps - 1, 0))  # below total_steps, as the validation asks
   c.optimizer = 'adam'
   c.lr = lr
   c.weight_decay = 0.1
