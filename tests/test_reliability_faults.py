@@ -53,6 +53,17 @@ def _env(**extra):
   return dict(os.environ, VIT_JAX_HUGEPAGES='0', **extra)  # one interpreter: signals reach it
 
 
+def _train_wide(workdir, data_dir) -> None:
+  """A finished 2-step run whose head has 200,000 classes (25.6 MB on each of 8 devices once
+  restored), trained in its own process on one device: the 8 simulated devices' collectives over
+  this head can outwait XLA:CPU's rendezvous on 2 busy cores, which aborts the process."""
+  proc = subprocess.run(
+      _command(workdir, data_dir, '--config.total_steps=2', '--config.num_classes=200000',
+               '--config.eval_batch_size=64', '--config.eval_every=2'),
+      cwd=ROOT, env=_env(XLA_FLAGS=xla_flags(1)), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def _train_steps(workdir) -> list:
   return [r['step'] for r in logs.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
           if r['split'] == 'train']
@@ -219,8 +230,7 @@ def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path,
   its threads, not for the 25.6 MB head (200,000 classes) on each of the 8 devices. XLA's
   allocation fails (RESOURCE_EXHAUSTED), as in a resume on a machine with too little memory."""
   workdir = tmp_path / 'work'
-  wide = dict(total_steps=2, num_classes=200_000, eval_batch_size=64, eval_every=2)
-  loop.train_and_evaluate(_config(data_dir, **wide), str(workdir))
+  _train_wide(workdir, data_dir)
   before = file_tree(workdir / 'checkpoints')
   proc = subprocess.run(
       _command(workdir, data_dir, '--config.total_steps=3', '--config.eval_every=3',
@@ -243,8 +253,7 @@ def test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing(tmp_path,
 def wide_run(tmp_path_factory, data_dir):
   """A finished 2-step run whose head (200,000 classes) takes 25.6 MB on each of 8 devices."""
   workdir = tmp_path_factory.mktemp('wide') / 'work'
-  loop.train_and_evaluate(_config(data_dir, total_steps=2, num_classes=200_000,
-                                  eval_batch_size=64, eval_every=2), str(workdir))
+  _train_wide(workdir, data_dir)
   return workdir
 
 
