@@ -28,6 +28,16 @@ from vit_jax.errors import UserError
 _EXAMPLE_NAMES = ('mnist5k', 'digits', 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet')
 
 
+def split_count(name: str, split, sizes, example: str) -> int:
+  """Examples in `split` (maybe sliced) of a dataset whose split sizes are `sizes`; UserError
+  naming the splits and a slicing `example` for a bad one."""
+  try:
+    return catalog.num_examples(split, sizes)
+  except (KeyError, ValueError, AssertionError) as e:
+    raise UserError(f"bad split {str(split)!r} for dataset '{name}' ({_one_line(e)}); "
+                    f"use one of {', '.join(sizes)}, optionally sliced like {example}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   """What the trainer needs to know about a prepared dataset."""
@@ -64,12 +74,7 @@ class DatasetInfo:
     if self.release is not None:
       return sum(len(rows) for _, rows, _ in self.release.select(split))
     if self.embedded is not None:
-      try:
-        return catalog.num_examples(split, self.split_sizes)
-      except (KeyError, ValueError, AssertionError) as e:
-        raise UserError(f"bad split {str(split)!r} for dataset '{self.name}' ({_one_line(e)}); "
-                        f"use one of {', '.join(self.split_sizes)}, optionally sliced like "
-                        f"'train[:90%]' or 'train[1000:]'") from None
+      return split_count(self.name, split, self.split_sizes, "'train[:90%]' or 'train[1000:]'")
     return _num_examples(self.tfds_info, split, self.name)
 
   @property

@@ -219,14 +219,8 @@ class VtabSource:
     return '+'.join(out)
 
   def num_examples(self, split) -> int:
-    from vit_jax.data import catalog  # pylint: disable=g-import-not-at-top
-    from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
-    try:
-      return catalog.num_examples(split, self.split_sizes)
-    except (KeyError, ValueError, AssertionError) as e:
-      raise UserError(f"bad split {str(split)!r} for dataset '{self.name}' "
-                      f"({' '.join(str(e).split())}); use one of {', '.join(SPLITS)}, "
-                      f"optionally sliced like 'test[:50%]'") from None
+    from vit_jax.data import info  # pylint: disable=g-import-not-at-top
+    return info.split_count(self.name, split, self.split_sizes, "'test[:50%]'")
 
   def records(self, split, cache: bool):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
