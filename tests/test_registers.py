@@ -9,7 +9,7 @@ import pytest
 
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.errors import UserError
-from vit_jax.evaluate import fewshot
+from vit_jax.evaluate import features as features_lib
 from vit_jax.models import create_model
 from vit_jax.models import options
 from vit_jax.models import vit as vit_lib
@@ -62,7 +62,7 @@ def test_registers_are_attended_to_but_never_reach_the_head(classifier):
 def test_features_and_attention_figures_leave_the_registers_out():
   model = create_model('ViT-Ze/4', num_classes=3, num_registers=4)
   params = _init(model)
-  features = fewshot.feature_fn(model)(params, IMAGES)
+  features = features_lib.feature_fn(model)(params, IMAGES)
   assert features.shape == (2, 32)
   logits, attn = attention_lib.forward_with_attention(model, params, IMAGES)
   assert attn.shape == (2, 2, 2, 50, 50)  # layers, images, heads, cls + 49 patches

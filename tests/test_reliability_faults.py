@@ -545,8 +545,8 @@ def test_a_run_refused_after_its_data_is_opened_leaves_no_workdir(tmp_path, data
   """The ReaL evaluator refuses a dataset without ReaL labels once the run's data is open and
   its metric logger made: the logger has opened no file, so the new workdir is removed whole."""
   workdir = tmp_path / 'work'
-  config = _config(data_dir, total_steps=2, evaluators=('real',))
-  config.real.dataset = 'mnist5k'
+  config = _config(data_dir, total_steps=2)
+  config.evals.real.every, config.evals.real.dataset = None, 'mnist5k'
   with pytest.raises(UserError, match=r"^dataset 'mnist5k' has no 'image' image with a "
                                       r"'real_label' sequence"):
     loop.train_and_evaluate(config, str(workdir))

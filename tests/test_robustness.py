@@ -12,12 +12,13 @@ import pytest
 from test_archive import jpeg, tar_bytes
 from vit_jax import data
 from vit_jax.data.sources import imagenet_subsets, robustness
+from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.evaluate import robustness as scoring
 
 WNIDS = robustness.imagenet_wnids()
 INDEX = {w: i for i, w in enumerate(WNIDS)}
-PP = dict(crop='resize', image_size=16)
+PP = specs.eval_spec('resize', 16)
 
 
 def _write(path, blob: bytes):
@@ -51,7 +52,7 @@ def test_imagenet_r_from_its_tar_in_place_scored_over_its_200_classes(tmp_path):
   assert not os.path.exists(tmp_path / 'imagenet-r')  # nothing unpacked or copied
 
   batches, n = data.eval_iterator(dataset='imagenet_r', split='test', data_dir=str(tmp_path),
-                                  batch_size=4, pp=PP)
+                                  batch_size=4, spec=PP)
   got = list(batches)
   assert n == 2 and sum(float(b['mask'].sum()) for b in got) == 6
   assert got[0]['image'].shape == (4, 16, 16, 3)
@@ -202,7 +203,7 @@ def test_the_robustness_evaluator_scores_a_set_read_in_place(tmp_path):
   mesh = parallel.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1)))
   evaluator = scoring.RobustnessEvaluator(
       model=_BrightnessModel(), mesh=mesh, param_shardings=None, sets=['imagenet_r'],
-      data_dir=str(tmp_path), batch_size=8, pp=PP)
+      data_dir=str(tmp_path), batch_size=8, spec=PP)
   assert evaluator({}) == {'imagenet_r': 0.75}
   assert scoring.set_names('imagenet_r+objectnet') == ('imagenet_r', 'objectnet')
   assert len(scoring.set_names('all')) == 7
@@ -235,10 +236,10 @@ def test_objectnet_images_lose_their_1_pixel_frame_before_evaluation(tmp_path):
   for path in (tmp_path / 'objectnet-1.0' / 'images').glob('*/*.png'):
     path.write_bytes(png.getvalue())
   _write(str(tmp_path / 'imagenet-a' / imagenet_subsets.IMAGENET_A[0] / 'a.png'), png.getvalue())
-  pp = dict(crop='resize', image_size=8)
+  spec = specs.eval_spec('resize', 8)
   for name, plain in (('objectnet', True), ('imagenet_a', False)):
     batches, _ = data.eval_iterator(dataset=name, split='test', data_dir=str(tmp_path),
-                                    batch_size=4, pp=pp)
+                                    batch_size=4, spec=spec)
     batch = next(iter(batches))
     pixels = np.round(batch['image'][0] * 127.5 + 127.5)
     assert (np.all(pixels == 128) if plain else pixels[0, 0, 0] > 200), name

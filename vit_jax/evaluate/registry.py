@@ -78,7 +78,8 @@ class Scheduled:
 class Run:
   """What an evaluator is built from. `eval_fn`: the compiled eval step of the run's task (built
   on first use when absent); `cache`: where features are kept (`features.FeatureCache`, used on
-  one process; None = recomputed each time, as during training)."""
+  one process; None = recomputed each time, as during training); `task`: the run's resolved
+  `tasks.Task` (resolved from the config when absent)."""
   config: Any
   model: Any
   mesh: Any
@@ -87,6 +88,7 @@ class Run:
   eval_pp: Any  # the run's parsed eval preprocessing (`specs.Spec`)
   eval_fn: Optional[Callable] = None
   cache: Any = None
+  task: Any = None
   _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def info(self, dataset: Optional[str] = None):
@@ -107,6 +109,15 @@ class Run:
         process_index=jax.process_index(), process_count=jax.process_count(),
         cache=self.config.cache)
     return batches
+
+  def resolved_task(self):
+    """The run's `tasks.Task`: the one passed in, else resolved from the config once."""
+    if self.task is not None:
+      return self.task
+    if 'task' not in self._memo:
+      from vit_jax import tasks  # pylint: disable=g-import-not-at-top
+      self._memo['task'] = tasks.get_task(self.config)
+    return self._memo['task']
 
   def shard(self, batch: dict) -> dict:
     """A host-local batch as a global array sharded over the mesh's data axes."""
@@ -130,9 +141,8 @@ class Run:
     if self.eval_fn is not None:
       return self.eval_fn
     if 'eval_fn' not in self._memo:
-      from vit_jax import tasks  # pylint: disable=g-import-not-at-top
       from vit_jax.parallel import steps  # pylint: disable=g-import-not-at-top
-      task = tasks.get_task(self.config)
+      task = self.resolved_task()
       self._memo['eval_fn'] = steps.compile_eval_step(
           task.eval_step(self.model, self.model.num_classes), self.mesh, self.param_shardings)
     return self._memo['eval_fn']
@@ -262,8 +272,7 @@ def top1(run: Run, split: Optional[str] = None) -> Evaluation:
 
   if run.data is not None:
     batches_and_step()  # a bad split fails as the run starts, not at its first evaluation
-  from vit_jax import tasks  # pylint: disable=g-import-not-at-top
-  metric = tasks.get_task(c).metric_name
+  metric = run.resolved_task().metric_name
 
   def evaluate(params):
     batches, step = batches_and_step()

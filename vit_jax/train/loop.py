@@ -188,7 +188,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
   config_json, facts = config.to_dict(), run.facts
   evaluators = evaluate_lib.periodic_evaluators(config, evaluate_lib.Run(
       config=config, model=prog.model, mesh=mesh, param_shardings=prog.state_shardings.params,
-      data=prog.data, eval_pp=prog.pp.eval, eval_fn=prog.eval_fn))
+      data=prog.data, eval_pp=prog.pp.eval, eval_fn=prog.eval_fn, task=prog.task))
   results = {}  # the newest metrics of each evaluator
   guard = _NumericsGuard(config.max_nonfinite_steps, int(jax.device_get(state.skipped)),
                          last_checkpoint=start_step or None)
