@@ -383,3 +383,24 @@ def test_a_config_argument_none_is_that_value_and_None_unsets():
   assert common.parse_arg('x=none', x=None) == {'x': 'none'}
   assert common.parse_arg('x=None', x='a') == {'x': 'None'}
   assert common.parse_arg('x=None', x=None) == {'x': None}
+
+
+def test_a_dependency_that_is_not_installed_is_one_line_and_a_bug_keeps_its_traceback():
+  """A missing third-party module (TensorFlow on a machine with only JAX, say) is a fault of the
+  machine: one line naming the module and how to install it. A module of the project that fails
+  to import is a bug (None: its traceback stays)."""
+  from vit_jax import errors  # pylint: disable=g-import-not-at-top
+  missing = ModuleNotFoundError("No module named 'tensorflow.python'", name='tensorflow.python')
+  assert errors.environment_failure(missing) == (
+      "this command needs the Python module 'tensorflow', which is not installed: install the "
+      "project's dependencies (make install, or pip install -r requirements.lock), then rerun the "
+      "same command")
+  assert errors.environment_failure(ModuleNotFoundError('x', name='vit_jax.nonexistent')) is None
+  # Only the error itself: a bug raised while handling an import error keeps its traceback.
+  try:
+    try:
+      raise ModuleNotFoundError('x', name='tensorflow')
+    except ModuleNotFoundError:
+      raise KeyError('a bug')  # pylint: disable=raise-missing-from
+  except KeyError as e:
+    assert errors.environment_failure(e) is None

@@ -82,9 +82,23 @@ def environment_errno(error: BaseException) -> Optional[int]:
   return None
 
 
+def missing_module(error: BaseException) -> Optional[str]:
+  """The top-level name of a module outside the project that `error` failed to import (a
+  dependency not installed), or None."""
+  name = getattr(error, 'name', None) if isinstance(error, ModuleNotFoundError) else None
+  top = (name or '').split('.')[0]
+  return top if top and top != 'vit_jax' else None
+
+
 def environment_failure(error: BaseException) -> Optional[str]:
   """One line for a failure of the machine ("cannot write X (No space left on device): free
-  space there, ..."), or None for any other error (a bug keeps its traceback)."""
+  space there, ..."), or a dependency that is not installed, or None for any other error (a bug
+  keeps its traceback)."""
+  module = missing_module(error)
+  if module:
+    return (f'this command needs the Python module {module!r}, which is not installed: install '
+            f'the project\'s dependencies (make install, or pip install -r requirements.lock), '
+            f'then rerun the same command')
   code = environment_errno(error)
   if code is None:
     memory = out_of_memory(error)
@@ -103,4 +117,4 @@ def environment_failure(error: BaseException) -> Optional[str]:
 
 
 __all__ = ['MEMORY_FIX', 'OUT_OF_MEMORY_WORDS', 'UserError', 'chain', 'environment_errno',
-           'environment_failure', 'out_of_memory']
+           'environment_failure', 'missing_module', 'out_of_memory']
