@@ -59,7 +59,8 @@ SYSTEM_TESTS = (
 
 
 def _is_system(item) -> bool:
-  name = item.nodeid.rsplit('/', 1)[-1]
+  # The id without its directory and without the `@group` that `--dist loadgroup` appends.
+  name = item.nodeid.rsplit('/', 1)[-1].split('@', 1)[0]
   return (SYSTEM_FIXTURES & set(getattr(item, 'fixturenames', ())) or
           any(name == test or name.startswith(test + '[') for test in SYSTEM_TESTS))
 
