@@ -50,8 +50,10 @@ endif
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps
 unexport PYTHONDONTWRITEBYTECODE
 
-# pip bootstraps uv; uv installs the project too (editable). The venv gets no pip of its own
-# when the machine's pip can install into it (`--python`, pip >= 22.3).
+# pip bootstraps uv; uv installs the project too (editable, as a plain path entry: an import-hook
+# editable install makes every interpreter start import more, and a Ctrl-C that lands while
+# Python imports `site` ends in a fatal error). The venv gets no pip of its own when the machine's
+# pip can install into it (`--python`, pip >= 22.3).
 PIP = $$([ -x $(BIN)/pip ] && echo $(BIN)/pip || echo $(PYTHON) -m pip --python $(BIN)/python)
 $(STAMP): requirements.lock setup.py
 	$(PYTHON) -m venv --without-pip $(VENV)
@@ -59,7 +61,7 @@ $(STAMP): requirements.lock setup.py
 	  || $(BIN)/python -m ensurepip --default-pip >/dev/null
 	$(PIP) install --quiet --no-deps "$$(grep -E '^uv==' requirements.lock)"
 	$(UV) -r requirements.lock
-	$(UV) --no-build-isolation -e .
+	$(UV) --no-build-isolation -C editable_mode=compat -e .
 	touch $(STAMP)
 
 $(TPU_STAMP): $(STAMP) requirements-tpu.lock
