@@ -292,16 +292,30 @@ def _as_run_here(command: str, entry, home) -> str:
   return f'{command} {entry.append}'.strip()
 
 
+def _pages() -> list:
+  """The pages that show commands, in documented_commands' order."""
+  return list(dict.fromkeys(name for name, _ in documented_commands()))
+
+
 @pytest.mark.slow
-def test_every_documented_command_runs_as_written(home):
-  failures, ran = [], set()
+@pytest.mark.parametrize('page', _pages())
+def test_every_documented_command_runs_as_written(page, home):
+  """Each page's commands in order (a page's later commands may use its earlier ones' runs); a
+  command already shown on an earlier page runs there only."""
+  pages = _pages()
+  before = set(pages[:pages.index(page)])
+  failures, earlier, ran = [], set(), set()
   for name, command in documented_commands():
+    if name in before:
+      earlier.add(command)
+    if name != page:
+      continue
     entry = entry_for(command)
-    if entry is None or isinstance(entry, Exempt):
+    if entry is None or isinstance(entry, Exempt) or command in earlier:
       continue  # test_every_command_is_registered names the unregistered ones
     shell = _as_run_here(command, entry, home)
     if shell in ran:
-      continue  # the same command shown on two pages
+      continue  # the same command shown twice on the page
     ran.add(shell)
     proc = subprocess.run(['bash', '-c', shell], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=600)
