@@ -30,7 +30,7 @@ DEFAULT = 'vit_jax.data.sources.tfds'  # every other name: a prepared tfds datas
 
 
 class Source(Protocol):
-  """A dataset served by a registered source."""
+  """A dataset as its source serves it (the built-in sources, or one a config file registers)."""
   name: str
   num_classes: int
   image_shape: Tuple[Optional[int], ...]   # (H, W, C) as stored; H, W None if they vary
