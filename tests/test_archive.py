@@ -29,7 +29,8 @@ from PIL import Image
 from vit_jax.configs import pretrain
 from helpers import ROOT, cut_run, train_losses
 from vit_jax import data as data_lib
-from vit_jax.data import archive, info, releases, specs
+from vit_jax.data import archive, releases, specs
+from vit_jax.data.sources import imagenet
 from vit_jax.errors import UserError
 from vit_jax.train import loop
 
@@ -167,7 +168,7 @@ def test_the_release_unpacked_gives_the_same_images(layout, i21k, tmp_path):
       with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(root / synset, filter='data')
   unpacked = releases.find('imagenet21k', str(tmp_path)).splits['full']
-  whole = info.find_release('imagenet21k', data_dir).splits['full']
+  whole = imagenet.load('imagenet21k', data_dir).release.splits['full']
   assert unpacked.index.layout == layout and unpacked.index.skipped_non_images == 1
   names = [unpacked.index.name(r) for r in unpacked.rows]
   assert names == [whole.index.name(r) for r in whole.rows]
@@ -275,7 +276,7 @@ def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
   it = data_lib.train_iterator(dataset='imagenet21k', split='full[8:16]', data_dir=data_dir,
                                batch_size=8, spec=spec, seed=0, shuffle_buffer=1)
   batch = next(it)
-  split = info.find_release('imagenet21k', data_dir).splits['full']
+  split = imagenet.load('imagenet21k', data_dir).release.splits['full']
   for i, row in enumerate(split.rows[8:16]):
     name = split.index.name(row)
     assert name != CORRUPT  # (the fixed hash order puts it in full[:8])
@@ -289,7 +290,7 @@ def test_the_stream_holds_each_member_decoded_and_preprocessed(i21k):
 @pytest.mark.slow
 def test_two_processes_read_disjoint_shards_that_cover_the_split(i21k):
   data_dir, images = i21k
-  release = info.find_release('imagenet21k', data_dir)
+  release = imagenet.load('imagenet21k', data_dir).release
   split = 'full[9:]'
   shares = [releases.records(release, s)[0] for s in tfds.even_splits(split, n=2)]
   assert not set(shares[0]) & set(shares[1])
@@ -438,7 +439,7 @@ def test_imagenet_real_scores_the_validation_archive_in_file_name_order(i1k, tmp
   sets = [[0], [1, 2], [], [0, 2], [2], [0]]  # of ILSVRC2012_val_00000001 ... 06
   with open(os.path.join(data_dir, 'imagenet2012', releases.REAL_LABELS), 'w') as f:
     json.dump(sets, f)
-  release = info.real_release('imagenet2012_real', data_dir)
+  release = imagenet.real_release('imagenet2012_real', data_dir)
   spec = specs.eval_spec('resize', 8)
   batches = pipeline.real_label_set_batches(release, 'validation', batch_size=4,
                                             spec=spec, process_index=0,
@@ -637,7 +638,7 @@ def _stream(data_dir, shuffle_buffer=1):
 def test_a_vanished_image_stops_the_train_and_eval_streams_with_one_line(tmp_path, capfd):
   data_dir = tmp_path / 'data'
   _synset_folders(data_dir / 'imagenet21k', ['n00000001', 'n00000002'], 8)
-  assert info.find_release('imagenet21k', str(data_dir)).split_sizes == {'full': 16}
+  assert imagenet.load('imagenet21k', str(data_dir)).release.split_sizes == {'full': 16}
   gone = data_dir / 'imagenet21k' / 'n00000002' / 'n00000002_3.JPEG'
   os.remove(gone)
   capfd.readouterr()
@@ -678,7 +679,7 @@ def test_a_train_batch_of_only_undecodable_images_is_one_line_not_a_hang(tmp_pat
   used to read on forever without yielding, deaf to SIGTERM."""
   data_dir = tmp_path / 'data'
   _synset_folders(data_dir / 'imagenet21k', ['n00000001', 'n00000002'], 4)
-  info.find_release('imagenet21k', str(data_dir))
+  imagenet.load('imagenet21k', str(data_dir)).release
   for path in (data_dir / 'imagenet21k').glob('*/*.JPEG'):
     st = path.stat()
     path.write_bytes(b'\xff\xd8\xff' + b'\0' * (st.st_size - 3))
@@ -692,12 +693,13 @@ def test_a_train_batch_of_only_undecodable_images_is_one_line_not_a_hang(tmp_pat
 _UNREADABLE = """
 import os, sys
 from vit_jax import data as data_lib
-from vit_jax.data import info, specs
+from vit_jax.data import specs
+from vit_jax.data.sources import imagenet
 from vit_jax.errors import UserError
 data_dir, archive = sys.argv[1:]
 
 def batch():
-  info._RELEASES.clear()  # as a new process: the release found and indexed again
+  imagenet._RELEASES.clear()  # as a new process: the release found and indexed again
   return next(data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=data_dir,
                                       batch_size=8, spec=specs.train_spec('resize', 16), seed=0))
 
@@ -763,11 +765,11 @@ def test_the_fingerprint_sees_other_images_and_not_a_copy(tmp_path):
   shutil.copytree(os.path.join(first, 'imagenet21k'), os.path.join(copy, 'imagenet21k'))
   assert identify(copy) == recorded  # other disk, other times
   _other_images_same_shape(copy)
-  info._RELEASES.clear()  # as a new process
+  imagenet._RELEASES.clear()  # as a new process
   with pytest.raises(UserError, match='vit_jax_index'):  # the index is stale: refused
     identify(copy)
   shutil.rmtree(os.path.join(copy, 'vit_jax_index'))  # as the refusal says
-  info._RELEASES.clear()
+  imagenet._RELEASES.clear()
   current = identify(copy)
   assert current['split_sizes'] == recorded['split_sizes']
   assert current['class_names'] == recorded['class_names']
@@ -788,11 +790,11 @@ def test_a_resume_on_a_replaced_archive_of_the_same_shape_is_refused(tmp_path):
   workdir = str(tmp_path / 'run')
   loop.train_and_evaluate(c, workdir)
   _other_images_same_shape(data_dir)
-  info._RELEASES.clear()  # as a new process
+  imagenet._RELEASES.clear()  # as a new process
   with pytest.raises(UserError, match='was built from other contents of .*: delete that directory'):
     loop.train_and_evaluate(c, workdir)
   shutil.rmtree(os.path.join(data_dir, 'vit_jax_index'))
-  info._RELEASES.clear()
+  imagenet._RELEASES.clear()
   with pytest.raises(UserError, match=r'on other data \(imagenet21k: the images changed \(the '
                                       r'same classes and split sizes, other files: content '):
     loop.train_and_evaluate(c, workdir)

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from vit_jax import data as data_lib
-from vit_jax.data import archive, identity, info, releases
+from vit_jax.data import archive, identity, releases
+from vit_jax.data.sources import imagenet
 from vit_jax.errors import UserError
 
 SYNSETS = ('n00000001', 'n00000002')
@@ -70,7 +71,7 @@ def _edit_in_place(path: str) -> None:
 
 
 def _identify(dataset: str, data_dir: str):
-  info._RELEASES.clear()  # as a new process: the data found and indexed again
+  imagenet._RELEASES.clear()  # as a new process: the data found and indexed again
   return identity.identify(data_lib.get_info(dataset, data_dir))
 
 
@@ -166,7 +167,7 @@ def test_images_added_to_a_nested_folder_of_a_folder_dataset_are_read(tmp_path):
   data_dir = str(tmp_path / 'tfds')
   before = data_lib.get_info(f'folder:{root}', data_dir).split_sizes
   (extra / 'late.JPEG').write_bytes(jpeg(7))
-  info._RELEASES.clear()
+  imagenet._RELEASES.clear()
   after = data_lib.get_info(f'folder:{root}', data_dir).split_sizes
   assert sum(after.values()) == sum(before.values()) + 1
 
@@ -247,7 +248,7 @@ def test_a_folder_index_without_a_data_dir_is_in_the_user_cache_and_one_per_fold
   first = data_lib.get_info(f'folder:{root}', None).release.splits['train'].index.directory
   assert os.path.dirname(first) == str(base)
   (root / 'n00000002' / 'late.JPEG').write_bytes(jpeg(8))  # another content: another index
-  info._RELEASES.clear()
+  imagenet._RELEASES.clear()
   second = data_lib.get_info(f'folder:{root}', None).release.splits['train'].index.directory
   assert second != first and os.listdir(base) == [os.path.basename(second)]
   assert not (tmp_path / 'home' / 'tensorflow_datasets').exists()

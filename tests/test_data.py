@@ -9,6 +9,7 @@ with a UserError.
 
 import collections
 import hashlib
+import json
 import os
 import socket
 import tempfile
@@ -23,6 +24,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax import data
 from vit_jax.data import catalog
+from vit_jax.data import identity
 from vit_jax.data import mnist5k
 from vit_jax.data import offline_info
 from vit_jax.data import pipeline
@@ -613,3 +615,10 @@ def test_global_sharding_gives_every_process_count_the_same_global_batches(data_
   for k in range(3):
     for key in ('image', 'label'):
       np.testing.assert_array_equal(np.concatenate([p[k][key] for p in parts]), one[k][key])
+
+
+def test_the_identity_of_a_tfds_dataset_is_pinned(data_dir):
+  """Names, sizes and the prepared files' names and sizes, as recorded with every checkpoint."""
+  assert json.dumps(identity.identify(data.get_info('vit_test_rgb', data_dir))) == json.dumps({
+      'class_names': ['0', '1', '2'], 'split_sizes': {'test': 10, 'train': 24},
+      'fingerprint': '2550d3932ff32f9f'})

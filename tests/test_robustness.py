@@ -2,6 +2,7 @@
 layouts (a few tiny images each), scored over their own classes against scores worked out by
 hand; bad layouts and missing mapping files are one line naming the file and the fix."""
 
+import dataclasses
 import json
 import os
 
@@ -209,6 +210,32 @@ def test_the_robustness_evaluator_scores_a_set_read_in_place(tmp_path):
   assert len(scoring.set_names('all')) == 7
   with pytest.raises(ValueError, match="unknown robustness set 'imagenet_c': use all, or names"):
     scoring.set_names('imagenet_r+imagenet_c')
+
+
+def test_a_set_without_its_release_is_scored_by_its_name(tmp_path, monkeypatch):
+  """tfds's copy of a set (a source without `scoring`) is scored as the set's name says: the
+  images of the test above, served by a source that hides the release's scoring, score alike."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  r = imagenet_subsets.IMAGENET_R
+  for name, level in ((f'{r[0]}/a.jpg', 230), (f'{r[0]}/b.jpg', 220), (f'{r[1]}/c.jpg', 20),
+                      (f'{r[0]}/d.jpg', 10)):
+    _write(str(tmp_path / 'imagenet-r' / name), _flat_jpeg(level))
+  in_place = data.get_info('imagenet_r', str(tmp_path))
+
+  class Unscored:  # the set's facts and records, no scoring (as tfds's imagenet_r)
+    def __getattr__(self, name):
+      if name == 'scoring':
+        raise AttributeError(name)
+      return getattr(in_place.source, name)
+
+  monkeypatch.setattr(data, 'get_info', lambda name, data_dir: dataclasses.replace(
+      in_place, source=Unscored()))
+  mesh = parallel.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1)))
+  evaluator = scoring.RobustnessEvaluator(
+      model=_BrightnessModel(), mesh=mesh, param_shardings=None, sets=['imagenet_r'],
+      data_dir=str(tmp_path), batch_size=8, spec=PP)
+  assert evaluator({}) == {'imagenet_r': 0.75}
 
 
 def test_robustness_sets_are_checked_with_the_config():

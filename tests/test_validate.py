@@ -170,7 +170,7 @@ def test_a_config_is_checked_before_tensorflow_is_imported():
           'print(tensorflow.__name__)\n'
           # The data package's names and submodules still load on first use.
           'from vit_jax import data\n'
-          'print(callable(data.train_iterator), callable(data.info.load_builder),\n'
+          'print(callable(data.train_iterator), callable(data.info.get_info),\n'
           '      data.SHARDINGS == data.choices.SHARDINGS, hasattr(data, "nope"))\n')
   proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                         cwd=ROOT)

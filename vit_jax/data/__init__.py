@@ -6,14 +6,16 @@
   eval_iterator(info=..., ...)      -> (re-iterable padded + masked batches, num_batches)
 
 Modules, by role:
-  sources        `embedded` with `mnist5k` and `digits` (datasets inside installed packages, read
-                 from their arrays), `folder` (a folder of class folders) and `releases`
-                 (ImageNet-21k and ILSVRC2012), both read in place over `vit_jax.data.archive` (the
-                 index of an archive or folder), `image_files` (single image files, for
-                 prediction); `sources/` (sources chosen by a registered name prefix: VTAB-1k's
-                 tasks, the ImageNet robustness sets, or a config file's own);
+  sources        `sources/` (one module per source, chosen by name: `embedded`, `folder`,
+                 `imagenet`, `tfds`, `vtab`, `robustness`, or a config file's own; one
+                 `Source` interface), over the readers: `embedded` with `mnist5k` and `digits`
+                 (datasets inside installed packages), `folder` (a folder of class folders) and
+                 `releases` (ImageNet-21k and ILSVRC2012), both read in place over
+                 `vit_jax.data.archive` (the index of an archive or folder), `image_files`
+                 (single image files, for prediction);
   catalog/info   `catalog` (the embedded datasets' arrays and split expressions, no TensorFlow),
-                 `info` (which source serves a name; tfds datasets, never downloading),
+                 `info` (a name's `DatasetInfo`, holding its source; tfds builders, never
+                 downloading), `identity` (what a checkpoint records of its data),
                  `offline_info` (tfds info of the datasets built here);
   preprocessing  `ops` (the preprocessing ops, registered by name), `randaug` (RandAugment's
                  ops), `specs` (a config's op lists, parsed once and checked),

@@ -42,25 +42,42 @@ def _prepared_files(directory: str) -> List[list]:
 
 
 def identify(info) -> Optional[dict]:
-  """The identity of a dataset from its info (`vit_jax.data.DatasetInfo`), or None when there is
-  none (a run that needs no data: compile-only, a dataset named only by its class count) or it
-  cannot change (an embedded dataset, which installed packages carry)."""
-  if info is None or info.embedded is not None:
+  """The identity of a dataset from its info (`vit_jax.data.DatasetInfo`): its source's own
+  (`identity()`; None for an embedded dataset, which installed packages carry), else
+  `of_files`; None when there is no dataset (a run that needs no data: compile-only, a dataset
+  named only by its class count)."""
+  if info is None:
     return None
-  names = _class_names(info)
-  sizes = {str(k): int(v) for k, v in sorted(info.split_sizes.items())}
-  identity = {'class_names': names, 'split_sizes': sizes}
-  if info.release is not None:
-    identity['content'] = info.release.content
-    identity['checksum'] = info.release.checksum
-    hashed = dict(identity)
-  else:
-    # A registered source without prepared files (data_dir '') is known by its names and sizes.
-    files = _prepared_files(os.fspath(info.data_dir)) if info.data_dir else []
-    hashed = dict(identity, files=files)
+  own = getattr(info.source, 'identity', None)
+  return own() if own is not None else of_files(info.source)
+
+
+def _named(source) -> dict:
+  return {'class_names': _class_names(source),
+          'split_sizes': {str(k): int(v) for k, v in sorted(source.split_sizes.items())}}
+
+
+def _with_fingerprint(identity: dict, hashed: dict) -> dict:
   identity['fingerprint'] = hashlib.sha256(
       json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:16]
   return identity
+
+
+def of_files(source) -> dict:
+  """Class names and split sizes, fingerprinted with the names and sizes of the prepared files
+  in the source's `data_dir` (a tfds dataset's); a source without one ('') is known by its
+  names and sizes."""
+  identity = _named(source)
+  files = _prepared_files(os.fspath(source.data_dir)) if source.data_dir else []
+  return _with_fingerprint(identity, dict(identity, files=files))
+
+
+def of_content(source) -> dict:
+  """Class names, split sizes and the content digest of a source read in place (its `release`:
+  a folder, an ImageNet release), fingerprinted together."""
+  identity = dict(_named(source), content=source.release.content,
+                  checksum=source.release.checksum)
+  return _with_fingerprint(identity, dict(identity))
 
 
 def changes(recorded: Optional[dict], current: Optional[dict]) -> List[str]:
@@ -93,4 +110,4 @@ def changes(recorded: Optional[dict], current: Optional[dict]) -> List[str]:
           f'{current.get("fingerprint")})']
 
 
-__all__ = ['identify', 'changes']
+__all__ = ['changes', 'identify', 'of_content', 'of_files']

@@ -1,9 +1,10 @@
 """tf.data input pipelines: an infinite, exactly resumable train stream and padded eval batches.
 
 Every source feeds the same streams, given by its `info.DatasetInfo` (resolved once per run):
-`source_records` reads a tfds dataset's records undecoded (the image stays encoded bytes,
-optionally cached in memory) and an embedded dataset's uint8 arrays in place (nothing encoded or
-decoded), each in the order tfds reads it; `preprocess.decode` takes either. Both streams read
+`source_records` reads the records of its source (`sources.Source.records`): a tfds dataset's
+undecoded (the image stays encoded bytes, optionally cached in memory), an embedded dataset's
+uint8 arrays in place (nothing encoded or decoded), each in the order tfds reads it;
+`preprocess.decode` takes either. Both streams read
 this process's share of the split, `tfds.even_splits(split, process_count)[index]`, run the
 spec's preprocessing ops (vit_jax/data/ops.py) and return host-local numpy batches of
 PER-PROCESS size.
@@ -56,7 +57,6 @@ from absl import logging
 
 from vit_jax.platform import cpus
 from vit_jax.data import archive
-from vit_jax.data import catalog
 from vit_jax.data import info as info_lib
 from vit_jax.data import preprocess
 from vit_jax.data import releases
@@ -98,8 +98,7 @@ def train_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
     raise UserError(f"process {process_index} of {process_count} gets no example of split "
                     f"'{split}' of '{ds_info.name}' ({ds_info.num_examples(split)} examples); use "
                     f"a larger split or fewer processes")
-  records = (_release_records(release, share) if release else
-             source_records(ds_info, share, cache))
+  records = source_records(ds_info, share, cache)
 
   seed_tensor = tf.constant(seed, tf.int64)
   buffer = min(shuffle_buffer, num)
@@ -154,12 +153,6 @@ def train_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
 # The key under which a release's train batches carry the record keys of the corrupt images they
 # skipped (-1 elsewhere); `_counting_skipped` takes it out of the batches and logs them.
 _SKIPPED = 'skipped'
-
-
-def _release_records(release, share) -> tf.data.Dataset:
-  """(record key, label) of a release's split share (releases.records), in read order."""
-  keys, labels = releases.records(release, share)
-  return tf.data.Dataset.from_tensor_slices((keys, labels))
 
 
 class _Reader:
@@ -348,8 +341,7 @@ def eval_iterator(*, info: info_lib.DatasetInfo, split: str, batch_size: int,
   num_batches = -(-max(counts) // batch_size)
   records = None
   if counts[process_index]:
-    records = (_release_records(release, shares[process_index]) if release else
-               source_records(ds_info, shares[process_index], cache))
+    records = source_records(ds_info, shares[process_index], cache)
   batches = padded_eval_batches(records, count=counts[process_index], num_batches=num_batches,
                                 batch_size=batch_size, spec=spec, stored_shape=ds_info.image_shape,
                                 read=_Reader(release) if release else None,
@@ -446,27 +438,18 @@ def _map_examples(fn, elems, out_spec: tf.TensorSpec) -> tf.Tensor:
 
 
 def split_records(info: info_lib.DatasetInfo, split, *, cache: bool):
-  """(records, read) of a split of any source, in a fixed order: (stored image, label) of a tfds
-  or embedded dataset (`source_records`; read None), or (record key, label) of a source read in
-  place through its index, whose images `read` (a `_Reader`, as `padded_eval_batches` takes it)
-  reads."""
-  if info.release is not None:
-    return _release_records(info.release, split), _Reader(info.release)
-  return source_records(info, split, cache), None
+  """(records, read) of a split of any source, in a fixed order (`source_records`), and
+  `read`: None, or for a source read in place, whose records are (record key, label), the
+  `_Reader` of their images (as `padded_eval_batches` takes it)."""
+  return source_records(info, split, cache), _Reader(info.release) if info.release else None
 
 
 def source_records(info: info_lib.DatasetInfo, split, cache: bool) -> tf.data.Dataset:
-  """(stored image, label) of `split` of a tfds dataset or an embedded one, in read order: the
-  encoded bytes of a tfds record (optionally cached in memory), or the uint8 pixels of an
-  embedded dataset's arrays, read in place (`preprocess.decode` takes either); a registered
-  source's own records (`sources.Source.records`)."""
-  if info.source is not None:
-    return info.source.records(split, cache).with_options(_options())
-  if info.embedded is not None:
-    images, labels = catalog.in_read_order(info.name, split)
-    return tf.data.Dataset.from_tensor_slices((images, labels)).with_options(_options())
-  return encoded_records(info.builder, split, info.image_key, lambda ex: ex[info.label_key],
-                         cache=cache)
+  """The source's records of `split` in read order (`sources.Source.records`): (stored image,
+  label), the encoded bytes of a tfds record (optionally cached in memory) or the uint8 pixels
+  of an embedded dataset's arrays (`preprocess.decode` takes either); (record key, label) of a
+  source read in place."""
+  return info.source.records(split, cache).with_options(_options())
 
 
 def encoded_records(builder, split, image_key: str, label_fn, *, cache: bool) -> tf.data.Dataset:

@@ -17,8 +17,9 @@ import tensorflow_datasets as tfds
 
 from vit_jax import parallel
 from vit_jax.data import catalog
-from vit_jax.data import info as info_lib
 from vit_jax.data import pipeline, specs
+from vit_jax.data.sources import imagenet
+from vit_jax.data.sources import tfds as tfds_source
 from vit_jax.errors import UserError
 from vit_jax.parallel import sharding
 
@@ -54,7 +55,7 @@ class RealEvaluator:
     self._step = self._scoring_step(model, param_shardings)
     pcount, pindex = jax.process_count(), jax.process_index()
     # The ILSVRC2012 archives read in place, with real.json beside them (vit_jax/data/releases.py).
-    release = info_lib.real_release(dataset, data_dir)
+    release = imagenet.real_release(dataset, data_dir)
     if release is not None:
       self._check_classes(model, dataset, len(release.classes))
       self._batches = pipeline.real_label_set_batches(
@@ -62,7 +63,8 @@ class RealEvaluator:
           process_index=pindex, process_count=pcount)
       return
     # (An embedded dataset, read from its arrays, has no label sets.)
-    builder = None if dataset in catalog.EMBEDDED else info_lib.load_builder(dataset, data_dir)
+    builder = (None if dataset in catalog.EMBEDDED else
+               tfds_source.load_builder(dataset, data_dir))
     num_classes = _label_set_feature(builder, dataset)
     self._check_classes(model, dataset, num_classes)
     shares = tfds.even_splits(split, n=pcount)

@@ -59,8 +59,9 @@ class RobustnessEvaluator:
     pcount, pindex = jax.process_count(), jax.process_index()
     for name in sets:
       info = data_lib.get_info(name, data_dir)
-      source = info.source
-      to_set = (source.scoring if source is not None else robustness.scoring(name)).to_set
+      # A set read from its release carries its scoring; tfds's copy of it is scored by name.
+      scored = getattr(info.source, 'scoring', None) or robustness.scoring(name)
+      to_set = scored.to_set
       batches, _ = data_lib.eval_iterator(info=info, split='test', batch_size=batch_size // pcount,
                                           spec=spec, process_index=pindex, process_count=pcount,
                                           cache=cache)

@@ -1,11 +1,12 @@
-"""Data sources chosen by the prefix of the dataset name, one module each.
+"""Data sources chosen by the dataset name, one module each.
 
-A source gives `load(dataset, data_dir)`, a `Source`: what `info.get_info` returns for the name
-(its classes, split sizes, examples per split) and the records the input pipeline streams
-(`Source.records`). Adding a source is one module with its `load`, registered here by prefix
-(`PREFIXES`), or a `load` function that a config file registers (`register`) when it is loaded.
-Names without a registered prefix are served by the built-in kinds: the embedded datasets,
-'folder:PATH', the ImageNet releases and tfds (vit_jax/data/info.py).
+A source module gives `load(dataset, data_dir)`, a `Source` (or None for a name it does not
+serve): what `info.get_info` returns for the name (its classes, split sizes, examples per
+split), the records the input pipeline streams (`Source.records`) and the identity each
+checkpoint records (`Source.identity`). A name is served by the first of: the source of its
+registered prefix (`PREFIXES`), the source of its exact name (`NAMES`), tfds (`DEFAULT`) that
+gives a `Source`. Adding a source is one module with its `load`, registered here, or a `load`
+function that a config file registers (`register`) when it is loaded.
 """
 
 import importlib
@@ -16,11 +17,20 @@ PREFIXES: Dict[str, Union[str, Callable]] = {
     'vtab/': 'vit_jax.data.sources.vtab',
     'imagenet_': 'vit_jax.data.sources.robustness',  # imagenet_r, imagenet_v2/..., not imagenet2012
     'objectnet': 'vit_jax.data.sources.robustness',
+    'folder:': 'vit_jax.data.sources.folder',
 }
+# exact name -> the module whose `load` serves it
+NAMES: Dict[str, str] = {
+    'mnist5k': 'vit_jax.data.sources.embedded',
+    'digits': 'vit_jax.data.sources.embedded',
+    'imagenet21k': 'vit_jax.data.sources.imagenet',
+    'imagenet2012': 'vit_jax.data.sources.imagenet',  # tfds's when prepared for tfds
+}
+DEFAULT = 'vit_jax.data.sources.tfds'  # every other name: a prepared tfds dataset
 
 
 class Source(Protocol):
-  """A dataset served by a registered source."""
+  """A dataset as its source serves it (the built-in sources, or one a config file registers)."""
   name: str
   num_classes: int
   image_shape: Tuple[Optional[int], ...]   # (H, W, C) as stored; H, W None if they vary
@@ -33,8 +43,12 @@ class Source(Protocol):
 
   def records(self, split, cache: bool):
     """tf.data of (stored image: encoded bytes or uint8 pixels, int32 label), in read order. A
-    source read in place through the release reader gives `release` (a `releases.Release`)
-    instead, and the pipeline reads its images by key."""
+    source read in place through the release reader (`in_place.InPlace`) gives (record key,
+    label) and its `release` (a `releases.Release`), whose images the pipeline reads by key."""
+
+  # Optional: `identity() -> dict or None`, what a checkpoint records of the data
+  # (vit_jax/data/identity.py); without it, the class names, split sizes and the names and sizes
+  # of the files in `data_dir` (`identity.of_files`).
 
 
 def register(prefix: str, load_fn: Union[str, Callable]) -> None:
@@ -50,23 +64,26 @@ def unregister(prefix: str) -> None:
 
 
 def find(dataset: str) -> Optional[Union[str, Callable]]:
-  """What serves `dataset` (a dotted module path or a load function), or None (a built-in
-  kind)."""
+  """What a registered prefix serves `dataset` by (a dotted module path or a load function), or
+  None."""
   for prefix, served_by in PREFIXES.items():
     if dataset.startswith(prefix):
       return served_by
   return None
 
 
-def load(dataset: str, data_dir: Optional[str]) -> Optional[Source]:
-  """The `Source` of `dataset` from what its prefix registers, or None if no prefix matches or
-  the source does not serve the name (it falls through to the built-in kinds)."""
-  served_by = find(dataset)
-  if served_by is None:
-    return None
-  if isinstance(served_by, str):
-    served_by = importlib.import_module(served_by).load
-  return served_by(dataset, data_dir)
+def load(dataset: str, data_dir: Optional[str]) -> Source:
+  """The `Source` of `dataset`: its prefix's, else its name's, else tfds's, the first that serves
+  it; UserError (tfds's) for a name no source serves."""
+  for served_by in (find(dataset), NAMES.get(dataset), DEFAULT):
+    if served_by is None:
+      continue
+    if isinstance(served_by, str):
+      served_by = importlib.import_module(served_by).load
+    source = served_by(dataset, data_dir)
+    if source is not None:
+      return source
+  raise AssertionError(f'the tfds source returned no source for {dataset!r}')
 
 
-__all__ = ['PREFIXES', 'Source', 'find', 'load', 'register', 'unregister']
+__all__ = ['DEFAULT', 'NAMES', 'PREFIXES', 'Source', 'find', 'load', 'register', 'unregister']

@@ -32,6 +32,7 @@ import numpy as np
 from vit_jax.data import archive
 from vit_jax.data import releases
 from vit_jax.data.sources import imagenet_subsets
+from vit_jax.data.sources import in_place
 from vit_jax.errors import UserError
 
 V2_VARIANTS = {'matched-frequency': 'imagenetv2-matched-frequency',
@@ -104,24 +105,14 @@ def scoring(name: str) -> Scoring:
   return identity_scoring()
 
 
-class RobustnessSource:
+class RobustnessSource(in_place.InPlace):
   """A robustness set read in place: one 'test' split of a `releases.Release`."""
 
   def __init__(self, name: str, release: releases.Release, to_set: Scoring):
-    self.name, self.release, self.scoring = name, release, to_set
-    self.num_classes = len(release.classes)
-    self.class_names = release.classes
-    self.image_shape = (None, None, 3)
-    self.split_sizes = release.split_sizes
-    self.data_dir = release.root
+    super().__init__(release, name)
+    self.scoring = to_set
     # ObjectNet's images have a 1-pixel frame, cropped before evaluation as its authors do.
     self.border = 1 if release.name == 'objectnet' else 0
-
-  def num_examples(self, split) -> int:
-    return sum(len(rows) for _, rows, _ in self.release.select(split))
-
-  def records(self, split, cache: bool):  # the pipeline reads a release by its keys
-    raise NotImplementedError('read through info.release')
 
 
 def load(dataset: str, data_dir: Optional[str]) -> Optional[RobustnessSource]:

@@ -238,13 +238,14 @@ class VtabSource:
 
 def load(dataset: str, data_dir: Optional[str]) -> VtabSource:
   """The source of 'vtab/<task>'; UserError for an unknown task or an unprepared dataset."""
-  from vit_jax.data import info  # pylint: disable=g-import-not-at-top
+  from vit_jax.data.sources import tfds as tfds_source  # pylint: disable=g-import-not-at-top
   from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   name = dataset[len(PREFIX):]
   if name not in TASKS:
     raise UserError(f'unknown VTAB task {name!r} in dataset={dataset!r}: use vtab/ and one of '
                     f'{", ".join(TASKS)}')
-  return VtabSource(dataset, TASKS[name], info.load_builder(TASKS[name].tfds_name, data_dir))
+  return VtabSource(dataset, TASKS[name], tfds_source.load_builder(TASKS[name].tfds_name,
+                                                                  data_dir))
 
 
 # ---------------------------------------------------------------------------------------------
