@@ -47,6 +47,12 @@ def base_config() -> config_dict.ConfigDict:
   # Register tokens and the attention-pool head (docs/models.md).
   c.model.num_registers = 0               # register tokens after cls: attended to, never pooled;
                                           # 0 = the original model (same params)
+  # FlexiViT (docs/models.md): params stored at one patch kernel and position-embedding grid,
+  # resized at call time to the model's patch size (the variant's, e.g. ViT-B/16) and token grid.
+  c.model.flexi_patch = 0                 # side of the stored patch kernel (PI-resized); 0 = off
+  c.model.flexi_grid = 0                  # side of the stored learned posemb grid; 0 = off
+  c.model.flexi_resize = 'bilinear'       # posemb resize: bilinear | bicubic | lanczos3 |
+                                          # lanczos5 | nearest (jax.image.resize)
 
   # Data: any tensorflow-datasets name; mnist5k and digits are embedded, read from their arrays.
   c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)
