@@ -1,6 +1,10 @@
 """FlexiViT (vit_jax/models/flexi.py): the pseudo-inverse resize of the patch kernel, the flexible
 model against the plain ViT, and its options' checks."""
 
+import json
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +14,7 @@ from vit_jax import models
 from vit_jax.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import vit
+from helpers import ROOT
 
 
 def _patchwise_resize(images: np.ndarray, p: int, q: int) -> np.ndarray:
@@ -122,3 +127,85 @@ def test_flexi_model_at_another_patch_size_is_the_plain_vit_on_resized_params():
 def test_bad_flexi_options_are_one_line_errors(options, error):
   with pytest.raises(UserError, match='^' + error.replace('(', r'\(').replace('.', r'\.')):
     models.create_model('ViT-Ze/4', num_classes=3, **options)
+
+
+# ---------------------------------------------------------------- training and evaluation
+
+
+def test_flexi_patch_sizes_are_drawn_by_seed_and_step_with_their_weights():
+  from vit_jax.train import patch_sizes  # pylint: disable=g-import-not-at-top
+  draws = [patch_sizes.draw((4, 7, 14), (1, 0, 3), 0, s) for s in range(1, 401)]
+  assert draws == [patch_sizes.draw((4, 7, 14), (1, 0, 3), 0, s) for s in range(1, 401)]
+  assert 7 not in draws and 0.65 < draws.count(14) / len(draws) < 0.85
+  assert draws != [patch_sizes.draw((4, 7, 14), (1, 0, 3), 1, s) for s in range(1, 401)]
+
+
+@pytest.mark.parametrize('overrides, error', [
+    (dict(flexi_patch_sizes=(4, 7)), 'config.flexi_patch_sizes=4,7 draws a patch size per step, '
+     'which needs a FlexiViT: set config.model.flexi_patch'),
+    (dict(flexi_patch_sizes=(4, 5), flexi_patch=7),
+     'config.flexi_patch_sizes has 5, which does not divide the 28 px images'),
+    (dict(flexi_patch_sizes=(4, 7), flexi_patch_probs=(1,), flexi_patch=7),
+     'config.flexi_patch_probs=1 must be one weight >= 0 per patch size (2)'),
+    (dict(flexi_patch_probs=(1, 2)), 'config.flexi_patch_probs is set but config.flexi_patch_sizes'
+     ' is empty'),
+])
+def test_bad_flexi_training_configs_are_one_line_errors(overrides, error):
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
+  config = common.base_config()
+  config.model_name, config.image_size = 'ViT-Ze/7', 28
+  config.model.flexi_patch = overrides.pop('flexi_patch', 0)
+  for key, value in overrides.items():
+    config[key] = value
+  with pytest.raises(UserError) as e:
+    validate.check_config(config)
+  assert str(e.value).startswith(error), str(e.value)
+
+
+def test_a_flexivit_trained_with_random_patch_sizes_evaluates_at_two_from_one_checkpoint(
+    tmp_path):
+  """Four steps with patch sizes drawn from 4, 7, 14 (seed 0 draws 14, 4, 14, 14: the sizes other
+  than the model's own 7 compile their own step once), then the one checkpoint scored at patch 4
+  and 14, each into its own table."""
+  workdir = str(tmp_path / 'w')
+  code = f'''
+import json
+from vit_jax.configs import mnist5k
+from vit_jax.evaluate import checkpoint
+from vit_jax.models import flexi
+from vit_jax.train import loop, program
+config = mnist5k.get_config('model_name=ViT-Ze/7,steps=4,batch_size=8')
+config.warmup_steps, config.progress = 1, False
+config.model.flexi_patch, config.model.flexi_grid = 14, 4
+config.flexi_patch_sizes, config.flexi_patch_probs = (4, 7, 14), (1, 1, 2)
+built = []
+train_fn_at = program.Program.train_fn_at
+def recording(self, p):
+  built.append(p)
+  return train_fn_at(self, p)
+program.Program.train_fn_at = recording
+loop.train_and_evaluate(config, {workdir!r})
+print('built', built)
+model, params, config, identity = checkpoint.load_run_checkpoint({workdir!r}, None)
+print('kernel', params['embedding']['kernel'].shape)
+for p in (4, 14):
+  out = checkpoint.evaluate(flexi.at_patch_size(model, p, 28), params, config,
+                            dict(identity, patch_size=p), ['eval'], workdir={workdir!r},
+                            say=lambda line: None)
+  metrics = out['results']['eval']['metrics']
+  print(p, out['directory'].rsplit('/', 1)[-1], sorted(metrics))
+  print(json.dumps(metrics))
+'''
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert lines[0] == 'built [14, 4, 14, 14]'
+  assert lines[1] == 'kernel (14, 14, 1, 32)'  # stored once, at flexi_patch
+  assert lines[2].startswith('4 step_4_patch4 ') and lines[4].startswith('14 step_4_patch14 ')
+  at4, at14 = json.loads(lines[3]), json.loads(lines[5])
+  print(at4, at14)
+  assert set(at4) == set(at14) and 'loss' in at4
+  assert np.isfinite(at4['loss']) and np.isfinite(at14['loss'])
+  assert at4['loss'] != at14['loss']  # two models from one checkpoint

@@ -90,6 +90,12 @@ def model():
       'model', None, 'Variant of a params file, e.g. ViT-B/16.'))
 
 
+def patch_size():
+  return _shared('patch_size', lambda: flags.DEFINE_integer(
+      'patch_size', None, 'FlexiViT: the patch size to run the model at (the same params); '
+      "default: the model's own."))
+
+
 def image_size():
   return _shared('image_size', lambda: flags.DEFINE_integer(
       'image_size', None, 'Input size of a params file; default: from its position embedding.'))

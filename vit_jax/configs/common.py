@@ -76,6 +76,10 @@ def base_config() -> config_dict.ConfigDict:
   c.total_epochs = placeholder(float)
   c.warmup_steps = 10_000
   c.accum_steps = 1                       # gradient accumulation: micro-batches per step
+  # FlexiViT training (model.flexi_patch set): each step's patch size drawn from this list by the
+  # seed and the step (each size its own compiled step); () = the model's one patch size.
+  c.flexi_patch_sizes = ()                # e.g. 8,10,12,16 (divisors of image_size)
+  c.flexi_patch_probs = ()                # weight of each size (normalised); () = uniform
 
   # Optimiser.
   c.optimizer = 'adam'                    # adam | sgd

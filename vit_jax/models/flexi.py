@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.errors import UserError
+
 @functools.cache
 def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
   """[n_out, n_in] float64: resized = M @ values along one axis; half-pixel centres (output i
@@ -76,5 +78,19 @@ def resize_posemb(posemb: jax.Array, base: Tuple[int, int], grid: Tuple[int, int
   return jnp.reshape(pe, (1, grid[0] * grid[1], d))
 
 
-__all__ = ['bilinear_matrix', 'pi_resize_kernel', 'resize_matrix',
+def at_patch_size(model, patch_size: int, image_size: int, flag: str = '--patch_size'):
+  """The FlexiViT `model` run at `patch_size` (the same params), checked against `image_size`;
+  a one-line UserError naming `flag` for a model that stores no flexible kernel or a patch size
+  that does not divide the images."""
+  if not getattr(model, 'flexi_patch', 0):
+    raise UserError(f'{flag}={patch_size} runs a FlexiViT at another patch size, but this model '
+                    f'stores its patch kernel at its own patch size (model.flexi_patch=0): leave '
+                    f'{flag} out, or train with model.flexi_patch set')
+  if patch_size < 1 or image_size % patch_size:
+    raise UserError(f'{flag}={patch_size} does not divide the {image_size} px images into '
+                    f'patches: use a divisor of {image_size}')
+  return model.clone(patch_size=(patch_size, patch_size))
+
+
+__all__ = ['at_patch_size', 'bilinear_matrix', 'pi_resize_kernel', 'resize_matrix',
            'resize_posemb']
