@@ -209,3 +209,16 @@ for p in (4, 14):
   assert set(at4) == set(at14) and 'loss' in at4
   assert np.isfinite(at4['loss']) and np.isfinite(at14['loss'])
   assert at4['loss'] != at14['loss']  # two models from one checkpoint
+
+
+def test_running_at_a_patch_size_needs_a_flexivit_and_a_divisor_of_the_image():
+  plain = models.create_model('ViT-Ze/7', num_classes=3)
+  with pytest.raises(UserError, match=r'^--patch_size=4 runs a FlexiViT at another patch size, '
+                     r'but this model stores its patch kernel at its own patch size'):
+    flexi.at_patch_size(plain, 4, 28)
+  model = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, flexi_grid=4)
+  with pytest.raises(UserError, match=r'^--patch_size=5 does not divide the 28 px images'):
+    flexi.at_patch_size(model, 5, 28)
+  assert flexi.at_patch_size(model, 4, 28).patch == (4, 4)
+  assert models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, patch_size=4).patch == (
+      4, 4)  # the same model by the patch_size option (what a bundle's spec stores)

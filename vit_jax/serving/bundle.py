@@ -253,6 +253,15 @@ def read_class_names(path: str) -> Tuple[str, ...]:
   return names
 
 
+
+def at_patch_size(b: Bundle, patch_size: int) -> Bundle:
+  """FlexiViT: `b` run at `patch_size` from the same params (its spec's `patch_size` option), for
+  predict and export at that size; a one-line UserError for a model that is not a FlexiViT."""
+  from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top  # JAX
+  flexi.at_patch_size(b.spec.build(), patch_size, b.spec.image_size)
+  spec = dataclasses.replace(b.spec, options={**b.spec.options, 'patch_size': patch_size})
+  return dataclasses.replace(b, spec=spec)
+
 def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
             bundle: Optional[str] = None, model: Optional[str] = None,
             options: Optional[Mapping[str, Any]] = None, image_size: Optional[int] = None,
