@@ -13,7 +13,6 @@ import pytest
 from vit_jax import models
 from vit_jax.errors import UserError
 from vit_jax.models import flexi
-from vit_jax.models import vit
 from helpers import ROOT
 
 
@@ -62,33 +61,27 @@ def test_pi_resize_is_the_pseudo_inverse_of_the_full_resize_matrix():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def _plain_and_flexi_params(classifier='token'):
-  """Params of ViT-Ze/4 at 28 px (7x7 grid) and the same params as FlexiViT (a 4x4 kernel, a 7x7
-  position-embedding grid); the plain model's cls position row is zero, as FlexiViT's."""
+def _plain_params(classifier='token'):
+  """ViT-Ze/4 at 28 px (a 7x7 grid) and its params with a non-zero head; the same tree is a
+  FlexiViT's with a 4x4 kernel and a 7x7 position-embedding grid."""
   plain = models.create_model('ViT-Ze/4', num_classes=3, classifier=classifier)
   params = plain.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 3)), train=False)['params']
   params = jax.tree.map(np.array, params)
-  pe = params['Transformer']['posembed_input']['pos_embedding']
-  has_cls = vit.has_cls(classifier)
   params['head']['kernel'] = np.random.default_rng(0).normal(
       size=params['head']['kernel'].shape).astype(np.float32)  # non-zero logits
-  if has_cls:
-    pe[:, 0] = 0.
-  flexi_params = jax.tree.map(lambda x: x, params)
-  flexi_params['Transformer']['posembed_input'] = {'pos_embedding': pe[:, int(has_cls):]}
-  return plain, params, flexi_params
+  return plain, params
 
 
 @pytest.mark.parametrize('classifier', ['token', 'gap'])
 def test_flexi_model_at_its_stored_patch_size_is_the_plain_vit(classifier):
-  plain, params, flexi_params = _plain_and_flexi_params(classifier)
+  plain, params = _plain_params(classifier)
   model = models.create_model('ViT-Ze/4', num_classes=3, classifier=classifier, flexi_patch=4,
                               flexi_grid=7)
   x = jax.random.uniform(jax.random.PRNGKey(1), (2, 28, 28, 3), minval=-1, maxval=1)
   shapes = jax.tree.map(np.shape, model.init(jax.random.PRNGKey(0), x, train=False)['params'])
-  assert shapes == jax.tree.map(np.shape, flexi_params)
+  assert shapes == jax.tree.map(np.shape, params)
   expected = plain.apply({'params': params}, x, train=False)
-  got = model.apply({'params': flexi_params}, x, train=False)
+  got = model.apply({'params': params}, x, train=False)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   assert float(jnp.abs(expected).max()) > 1e-2
 
@@ -96,19 +89,20 @@ def test_flexi_model_at_its_stored_patch_size_is_the_plain_vit(classifier):
 def test_flexi_model_at_another_patch_size_is_the_plain_vit_on_resized_params():
   """ViT-Ze/7 with a stored 4x4 kernel and 7x7 grid (28 px: a 4x4 grid) equals the plain ViT-Ze/7
   whose kernel is pinv(B^T) w (B from resizing basis patches) and whose position embedding is
-  the stored grid resized by jax.image.resize."""
-  _, _, flexi_params = _plain_and_flexi_params('token')
+  the stored grid resized by jax.image.resize (the cls row kept)."""
+  _, flexi_params = _plain_params('token')
   kernel = flexi_params['embedding']['kernel']  # [4, 4, 3, 32]
   basis = np.eye(16).reshape(16, 4, 4, 1)
   b = np.asarray(jax.image.resize(jnp.asarray(basis), (16, 7, 7, 1), 'bilinear',
                                   antialias=False)).reshape(16, 49).T  # [49, 16]: x' = B x
   resized_kernel = (np.linalg.pinv(b.T) @ kernel.reshape(16, -1)).reshape(7, 7, 3, 32)
-  grid = flexi_params['Transformer']['posembed_input']['pos_embedding'].reshape(1, 7, 7, 32)
-  resized_pe = np.asarray(jax.image.resize(jnp.asarray(grid), (1, 4, 4, 32), 'bilinear'))
+  pe = flexi_params['Transformer']['posembed_input']['pos_embedding']  # [1, 1 + 49, 32]
+  resized_pe = np.asarray(jax.image.resize(jnp.asarray(pe[:, 1:].reshape(1, 7, 7, 32)),
+                                           (1, 4, 4, 32), 'bilinear'))
   reference = jax.tree.map(lambda x: x, flexi_params)
   reference['embedding']['kernel'] = resized_kernel.astype(np.float32)
   reference['Transformer']['posembed_input'] = {'pos_embedding': np.concatenate(
-      [np.zeros((1, 1, 32), np.float32), resized_pe.reshape(1, 16, 32)], axis=1)}
+      [pe[:, :1], resized_pe.reshape(1, 16, 32)], axis=1)}
   x = jax.random.uniform(jax.random.PRNGKey(2), (2, 28, 28, 3), minval=-1, maxval=1)
   expected = models.create_model('ViT-Ze/7', num_classes=3).apply(
       {'params': reference}, x, train=False)

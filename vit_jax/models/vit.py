@@ -122,8 +122,9 @@ class AddPositionEmbs(nn.Module):
   """Adds the position embedding to tokens [B, N, D] (N includes the cls slot if `has_cls`).
 
   A learned embedding with `base_grid` (FlexiViT, `model.flexi_grid`) is stored for that grid,
-  [1, bh*bw, D] without a cls row, and resized to `grid` by `resize` (models/flexi.py); the cls
-  token gets no position embedding, as in big_vision's FlexiViT."""
+  [1, (1+) bh*bw, D] as the plain one, and its grid rows are resized to `grid` by `resize`
+  (models/flexi.py); the cls row is kept (big_vision's FlexiViT has none: zero, see
+  vit_jax/formats/npz.py)."""
   kind: str
   grid: Tuple[int, int]
   has_cls: bool
@@ -134,11 +135,12 @@ class AddPositionEmbs(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind == 'learned' and self.base_grid is not None:
+      cls = int(self.has_cls)
       pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
-                      (1, self.base_grid[0] * self.base_grid[1], x.shape[2]), self.param_dtype)
-      pe = flexi_lib.resize_posemb(pe, self.base_grid, self.grid, self.resize)
-      if self.has_cls:
-        pe = jnp.concatenate([jnp.zeros_like(pe[:, :1]), pe], axis=1)
+                      (1, cls + self.base_grid[0] * self.base_grid[1], x.shape[2]),
+                      self.param_dtype)
+      pe = jnp.concatenate([pe[:, :cls], flexi_lib.resize_posemb(
+          pe[:, cls:], self.base_grid, self.grid, self.resize)], axis=1)
     elif self.kind == 'learned':
       pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
                       (1, x.shape[1], x.shape[2]), self.param_dtype)
