@@ -216,3 +216,87 @@ def test_running_at_a_patch_size_needs_a_flexivit_and_a_divisor_of_the_image():
   assert flexi.at_patch_size(model, 4, 28).patch == (4, 4)
   assert models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, patch_size=4).patch == (
       4, 4)  # the same model by the patch_size option (what a bundle's spec stores)
+
+
+# ---------------------------------------------------------------- big_vision's FlexiViT files
+
+
+def _big_vision_flexivit(path, rng):
+  """A tiny FlexiViT .npz in big_vision's layout (models/proj/flexi/vit.py: `embedding` kernel
+  8x8, a top-level `pos_embedding` [1, 4*4, D] without a cls row, `cls`, linen encoder names,
+  everything under `params/`); returns its flat arrays."""
+  params = models.create_model('ViT-Ze/8', num_classes=5).init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)['params']
+  flat = {'/'.join(k.key for k in keys): rng.normal(size=x.shape).astype(np.float32) * 0.3
+          for keys, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  del flat['Transformer/posembed_input/pos_embedding']
+  flat['pos_embedding'] = rng.normal(size=(1, 16, 32)).astype(np.float32)
+  for key in [k for k in flat if k.endswith('scale')]:
+    flat[key] = 1. + flat[key]
+  np.savez(path, **{f'params/{k}': v for k, v in flat.items()})
+  return flat
+
+
+def _np_flexivit(bv, images, p):
+  """big_vision's FlexiViT at patch size p by its definition (FlexiViT paper, Sec. 3.4): the kernel
+  pinv(B^T) w with B the bilinear resize of basis patches, the position embedding resized to the
+  token grid and added to the patch tokens before cls is prepended (the numpy ViT of
+  tests/test_models.py runs the rest)."""
+  from test_models import _np_vit  # pylint: disable=g-import-not-at-top
+  base, d = bv['embedding/kernel'].shape[0], bv['embedding/kernel'].shape[-1]
+  basis = np.eye(base * base).reshape(-1, base, base, 1)
+  b = np.asarray(jax.image.resize(jnp.asarray(basis), (base * base, p, p, 1), 'bilinear',
+                                  antialias=False)).reshape(base * base, p * p).T
+  kernel = np.linalg.pinv(b.T) @ bv['embedding/kernel'].astype(np.float64).reshape(base * base, -1)
+  g = images.shape[1] // p
+  pe = np.asarray(jax.image.resize(jnp.asarray(bv['pos_embedding'].reshape(1, 4, 4, d)),
+                                   (1, g, g, d), 'bilinear')).reshape(1, g * g, d)
+  tree = {}
+  for key, value in bv.items():
+    node = tree
+    *parents, leaf = key.split('/')
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  tree['embedding'] = {'kernel': kernel.reshape(p, p, 3, d), 'bias': bv['embedding/bias']}
+  tree['Transformer']['posembed_input'] = {
+      'pos_embedding': np.concatenate([np.zeros((1, 1, d)), pe], axis=1)}
+  return _np_vit(tree, images, p, heads=2)
+
+
+def test_a_big_vision_flexivit_file_loads_with_its_logits_at_every_patch_size(tmp_path):
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import spec  # pylint: disable=g-import-not-at-top
+  bv = _big_vision_flexivit(tmp_path / 'flexi.npz', np.random.default_rng(0))
+  params = npz.load_npz(str(tmp_path / 'flexi.npz'))
+  options = spec.infer_options(params, 'ViT-Ze/16')
+  assert options == {'classifier': 'token', 'flexi_patch': 8, 'flexi_grid': 4}
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  outputs = []
+  for p in (16, 8, 4):  # up, equal and down from the stored 8x8 kernel
+    model = models.create_model('ViT-Ze/16', num_classes=5, **options, patch_size=p)
+    outputs.append(model.apply({'params': params}, images, train=False))
+    np.testing.assert_allclose(outputs[-1], _np_flexivit(bv, images, p), rtol=2e-4, atol=2e-4)
+  assert min(float(np.abs(a - b).max()) for a, b in zip(outputs, outputs[1:])) > 1e-2
+
+
+def test_flexivit_weights_by_name_come_from_big_vision(tmp_path, monkeypatch):
+  from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
+  w = weights.lookup('ViT-B/16@flexivit-i21k-300ep')
+  assert (w.model_name, w.image_size, weights.url(w)) == (
+      'ViT-B/16', 240,
+      'https://storage.googleapis.com/big_vision/flexivit/flexivit_b_i21k_300ep.npz')
+  assert {n for n in weights.KNOWN if '@flexivit' in n} == {
+      'ViT-S/16@flexivit-i1k', 'ViT-B/16@flexivit-i1k', 'ViT-L/16@flexivit-i1k',
+      'ViT-B/16@flexivit-i21k-90ep', 'ViT-B/16@flexivit-i21k-300ep',
+      'ViT-B/16@flexivit-i21k-1000ep'}
+  mirror = tmp_path / 'mirror' / 'big_vision' / 'flexivit'
+  mirror.mkdir(parents=True)
+  np.savez(mirror / 'flexivit_s_i1k.npz', x=np.zeros(3))
+  monkeypatch.setenv(weights.URL_VAR, f'file://{tmp_path / "mirror"}')
+  monkeypatch.setenv(weights.DIR_VAR, str(tmp_path / 'cache'))
+  path = weights.fetch('ViT-S/16@flexivit-i1k')
+  assert path == str(tmp_path / 'cache' / 'big_vision' / 'flexivit' / 'flexivit_s_i1k.npz')
+  with pytest.raises(UserError, match=r'holds another model \(width None, None blocks\), not '
+                     r'ViT-S/16@flexivit-i1k \(ViT-S/16: width 384, 12 blocks\)'):
+    weights.check_model('ViT-S/16@flexivit-i1k', path)
