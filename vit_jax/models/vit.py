@@ -30,6 +30,10 @@ added (they have no position), attended to in every block, and dropped before th
 `num_prefix_tokens` is the one count of the tokens before the patches (cls and registers) that
 every reader of the token sequence skips. R = 0 is the original model with the same params.
 
+`flexi_patch=P` and `flexi_grid=G` make a FlexiViT (vit_jax/models/flexi.py): `embedding/kernel`
+stored at P x P and the position embedding's grid at G x G, resized at call time to the patch
+size and the token grid, so one set of params runs at any patch size.
+
 `fp8=True` runs the encoder's dense layers (query, key, value, out, Dense_0, Dense_1) through
 `vit_jax.models.fp8.Fp8Dot`: fp8 matmuls with delayed scaling, whose scales live in their own
 variable collection next to 'params' (the train step's business; without it the same layers run
