@@ -143,6 +143,9 @@ def test_flexi_patch_sizes_are_drawn_by_seed_and_step_with_their_weights():
      'config.flexi_patch_probs=1 must be one weight >= 0 per patch size (2)'),
     (dict(flexi_patch_probs=(1, 2)), 'config.flexi_patch_probs is set but config.flexi_patch_sizes'
      ' is empty'),
+    (dict(flexi_patch_sizes=(4, 7), flexi_patch=7, flexi_grid=0),
+     'config.flexi_patch_sizes changes the token grid, which a learned position embedding of one '
+     'grid cannot follow: set config.model.flexi_grid'),
 ])
 def test_bad_flexi_training_configs_are_one_line_errors(overrides, error):
   from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
@@ -150,6 +153,8 @@ def test_bad_flexi_training_configs_are_one_line_errors(overrides, error):
   config = common.base_config()
   config.model_name, config.image_size = 'ViT-Ze/7', 28
   config.model.flexi_patch = overrides.pop('flexi_patch', 0)
+  config.model.flexi_grid = overrides.pop('flexi_grid', 4)
+  config.model.posemb = 'learned'
   for key, value in overrides.items():
     config[key] = value
   with pytest.raises(UserError) as e:
@@ -210,6 +215,10 @@ def test_running_at_a_patch_size_needs_a_flexivit_and_a_divisor_of_the_image():
   with pytest.raises(UserError, match=r'^--patch_size=4 runs a FlexiViT at another patch size, '
                      r'but this model stores its patch kernel at its own patch size'):
     flexi.at_patch_size(plain, 4, 28)
+  fixed_grid = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14)
+  with pytest.raises(UserError, match=r'^--patch_size=4 changes the token grid, but this '
+                     r"FlexiViT's learned position embedding is stored for its own grid"):
+    flexi.at_patch_size(fixed_grid, 4, 28)
   model = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, flexi_grid=4)
   with pytest.raises(UserError, match=r'^--patch_size=5 does not divide the 28 px images'):
     flexi.at_patch_size(model, 5, 28)

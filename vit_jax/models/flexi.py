@@ -86,6 +86,10 @@ def at_patch_size(model, patch_size: int, image_size: int, flag: str = '--patch_
     raise UserError(f'{flag}={patch_size} runs a FlexiViT at another patch size, but this model '
                     f'stores its patch kernel at its own patch size (model.flexi_patch=0): leave '
                     f'{flag} out, or train with model.flexi_patch set')
+  if model.posemb == 'learned' and not model.flexi_grid and patch_size != model.patch[0]:
+    raise UserError(f'{flag}={patch_size} changes the token grid, but this FlexiViT\'s learned '
+                    f'position embedding is stored for its own grid (model.flexi_grid=0): leave '
+                    f'{flag} out, or train with model.flexi_grid set')
   if patch_size < 1 or image_size % patch_size:
     raise UserError(f'{flag}={patch_size} does not divide the {image_size} px images into '
                     f'patches: use a divisor of {image_size}')

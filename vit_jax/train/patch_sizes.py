@@ -25,6 +25,10 @@ def check(config) -> None:
     raise UserError(f'config.flexi_patch_sizes={",".join(map(str, sizes))} draws a patch size '
                     f'per step, which needs a FlexiViT: set config.model.flexi_patch (the stored '
                     f'kernel side, e.g. {max(sizes)}) and config.model.flexi_grid')
+  if config.model.posemb == 'learned' and not config.model.flexi_grid:
+    raise UserError('config.flexi_patch_sizes changes the token grid, which a learned position '
+                    'embedding of one grid cannot follow: set config.model.flexi_grid (e.g. 7) '
+                    'or config.model.posemb=sincos2d')
   for p in sizes:
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or config.image_size % p:
       raise UserError(f'config.flexi_patch_sizes has {p!r}, which does not divide the '
