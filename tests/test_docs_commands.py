@@ -89,6 +89,9 @@ COMMANDS = {
     f'{_PY}.main --config=configs/default.py --workdir=runs/mine': Run(_FAST_TRAIN),
     # docs/models.md
     '.venv/bin/python -c "from vit_jax.models import create_model, cost;': Run(),
+    'W=runs/flexi; python -m vit_jax.main --config=configs/default.py --workdir=$W': Run(_FAST_TRAIN),
+    'W=runs/flexi; python -m vit_jax evaluate --workdir=$W --evals=eval --patch_size=4': Run(),
+    'W=runs/flexi; python -m vit_jax predict --workdir=$W --patch_size=14 digit.png': Run(),
     # docs/interop.md
     f'{_PY} export --workdir=runs/default': Run(),
     f'{_PY} convert --workdir=runs/default': Run(),

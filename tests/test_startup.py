@@ -44,6 +44,8 @@ def _run(tmp_path, *args):
     ('--config.lr=-1', 'error: --config.lr=-1.0 is out of range'),
     ('--config.model.posemb=rope', "error: unknown posemb 'rope': use --config.model.posemb="),
     ('--config.warmup_steps=5000', 'error: warmup_steps=5000 is not below total_steps=3000'),
+    ('--config.flexi_patch_sizes=4,7',
+     'error: --config.flexi_patch_sizes=4,7 draws a patch size per step, which needs a FlexiViT'),
 ])
 def test_config_errors_come_before_the_heavy_imports(tmp_path, override, error):
   missing = str(tmp_path / 'no_such_dir')

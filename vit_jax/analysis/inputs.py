@@ -39,7 +39,9 @@ def load_model(step_dir, *, averaged: bool = False):
 def load_params_file(source: str, model_name: Optional[str] = None):
   """(model, params, ModelSpec) of an .npz params file or official weights by name (downloaded
   once): the variant from the name or `model_name`, options and size from the params."""
+  image_size = None
   if weights.is_name(source):
+    image_size = weights.lookup(source).image_size  # where the file does not say (FlexiViT)
     source, model_name = weights.fetch_as(source, model_name)
   if not model_name:
     raise UserError(f'--checkpoint={source} holds params only: pass the model it was trained as '
@@ -47,9 +49,10 @@ def load_params_file(source: str, model_name: Optional[str] = None):
   params = npz.load_npz(source)
   if 'head' not in params:
     raise UserError(f'{source} has no head/ params: the attention rollout needs a classifier')
-  options = infer_options(params)
+  options = infer_options(params, model_name)
   spec = ModelSpec(model_name, int(np.shape(params['head']['kernel'])[-1]), options,
-                   infer_image_size(params, model_name, options), input_channels(params))
+                   image_size or infer_image_size(params, model_name, options),
+                   input_channels(params))
   model = spec.build()
   params = npz.fit_to_model(params, model, (spec.image_size, spec.image_size, spec.channels),
                             name=f'{model_name} ({source})')

@@ -1,6 +1,7 @@
 """Scores a checkpoint on a list of evaluators and writes its results table:
 `python -m vit_jax evaluate --workdir=RUN [--step=N] --evals=knn,linear_probe,fewshot`, or
 `--weights=NAME --dataset=D --workdir=OUT` for released weights (or a params file with --model).
+`--patch_size=P` runs a FlexiViT (model.flexi_patch set) at patch size P from the same params.
 
 --evals names entries of the run's config.evals, registered evaluator types or suites
 (docs/evaluation.md). The table (results.json, results.md, results.png) goes to
@@ -25,6 +26,7 @@ _MODEL = flag_groups.model()
 _DATASET = flag_groups.dataset()
 _BATCH_SIZE = flag_groups.batch_size()
 _DATA_DIR = flag_groups.data_dir()
+_PATCH_SIZE = flag_groups.patch_size()
 
 
 def _interrupt_on_sigterm() -> None:
@@ -62,6 +64,10 @@ def run(argv) -> int:
     if _DATASET.value:
       raise cli.UserError('--dataset is for --weights: a run is scored on its own dataset (an '
                           "evaluator entry's dataset option names another)")
+  if _PATCH_SIZE.value is not None:  # FlexiViT: its own table and feature cache per patch size
+    from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top
+    model = flexi.at_patch_size(model, _PATCH_SIZE.value, config.image_size)
+    identity = dict(identity, patch_size=_PATCH_SIZE.value)
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
   say = lambda line: print(line, file=sys.stderr, flush=True)

@@ -90,6 +90,12 @@ def model():
       'model', None, 'Variant of a params file, e.g. ViT-B/16.'))
 
 
+def patch_size():
+  return _shared('patch_size', lambda: flags.DEFINE_integer(
+      'patch_size', None, 'FlexiViT: the patch size to run the model at (the same params); '
+      "default: the model's own."))
+
+
 def image_size():
   return _shared('image_size', lambda: flags.DEFINE_integer(
       'image_size', None, 'Input size of a params file; default: from its position embedding.'))
@@ -119,6 +125,7 @@ class ModelSource:
   image_size: Any
   class_names: Any
   data_dir: Any
+  patch_size: Any
 
   def params_file_only(self) -> bool:
     """True when the source is a bare params file without --model (convert needs no model)."""
@@ -129,11 +136,14 @@ class ModelSource:
   def resolve(self):
     """The `Bundle` the flags name."""
     from vit_jax.serving import bundle  # pylint: disable=g-import-not-at-top
-    return bundle.resolve(workdir=self.workdir.value, checkpoint=self.checkpoint.value,
-                          bundle=self.bundle.value, model=self.model.value,
-                          options=parse_options(self.model_options.value),
-                          image_size=self.image_size.value, class_names=self.class_names.value,
-                          data_dir=self.data_dir.value)
+    out = bundle.resolve(workdir=self.workdir.value, checkpoint=self.checkpoint.value,
+                         bundle=self.bundle.value, model=self.model.value,
+                         options=parse_options(self.model_options.value),
+                         image_size=self.image_size.value, class_names=self.class_names.value,
+                         data_dir=self.data_dir.value)
+    if self.patch_size.value is not None:
+      out = bundle.at_patch_size(out, self.patch_size.value)
+    return out
 
 
 def model_source() -> ModelSource:
@@ -149,7 +159,7 @@ def model_source() -> ModelSource:
       image_size=image_size(),
       class_names=_shared('class_names', lambda: flags.DEFINE_string(
           'class_names', None, 'Text file, one class name per line.')),
-      data_dir=data_dir())
+      data_dir=data_dir(), patch_size=patch_size())
 
 
 MODEL_SOURCE_HELP = {

@@ -47,6 +47,12 @@ def base_config() -> config_dict.ConfigDict:
   # Register tokens and the attention-pool head (docs/models.md).
   c.model.num_registers = 0               # register tokens after cls: attended to, never pooled;
                                           # 0 = the original model (same params)
+  # FlexiViT (docs/models.md): params stored at one patch kernel and position-embedding grid,
+  # resized at call time to the model's patch size (the variant's, e.g. ViT-B/16) and token grid.
+  c.model.flexi_patch = 0                 # side of the stored patch kernel (PI-resized); 0 = off
+  c.model.flexi_grid = 0                  # side of the stored learned posemb grid; 0 = off
+  c.model.flexi_resize = 'bilinear'       # posemb resize: bilinear | bicubic | lanczos3 |
+                                          # lanczos5 | nearest (jax.image.resize)
 
   # Data: any tensorflow-datasets name; mnist5k and digits are embedded, read from their arrays.
   c.dataset = 'mnist5k'                   # tfds name, or 'folder:/path' (one sub-folder per class)
@@ -70,6 +76,10 @@ def base_config() -> config_dict.ConfigDict:
   c.total_epochs = placeholder(float)
   c.warmup_steps = 10_000
   c.accum_steps = 1                       # gradient accumulation: micro-batches per step
+  # FlexiViT training (model.flexi_patch set): each step's patch size drawn from this list by the
+  # seed and the step (each size its own compiled step); () = the model's one patch size.
+  c.flexi_patch_sizes = ()                # e.g. 8,10,12,16 (divisors of image_size)
+  c.flexi_patch_probs = ()                # weight of each size (normalised); () = uniform
 
   # Optimiser.
   c.optimizer = 'adam'                    # adam | sgd

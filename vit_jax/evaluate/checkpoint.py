@@ -111,6 +111,8 @@ def table_dir(workdir: str, identity: dict) -> str:
   label = (f'step_{identity["step"]}' if 'step' in identity else
            'weights_' + ''.join(c if c.isalnum() or c in '-_.' else '_'
                                 for c in identity['weights']))
+  if 'patch_size' in identity:  # a FlexiViT run at another patch size (evaluate --patch_size)
+    label += f'_patch{identity["patch_size"]}'
   return os.path.join(workdir, 'evaluations', label)
 
 

@@ -40,8 +40,8 @@ Params = Dict[str, Any]
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 _BV_POSEMB = 'pos_embedding'
-_SCAN = 'Transformer/encoderblock/'
-_PREFIXES = ('opt/target/', 'params/img/', 'params/')
+SCANNED = 'Transformer/encoderblock/'
+PREFIXES = ('opt/target/', 'params/img/', 'params/')  # stripped: the first one a file has
 # Children of Transformer/encoderblock_{i}: one counter across types (pre-linen) -> per type.
 _FROM_RELEASED = {'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
                   'LayerNorm_2': 'LayerNorm_1', 'MlpBlock_3': 'MlpBlock_0'}
@@ -99,23 +99,23 @@ def from_npz_layout(flat: Mapping[str, np.ndarray]) -> Tuple[Dict[str, np.ndarra
   """Flat file keys (any supported layout) -> (flat keys of our tree, layout description)."""
   flat = dict(flat)
   layout = []
-  for prefix in _PREFIXES:
+  for prefix in PREFIXES:
     if any(k.startswith(prefix) for k in flat):
       flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
       layout.append(prefix.rstrip('/'))
       break
   big_vision = bool(layout and layout[0].startswith('params')) or _BV_POSEMB in flat
 
-  scanned = {k: v for k, v in flat.items() if k.startswith(_SCAN)}
+  scanned = {k: v for k, v in flat.items() if k.startswith(SCANNED)}
   out: Dict[str, np.ndarray] = {}
   if scanned:
     big_vision = True
     depths = {v.shape[0] if v.ndim else 0 for v in scanned.values()}
     if len(depths) != 1 or 0 in depths:
-      raise UserError(f'scanned encoder {_SCAN}... has arrays with different numbers of layers '
+      raise UserError(f'scanned encoder {SCANNED}... has arrays with different numbers of layers '
                       f'{sorted(depths)} on axis 0: {_FIX}')
     for key, value in _flatten(unstack_blocks(_unflatten(scanned))).items():
-      _put(out, key, value, _SCAN + '...')
+      _put(out, key, value, SCANNED + '...')
 
   pre_linen = False
   for key, value in flat.items():

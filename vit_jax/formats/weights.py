@@ -8,13 +8,18 @@ file, downloaded once.
     NAME@augreg-i21k (pre-trained 300 epochs on ImageNet-21k) and NAME@augreg-i21k+imagenet2012
     (then fine-tuned at 384 px) for ViT-Ti/16, S/16, S/32, B/16, B/32, L/16, R+ViT-Ti/16,
     R26+ViT-S/32, R50+ViT-L/32                                  gs://vit_models/augreg/...
+  FlexiViT (Beyer et al. 2023; big_vision's "FlexiViT-B i1k", ...): ViT-{S,B,L}/16@flexivit-i1k
+    (distilled on ImageNet-1k), ViT-B/16@flexivit-i21k-{90,300,1000}ep (ImageNet-21k), 240 px;
+    their stored kernel PI-resized to patch 16 or any --patch_size   gs://big_vision/flexivit/...
 
 Files are fetched from $VIT_JAX_WEIGHTS_URL (default https://storage.googleapis.com/vit_models, the
 public address of gs://vit_models; a file:// URL points at a local mirror) into $VIT_JAX_WEIGHTS_DIR
 (default ~/.cache/vit_jax/weights), at the bucket's relative path, and later used from there without
-the network. A download is written to a hidden temporary file and renamed only once complete: its
-size must equal the Content-Length the server announced and it must be a whole .npz (zip) file, so
-a killed or cut download never leaves a file that looks complete. Without a network, one error line
+the network. Files of another bucket (big_vision's) are fetched from
+https://storage.googleapis.com/BUCKET, or from $VIT_JAX_WEIGHTS_URL/BUCKET when it is set, and
+kept under BUCKET/ in the cache. A download is written to a hidden temporary file and renamed only
+once complete: its size must equal the Content-Length the server announced and it must be a whole
+.npz (zip) file, so a killed or cut download never leaves a file that looks complete. Without a network, one error line
 names the file's address and where to put it by hand.
 """
 
@@ -35,7 +40,7 @@ from vit_jax.formats import files
 
 URL_VAR, DIR_VAR = 'VIT_JAX_WEIGHTS_URL', 'VIT_JAX_WEIGHTS_DIR'
 DEFAULT_URL = 'https://storage.googleapis.com/vit_models'
-BUCKET = 'gs://vit_models'
+BUCKET = 'gs://vit_models'  # the original's weights; `Weights.bucket` names others
 TIMEOUT_S = 60
 
 
@@ -45,6 +50,8 @@ class Weights:
   path: str        # relative to the bucket, e.g. imagenet21k/ViT-B_16.npz
   model_name: str  # the variant of this codebase it is
   note: str        # what it is trained on, at what resolution
+  bucket: str = 'vit_models'          # the gs:// bucket of `path`
+  image_size: Optional[int] = None    # the input size, where the file does not give it (FlexiViT)
 
 
 def _file_stem(model: str) -> str:
@@ -72,11 +79,22 @@ _AUGREG = {
 }
 
 
+# FlexiViT's released files (big_vision's VANITY_NAMES): size, source, what it is.
+_FLEXIVIT = (
+    ('S', 'i1k', 'distilled on ImageNet-1k, 1000 classes'),
+    ('B', 'i1k', 'distilled on ImageNet-1k, 1000 classes'),
+    ('L', 'i1k', 'distilled on ImageNet-1k, 1000 classes'),
+    ('B', 'i21k-90ep', 'ImageNet-21k 90 epochs, 21843 classes'),
+    ('B', 'i21k-300ep', 'ImageNet-21k 300 epochs, 21843 classes'),
+    ('B', 'i21k-1000ep', 'ImageNet-21k 1000 epochs, 21843 classes'),
+)
+
+
 def _registry() -> Dict[str, Weights]:
   out = {}
 
-  def add(name, path, model, note):
-    out[name] = Weights(name, path, model, note)
+  def add(name, path, model, note, **kwargs):
+    out[name] = Weights(name, path, model, note, **kwargs)
 
   for model in ('ViT-B/16', 'ViT-B/32', 'ViT-L/16', 'ViT-L/32', 'ViT-H/14', 'R50+ViT-B/16'):
     add(f'{model}@imagenet21k', f'imagenet21k/{_file_stem(model)}.npz', model,
@@ -95,6 +113,11 @@ def _registry() -> Dict[str, Weights]:
     add(f'{model}@augreg-i21k+imagenet2012',
         f'augreg/{stem}--imagenet2012-steps_20k-lr_{lr}-res_384.npz', model,
         'AugReg: then fine-tuned on ImageNet at 384 px, 1000 classes')
+  for size, source, note in _FLEXIVIT:
+    add(f'ViT-{size}/16@flexivit-{source}',
+        f'flexivit/flexivit_{size.lower()}_{source.replace("-", "_")}.npz', f'ViT-{size}/16',
+        f'FlexiViT: {note}, 240 px, any patch size (--patch_size)', bucket='big_vision',
+        image_size=240)
   return out
 
 
@@ -115,20 +138,28 @@ def lookup(name: str) -> Weights:
   return KNOWN[name]
 
 
-def base_url() -> str:
-  return os.environ.get(URL_VAR, DEFAULT_URL).rstrip('/')
+def base_url(bucket: str = 'vit_models') -> str:
+  if bucket == 'vit_models':
+    return os.environ.get(URL_VAR, DEFAULT_URL).rstrip('/')
+  mirror = os.environ.get(URL_VAR)
+  return f'{mirror.rstrip("/")}/{bucket}' if mirror else f'https://storage.googleapis.com/{bucket}'
 
 
 def cache_dir() -> str:
   return os.path.expanduser(os.environ.get(DIR_VAR) or '~/.cache/vit_jax/weights')
 
 
+def _bucket_path(weights: Weights) -> str:
+  """`path` relative to the cache and the mirror: other buckets' under their name."""
+  return weights.path if weights.bucket == 'vit_models' else f'{weights.bucket}/{weights.path}'
+
+
 def local_path(weights: Weights) -> str:
-  return os.path.join(cache_dir(), *weights.path.split('/'))
+  return os.path.join(cache_dir(), *_bucket_path(weights).split('/'))
 
 
 def url(weights: Weights) -> str:
-  return f'{base_url()}/{weights.path}'
+  return f'{base_url(weights.bucket)}/{weights.path}'
 
 
 def fetch(name: str) -> str:
@@ -144,8 +175,8 @@ def fetch(name: str) -> str:
           file=sys.stderr, flush=True)
     os.remove(path)
   address = url(weights)
-  by_hand = (f'download {address} (gs: {BUCKET}/{weights.path}) by hand to {path}, or point '
-             f'{URL_VAR} at a mirror')
+  by_hand = (f'download {address} (gs: gs://{weights.bucket}/{weights.path}) by hand to {path}, '
+             f'or point {URL_VAR} at a mirror')
   created = _missing_ancestor(os.path.dirname(path))
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -212,22 +243,28 @@ def check_model(name: str, path: str, *, other_fix: str = '') -> None:
   `encoderblock_{i}` names): a mirror serving another model's file under the name is said so,
   not taken for an image-size question or a checkpoint of another model. `other_fix` is the
   caller's other way out (predict: pass --model)."""
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
   from vit_jax.models import variants  # pylint: disable=g-import-not-at-top
   weights = lookup(name)
   want = variants.decode_variant(weights.model_name)
   if 'hidden_size' not in want:
     return
   with np.load(path) as data:
+    # Names under big_vision's `params/` prefix too, its encoder maybe scanned ([L, ...]).
     names = list(data.keys())
+    prefix = next((p for p in npz.PREFIXES if any(n.startswith(p) for n in names)), '')
+    names = [n[len(prefix):] for n in names if n.startswith(prefix)]
     norm = 'Transformer/encoder_norm/scale'
-    width = int(data[norm].shape[-1]) if norm in names else None
+    width = int(data[prefix + norm].shape[-1]) if norm in names else None
+    scanned = [n for n in names if n.startswith(npz.SCANNED)]
+    stacked = int(data[prefix + scanned[0]].shape[0]) if scanned else None
   blocks = {n.split('/')[1] for n in names if n.startswith('Transformer/encoderblock_')}
-  depth = len(blocks) or None
+  depth = len(blocks) or stacked
   if (width, depth) != (want['hidden_size'], want['num_layers']):
     raise UserError(f'{path} holds another model (width {width}, {depth} blocks), not '
                     f'{weights.name} ({weights.model_name}: width {want["hidden_size"]}, '
                     f'{want["num_layers"]} blocks): delete it and fix the mirror at ${URL_VAR} '
-                    f'({base_url()}){other_fix}')
+                    f'({base_url(weights.bucket)}){other_fix}')
 
 
 def fetch_checked(name: str, *, other_fix: str = '') -> str:
@@ -262,7 +299,7 @@ def listing() -> str:
   lines = []
   for w in KNOWN.values():
     here = 'cached' if os.path.isfile(local_path(w)) else 'not downloaded'
-    lines.append(f'{w.name:40s} {w.note}; {BUCKET}/{w.path} ({here})')
+    lines.append(f'{w.name:40s} {w.note}; gs://{w.bucket}/{w.path} ({here})')
   lines.append(f'cache: {cache_dir()} (${DIR_VAR}); source: {base_url()} (${URL_VAR})')
   return '\n'.join(lines)
 

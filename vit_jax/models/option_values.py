@@ -29,21 +29,26 @@ REMAT_POLICIES = {
     'gelu': None,
 }
 
+# FlexiViT's position-embedding interpolations: `jax.image.resize` methods (models/flexi.py).
+FLEXI_RESIZES = ('bilinear', 'bicubic', 'lanczos3', 'lanczos5', 'nearest')
 # option -> its valid values.
 CHOICES: Dict[str, Tuple[str, ...]] = {
     'classifier': CLASSIFIERS,
     'posemb': POSEMBS,
     'remat': tuple(REMAT_POLICIES),
     'attention': attention_lib.ATTENTIONS,
+    'flexi_resize': FLEXI_RESIZES,
 }
+_COUNT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, 'an integer >= 0')
 # option -> (predicate, what the value must be). A drop-path rate of 1 drops the last block for
 # every example (vit.drop_path); a dropout rate of 1 would drop every activation.
 RANGES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     'dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'attention_dropout_rate': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'stochastic_depth': (lambda v: 0 <= v <= 1, 'in [0, 1]'),
-    'num_registers': (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                      'an integer >= 0'),
+    'num_registers': _COUNT,
+    'flexi_patch': _COUNT,  # FlexiViT's stored patch kernel side (0: none)
+    'flexi_grid': _COUNT,   # FlexiViT's stored position-embedding grid side (0: none)
 }
 DTYPES = ('dtype', 'param_dtype')
 CHECKED = (*CHOICES, *RANGES, *DTYPES)  # every option `check_values` checks
@@ -66,9 +71,13 @@ def check_values(options: Mapping[str, Any], prefix: str = 'model.') -> None:
         np.dtype(getattr(ml_dtypes, value, value) if isinstance(value, str) else value)
       except TypeError:
         raise UserError(f'{name}={value!r} is not a dtype: use e.g. float32 or bfloat16') from None
+  if options.get('flexi_grid') and options.get('posemb', 'learned') != 'learned':
+    raise UserError(f'{prefix}flexi_grid={options["flexi_grid"]} resizes a learned position '
+                    f'embedding but {prefix}posemb={options["posemb"]!r}: set '
+                    f'{prefix}posemb=learned or {prefix}flexi_grid=0')
   if 'attention' in options:
     attention_lib.check(options['attention'], options.get('attention_dropout_rate', 0.))
 
 
-__all__ = ['CHECKED', 'CHOICES', 'CLASSIFIERS', 'DTYPES', 'POSEMBS', 'RANGES', 'REMAT_POLICIES',
+__all__ = ['CHECKED', 'CHOICES', 'CLASSIFIERS', 'DTYPES', 'FLEXI_RESIZES', 'POSEMBS', 'RANGES', 'REMAT_POLICIES',
            'check_values']

@@ -15,6 +15,7 @@ import numpy as np
 from vit_jax import lazy
 from vit_jax import models
 from vit_jax.errors import UserError
+from vit_jax.models import variants
 
 resnet_lib = lazy.Module('vit_jax.models.resnet')  # Flax: loaded when a model is built
 vit_lib = lazy.Module('vit_jax.models.vit')
@@ -83,12 +84,16 @@ def input_channels(params) -> int:
                   'it is not the param tree of a model of this codebase')
 
 
-def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
+def infer_options(params: Mapping[str, Any], model_name: Optional[str] = None
+                  ) -> Dict[str, Any]:
   """create_model options that a released params file implies: classifier (cls token or not),
-  num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d).
-  A Mixer (MixerBlock_0) has none of these options."""
+  num_registers, representation_size (pre_logits) and posemb (learned if stored, else sincos2d);
+  with the variant `model_name`, FlexiViT's (`flexi_options`). A Mixer (MixerBlock_0) has none
+  of these options."""
   if 'MixerBlock_0' in params:
     return {}
+  if model_name is not None:
+    return {**infer_options(params), **flexi_options(params, model_name)}
   pool = 'map' if 'MAPHead_0' in params else 'gap'
   options: Dict[str, Any] = {'classifier': 'token' if 'cls' in params else pool}
   if 'registers' in params:
@@ -100,6 +105,28 @@ def infer_options(params: Mapping[str, Any]) -> Dict[str, Any]:
   return options
 
 
+def flexi_options(params: Mapping[str, Any], model_name: str) -> Dict[str, Any]:
+  """FlexiViT options of a plain ViT's params whose patch kernel is not of the variant's patch
+  size (a FlexiViT file, e.g. big_vision's 32x32 kernel read as ViT-B/16): flexi_patch (the
+  kernel's side) and flexi_grid (the side of its learned position embedding's square grid)."""
+  kernel = params.get('embedding', {}).get('kernel')
+  if kernel is None or 'conv_root' in params or variants.family(model_name)[0] != \
+      'VisionTransformer':
+    return {}
+  side = int(np.shape(kernel)[0])
+  if side == variants.family(model_name)[1]['patch_size'][0]:
+    return {}
+  options = {'flexi_patch': side}
+  posemb = params.get('Transformer', {}).get('posembed_input', {}).get('pos_embedding')
+  if posemb is not None:
+    tokens = int(np.shape(posemb)[1]) - int('cls' in params)
+    options['flexi_grid'] = math.isqrt(tokens)
+    if options['flexi_grid'] ** 2 != tokens:
+      raise UserError(f'the position embedding has {tokens} patch tokens, not a square grid: '
+                      f'the params are not a FlexiViT\'s')
+  return options
+
+
 def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any]] = None) -> int:
   """The square input size that gives the token count of a learned position embedding (a
   Mixer: of its token-mixing MLP)."""
@@ -108,9 +135,10 @@ def infer_image_size(params, model_name: str, options: Optional[Mapping[str, Any
     side = math.isqrt(int(np.shape(mixing['kernel'])[0]))
     return side * models.create_model(model_name, num_classes=1).patch[0]
   posemb = params.get('Transformer', {}).get('posembed_input', {}).get('pos_embedding')
-  if posemb is None:
-    raise UserError('the checkpoint has no learned position embedding, so its image size is not '
-                    'stored: pass --image_size')
+  if posemb is None or (options or {}).get('flexi_grid'):
+    raise UserError('the checkpoint has no learned position embedding of its image size (none, '
+                    'or a FlexiViT\'s of its own grid), so its image size is not stored: pass '
+                    '--image_size')
   model = models.create_model(model_name, num_classes=1, **dict(options or {}))
   tokens = int(np.shape(posemb)[1]) - vit_lib.has_cls(model.classifier)
   side = math.isqrt(tokens)

@@ -30,6 +30,10 @@ added (they have no position), attended to in every block, and dropped before th
 `num_prefix_tokens` is the one count of the tokens before the patches (cls and registers) that
 every reader of the token sequence skips. R = 0 is the original model with the same params.
 
+`flexi_patch=P` and `flexi_grid=G` make a FlexiViT (vit_jax/models/flexi.py): `embedding/kernel`
+stored at P x P and the position embedding's grid at G x G, resized at call time to the patch
+size and the token grid, so one set of params runs at any patch size.
+
 `fp8=True` runs the encoder's dense layers (query, key, value, out, Dense_0, Dense_1) through
 `vit_jax.models.fp8.Fp8Dot`: fp8 matmuls with delayed scaling, whose scales live in their own
 variable collection next to 'params' (the train step's business; without it the same layers run
@@ -59,6 +63,7 @@ import numpy as np
 
 from vit_jax.errors import UserError
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import flexi as flexi_lib
 from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import layout
 from vit_jax.models import option_values
@@ -118,15 +123,29 @@ def remat_policy(remat: Union[bool, str]):
 
 
 class AddPositionEmbs(nn.Module):
-  """Adds the position embedding to tokens [B, N, D] (N includes the cls slot if `has_cls`)."""
+  """Adds the position embedding to tokens [B, N, D] (N includes the cls slot if `has_cls`).
+
+  A learned embedding with `base_grid` (FlexiViT, `model.flexi_grid`) is stored for that grid,
+  [1, (1+) bh*bw, D] as the plain one, and its grid rows are resized to `grid` by `resize`
+  (models/flexi.py); the cls row is kept (big_vision's FlexiViT has none: zero, see
+  vit_jax/formats/npz.py)."""
   kind: str
   grid: Tuple[int, int]
   has_cls: bool
   param_dtype: Dtype = jnp.float32
+  base_grid: Optional[Tuple[int, int]] = None
+  resize: str = 'bilinear'
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    if self.kind == 'learned':
+    if self.kind == 'learned' and self.base_grid is not None:
+      cls = int(self.has_cls)
+      pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
+                      (1, cls + self.base_grid[0] * self.base_grid[1], x.shape[2]),
+                      self.param_dtype)
+      pe = jnp.concatenate([pe[:, :cls], flexi_lib.resize_posemb(
+          pe[:, cls:], self.base_grid, self.grid, self.resize)], axis=1)
+    elif self.kind == 'learned':
       pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
                       (1, x.shape[1], x.shape[2]), self.param_dtype)
     else:  # sincos2d: fixed, not a param; the cls slot gets a zero row.
@@ -305,6 +324,8 @@ class Encoder(nn.Module):
   fp8: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  posemb_grid: Optional[Tuple[int, int]] = None  # FlexiViT's underlying grid (AddPositionEmbs)
+  posemb_resize: str = 'bilinear'
 
   @nn.compact
   def __call__(self, x: jax.Array, *, grid: Tuple[int, int], train: bool,
@@ -312,7 +333,7 @@ class Encoder(nn.Module):
     """`registers` [1, R, D] go after the cls token once the position embedding is added."""
     if self.posemb != 'none':
       x = AddPositionEmbs(self.posemb, grid, self.has_cls, self.param_dtype,
-                          name='posembed_input')(x)
+                          self.posemb_grid, self.posemb_resize, name='posembed_input')(x)
     if registers is not None:
       regs = jnp.broadcast_to(registers.astype(x.dtype), (x.shape[0],) + registers.shape[1:])
       x = jnp.concatenate([x[:, :int(self.has_cls)], regs, x[:, int(self.has_cls):]], axis=1)
@@ -342,6 +363,26 @@ class Encoder(nn.Module):
         x = block(name=f'{layout.BLOCK}_{i}')(x, rates[i], train)
     return nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='encoder_norm')(x)
+
+
+class FlexiPatchEmbedding(nn.Module):
+  """FlexiViT's patch embedding: a stored `base` x `base` kernel (params `kernel`, `bias` as
+  nn.Conv's), PI-resized to `patch` (models/flexi.py) and applied with stride `patch`."""
+  features: int
+  base: int
+  patch: Tuple[int, int]
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param('kernel', nn.initializers.lecun_normal(),
+                        (self.base, self.base, x.shape[-1], self.features), self.param_dtype)
+    bias = self.param('bias', nn.initializers.zeros, (self.features,), self.param_dtype)
+    kernel = flexi_lib.pi_resize_kernel(kernel, self.patch).astype(self.dtype)
+    y = jax.lax.conv_general_dilated(x.astype(self.dtype), kernel, window_strides=self.patch,
+                                     padding='VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    return y + bias.astype(self.dtype)
 
 
 def check_image_size(height: int, width: int, *, patch_size, resnet, hidden_size: int,
@@ -401,6 +442,12 @@ class VisionTransformer(nn.Module):
   scan: bool = False  # the blocks as one scanned layer, params stacked [L, ...] (see `init`)
   fp8: bool = False  # the encoder's dense layers in fp8 with delayed scaling (models/fp8.py)
   num_registers: int = 0  # register tokens: attended to, never pooled (num_prefix_tokens)
+  # FlexiViT (models/flexi.py): the stored patch kernel's side (0: the patch size) and learned
+  # position-embedding grid's side (0: the image's token grid), resized to the patch size and
+  # token grid at call time; `flexi_resize` interpolates the position embedding.
+  flexi_patch: int = 0
+  flexi_grid: int = 0
+  flexi_resize: str = 'bilinear'
 
   @nn.nowrap
   def init_with_output(self, rngs, *args, **kwargs):
@@ -444,9 +491,13 @@ class VisionTransformer(nn.Module):
     if resnet is not None:
       x = resnet_lib.resnet_stem(x, resnet, self.dtype, self.param_dtype)
 
-    x = nn.Conv(self.hidden_size, self.patch, strides=self.patch, padding='VALID',
-                kernel_init=nn.initializers.lecun_normal(), dtype=self.dtype,
-                param_dtype=self.param_dtype, name='embedding')(x)
+    if self.flexi_patch:
+      x = FlexiPatchEmbedding(self.hidden_size, self.flexi_patch, self.patch, dtype=self.dtype,
+                              param_dtype=self.param_dtype, name='embedding')(x)
+    else:
+      x = nn.Conv(self.hidden_size, self.patch, strides=self.patch, padding='VALID',
+                  kernel_init=nn.initializers.lecun_normal(), dtype=self.dtype,
+                  param_dtype=self.param_dtype, name='embedding')(x)
     b, h, w, d = x.shape
     x = jnp.reshape(x, (b, h * w, d))
     if self.with_mask_token:  # masked patch prediction: corrupt the patch embeddings
@@ -472,6 +523,8 @@ class VisionTransformer(nn.Module):
         stochastic_depth=self.stochastic_depth, gelu_approximate=self.gelu_approximate,
         remat=self.remat, scan=self.scan, attention=self.attention, fp8=self.fp8,
         dtype=self.dtype, param_dtype=self.param_dtype,
+        posemb_grid=(self.flexi_grid, self.flexi_grid) if self.flexi_grid else None,
+        posemb_resize=self.flexi_resize,
         name='Transformer')(x, grid=(h, w), train=train, registers=registers)
 
     x = drop_registers(self, x)

@@ -159,8 +159,8 @@ def from_params_file(path: str, *, model_name: Optional[str] = None,
     if not model_name:
       raise UserError(f'{path} holds params only: pass the model it was trained as '
                       '(--model, e.g. ViT-B/16)')
-    opts = {**infer_options(params), **dict(options or {})}
-    learned = 'posembed_input' in params.get('Transformer', {})
+    opts = {**infer_options(params, model_name), **dict(options or {})}
+    learned = 'posembed_input' in params.get('Transformer', {}) and not opts.get('flexi_grid')
     size = infer_image_size(params, model_name, opts) if learned or not image_size else image_size
     if 'head' not in params:
       raise UserError(f'{path} has no head/ params: a classifier is needed to predict')
@@ -253,6 +253,16 @@ def read_class_names(path: str) -> Tuple[str, ...]:
   return names
 
 
+
+def at_patch_size(b: Bundle, patch_size: int) -> Bundle:
+  """FlexiViT: `b` run at `patch_size` from the same params (its spec's `patch_size` option), for
+  predict and export at that size; a one-line UserError for a model that is not a FlexiViT."""
+  from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top  # JAX
+  flexi.at_patch_size(b.spec.build(), patch_size, b.spec.image_size)
+  spec = dataclasses.replace(b.spec, options={**b.spec.options, 'patch_size': patch_size})
+  return dataclasses.replace(b, spec=spec)
+
+
 def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
             bundle: Optional[str] = None, model: Optional[str] = None,
             options: Optional[Mapping[str, Any]] = None, image_size: Optional[int] = None,
@@ -264,6 +274,7 @@ def resolve(*, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
     raise UserError('no model given: pass --workdir=DIR (a training run), --bundle=DIR, or '
                     '--checkpoint=FILE.npz --model=NAME')
   if weights.is_name(checkpoint):  # official weights by name: their file, their variant
+    image_size = image_size or weights.lookup(checkpoint).image_size
     checkpoint, model = weights.fetch_as(checkpoint, model)
   names = read_class_names(class_names) if class_names else None
   is_file = bool(checkpoint) and str(checkpoint).endswith(PARAM_SUFFIXES)

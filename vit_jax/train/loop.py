@@ -37,6 +37,7 @@ from vit_jax.run import feed as feed_lib
 from vit_jax.run import guards
 from vit_jax.run import lock as lock_lib
 from vit_jax.run import logs
+from vit_jax.train import patch_sizes
 from vit_jax.train import polyak
 from vit_jax.train import program as program_lib
 from vit_jax.run import workdir as workdir_lib
@@ -209,6 +210,7 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
       train_fn = train_fn.result()
     run.preemption.begin_training()  # a Ctrl-C until here stops the run, nothing trained
     history = []
+    flexi_sizes = patch_sizes.of_config(config)  # FlexiViT: a patch size drawn per step
     feed = feed_lib.Feed(train_data)
     try:
       for step in range(start_step + 1, total_steps + 1):
@@ -216,7 +218,11 @@ def _run(run: _Run, train_fn, state, start_step: int) -> dict:
         if batch is None:  # a signal while the input had no batch ready: step - 1 is the last
           return _stop_waiting(run, state, step - 1, history, pending, guard, progress)
         batch = parallel.shard_batch(batch, mesh)
-        state, metrics = train_fn(state, batch, prog.dropout_rng, prog.hyper)
+        step_fn = train_fn
+        if flexi_sizes[0]:  # the model's own patch size keeps the step compiled at the start
+          patch = patch_sizes.draw(*flexi_sizes, config.seed, step)
+          step_fn = train_fn if patch == prog.model.patch[0] else prog.train_fn_at(patch)
+        state, metrics = step_fn(state, batch, prog.dropout_rng, prog.hyper)
         guard.check_previous_then_hold(step, metrics)
         history.append(metrics)
         pending.flush()  # step N-1's metrics are read only after step N is dispatched

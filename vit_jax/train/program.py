@@ -60,6 +60,16 @@ class Program:
   train_fn: Callable         # jitted (state, global batch, rng, hyper) -> (state, metrics)
   eval_fn: Callable          # jitted (params, global batch) -> sums
   target: Optional[targets.Target] = None  # the TPU slice or GPU compiled for (compile_for)
+  train_fn_for: Optional[Callable] = None  # model -> its jitted train step (as `train_fn`)
+  _train_fns: dict = dataclasses.field(default_factory=dict)  # FlexiViT: patch size -> step
+
+  def train_fn_at(self, patch_size: int) -> Callable:
+    """The jitted train step of the model run at `patch_size` (FlexiViT training: the same
+    state, one compiled step per patch size, each built once)."""
+    if patch_size not in self._train_fns:
+      self._train_fns[patch_size] = self.train_fn_for(
+          self.model.clone(patch_size=(patch_size, patch_size)))
+    return self._train_fns[patch_size]
 
   @property
   def local_batch(self) -> int:
@@ -342,14 +352,18 @@ def build_program(config, devices: Optional[list] = None, *,
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   init_fn, abstract = init_fn_and_shapes(model, tx, image_shape, init_rng, mesh)
   state_shardings = sharding.param_shardings(abstract, mesh)
-  train_step = step_lib.make_train_step(
-      apply_fn=model.apply, optimizer=functools.partial(optim.from_hyperparameters, config),
-      loss_fn=task.loss_fn, num_classes=num_classes,
-      label_smoothing=config.label_smoothing, accum_steps=config.accum_steps,
-      reduce_axis=steps_lib.reduce_axis(config.parallelism),
-      skip_nonfinite=config.max_nonfinite_steps > 0,
-      objective=task.objective(model, num_classes))
-  train_fn = steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
+
+  def train_fn_for(model):
+    train_step = step_lib.make_train_step(
+        apply_fn=model.apply, optimizer=functools.partial(optim.from_hyperparameters, config),
+        loss_fn=task.loss_fn, num_classes=num_classes,
+        label_smoothing=config.label_smoothing, accum_steps=config.accum_steps,
+        reduce_axis=steps_lib.reduce_axis(config.parallelism),
+        skip_nonfinite=config.max_nonfinite_steps > 0,
+        objective=task.objective(model, num_classes))
+    return steps_lib.compile_train_step(train_step, config.parallelism, mesh, state_shardings)
+
+  train_fn = train_fn_for(model)
   eval_fn = steps_lib.compile_eval_step(task.eval_step(model, num_classes), mesh,
                                         state_shardings.params)
   return Program(config=config, mesh=mesh, model=model, task=task, pp=checked.pp, tx=tx,
@@ -357,7 +371,7 @@ def build_program(config, devices: Optional[list] = None, *,
                  image_shape=image_shape, hyper=hyper, init_fn=init_fn, init_rng=init_rng,
                  dropout_rng=dropout_rng,
                  abstract_state=abstract, state_shardings=state_shardings, train_fn=train_fn,
-                 eval_fn=eval_fn, target=placement.target)
+                 eval_fn=eval_fn, target=placement.target, train_fn_for=train_fn_for)
 
 
 __all__ = ['Init', 'Placement', 'Program', 'build_program', 'check_fp8', 'check_placement',

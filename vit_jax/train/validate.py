@@ -23,6 +23,7 @@ from vit_jax.data import specs
 from vit_jax.errors import UserError
 from vit_jax.evaluate import registry as evaluators
 from vit_jax.train import optim
+from vit_jax.train import patch_sizes
 
 _POSITIVE = (lambda v: v > 0, 'a number > 0')
 _NON_NEGATIVE = (lambda v: v >= 0, 'a number >= 0')
@@ -134,6 +135,7 @@ def check_config(config) -> Checked:
   options = task.model_options(config.model.to_dict())
   models.variants.family(config.model_name)  # an unknown variant: one line listing the valid ones
   models.option_values.check_values(options, prefix='config.model.')
+  patch_sizes.check(config)
   pp = check_registered(config)
   if config.model.classifier == 'unpooled':
     raise UserError('config.model.classifier=unpooled gives per-token logits, which the trainer '

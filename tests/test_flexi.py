@@ -1,0 +1,311 @@
+"""FlexiViT (vit_jax/models/flexi.py): the pseudo-inverse resize of the patch kernel, the flexible
+model against the plain ViT, and its options' checks."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import models
+from vit_jax.errors import UserError
+from vit_jax.models import flexi
+from helpers import ROOT
+
+
+def _patchwise_resize(images: np.ndarray, p: int, q: int) -> np.ndarray:
+  """Every p x p patch of `images` [B, H, W, C] bilinearly resized (jax.image.resize) to q x q."""
+  b, h, w, c = images.shape
+  patches = images.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+  resized = jax.image.resize(jnp.asarray(patches), (b, h // p, w // p, q, q, c), 'bilinear',
+                             antialias=False)
+  return np.asarray(resized).transpose(0, 1, 3, 2, 4, 5).reshape(b, h // p * q, w // p * q, c)
+
+
+def test_bilinear_matrix_is_jax_image_resize_without_antialiasing():
+  # Up and down: the half-pixel bilinear resize of tf.image.resize (big_vision's choice).
+  for n_in, n_out in ((4, 7), (8, 3), (5, 5), (3, 12), (12, 5)):
+    basis = jnp.eye(n_in)[:, :, None, None]  # n_in signals of length n_in
+    resized = jax.image.resize(basis, (n_in, n_out, 1, 1), 'bilinear', antialias=False)
+    np.testing.assert_allclose(flexi.bilinear_matrix(n_in, n_out),
+                               np.asarray(resized)[..., 0, 0].T, atol=1e-6)
+
+
+@pytest.mark.parametrize('p, q', [(4, 4), (4, 6), (4, 7), (4, 8), (3, 10)])
+def test_pi_resized_kernel_gives_the_same_tokens_on_the_resized_image(p, q):
+  """The defining property (FlexiViT paper, Sec. 3.4): <x, w> = <B x, w'> for q >= p."""
+  rng = np.random.default_rng(0)
+  kernel = rng.normal(size=(p, p, 3, 5)).astype(np.float32)
+  images = rng.uniform(-1, 1, size=(2, 3 * p, 2 * p, 3)).astype(np.float32)
+  conv = lambda x, k, s: jax.lax.conv_general_dilated(
+      jnp.asarray(x), k, (s, s), 'VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      precision=jax.lax.Precision.HIGHEST)
+  tokens = conv(images, jnp.asarray(kernel), p)
+  resized_kernel = flexi.pi_resize_kernel(jnp.asarray(kernel), (q, q))
+  assert resized_kernel.shape == (q, q, 3, 5)
+  resized_tokens = conv(_patchwise_resize(images, p, q), resized_kernel, q)
+  np.testing.assert_allclose(resized_tokens, tokens, rtol=1e-4, atol=1e-4)
+
+
+def test_pi_resize_is_the_pseudo_inverse_of_the_full_resize_matrix():
+  """Resizing one axis at a time equals pinv(B^T) w with B the whole 2-D resize (non-square)."""
+  rng = np.random.default_rng(1)
+  kernel = rng.normal(size=(4, 5, 2, 3))
+  for new in ((7, 3), (2, 8)):
+    full = np.linalg.pinv(flexi.resize_matrix((4, 5), new).T)  # [new h*w, 4*5]
+    expected = np.einsum('ai,icd->acd', full, kernel.reshape(20, 2, 3)).reshape(*new, 2, 3)
+    got = flexi.pi_resize_kernel(jnp.asarray(kernel, jnp.float32), new)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def _plain_params(classifier='token'):
+  """ViT-Ze/4 at 28 px (a 7x7 grid) and its params with a non-zero head; the same tree is a
+  FlexiViT's with a 4x4 kernel and a 7x7 position-embedding grid."""
+  plain = models.create_model('ViT-Ze/4', num_classes=3, classifier=classifier)
+  params = plain.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 3)), train=False)['params']
+  params = jax.tree.map(np.array, params)
+  params['head']['kernel'] = np.random.default_rng(0).normal(
+      size=params['head']['kernel'].shape).astype(np.float32)  # non-zero logits
+  return plain, params
+
+
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_flexi_model_at_its_stored_patch_size_is_the_plain_vit(classifier):
+  plain, params = _plain_params(classifier)
+  model = models.create_model('ViT-Ze/4', num_classes=3, classifier=classifier, flexi_patch=4,
+                              flexi_grid=7)
+  x = jax.random.uniform(jax.random.PRNGKey(1), (2, 28, 28, 3), minval=-1, maxval=1)
+  shapes = jax.tree.map(np.shape, model.init(jax.random.PRNGKey(0), x, train=False)['params'])
+  assert shapes == jax.tree.map(np.shape, params)
+  expected = plain.apply({'params': params}, x, train=False)
+  got = model.apply({'params': params}, x, train=False)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(expected).max()) > 1e-2
+
+
+def test_flexi_model_at_another_patch_size_is_the_plain_vit_on_resized_params():
+  """ViT-Ze/7 with a stored 4x4 kernel and 7x7 grid (28 px: a 4x4 grid) equals the plain ViT-Ze/7
+  whose kernel is pinv(B^T) w (B from resizing basis patches) and whose position embedding is
+  the stored grid resized by jax.image.resize (the cls row kept)."""
+  _, flexi_params = _plain_params('token')
+  kernel = flexi_params['embedding']['kernel']  # [4, 4, 3, 32]
+  basis = np.eye(16).reshape(16, 4, 4, 1)
+  b = np.asarray(jax.image.resize(jnp.asarray(basis), (16, 7, 7, 1), 'bilinear',
+                                  antialias=False)).reshape(16, 49).T  # [49, 16]: x' = B x
+  resized_kernel = (np.linalg.pinv(b.T) @ kernel.reshape(16, -1)).reshape(7, 7, 3, 32)
+  pe = flexi_params['Transformer']['posembed_input']['pos_embedding']  # [1, 1 + 49, 32]
+  resized_pe = np.asarray(jax.image.resize(jnp.asarray(pe[:, 1:].reshape(1, 7, 7, 32)),
+                                           (1, 4, 4, 32), 'bilinear'))
+  reference = jax.tree.map(lambda x: x, flexi_params)
+  reference['embedding']['kernel'] = resized_kernel.astype(np.float32)
+  reference['Transformer']['posembed_input'] = {'pos_embedding': np.concatenate(
+      [pe[:, :1], resized_pe.reshape(1, 16, 32)], axis=1)}
+  x = jax.random.uniform(jax.random.PRNGKey(2), (2, 28, 28, 3), minval=-1, maxval=1)
+  expected = models.create_model('ViT-Ze/7', num_classes=3).apply(
+      {'params': reference}, x, train=False)
+  model = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=4, flexi_grid=7)
+  got = model.apply({'params': flexi_params}, x, train=False)
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('options, error', [
+    (dict(flexi_patch=-1), 'model.flexi_patch=-1 is out of range: it must be an integer >= 0'),
+    (dict(flexi_grid=2.5), 'model.flexi_grid=2.5 is out of range: it must be an integer >= 0'),
+    (dict(flexi_resize='area'), "unknown flexi_resize 'area': use model.flexi_resize= one of"),
+    (dict(flexi_grid=7, posemb='sincos2d'),
+     "model.flexi_grid=7 resizes a learned position embedding but model.posemb='sincos2d'"),
+])
+def test_bad_flexi_options_are_one_line_errors(options, error):
+  with pytest.raises(UserError, match='^' + error.replace('(', r'\(').replace('.', r'\.')):
+    models.create_model('ViT-Ze/4', num_classes=3, **options)
+
+
+# ---------------------------------------------------------------- training and evaluation
+
+
+def test_flexi_patch_sizes_are_drawn_by_seed_and_step_with_their_weights():
+  from vit_jax.train import patch_sizes  # pylint: disable=g-import-not-at-top
+  draws = [patch_sizes.draw((4, 7, 14), (1, 0, 3), 0, s) for s in range(1, 401)]
+  assert draws == [patch_sizes.draw((4, 7, 14), (1, 0, 3), 0, s) for s in range(1, 401)]
+  assert 7 not in draws and 0.65 < draws.count(14) / len(draws) < 0.85
+  assert draws != [patch_sizes.draw((4, 7, 14), (1, 0, 3), 1, s) for s in range(1, 401)]
+
+
+@pytest.mark.parametrize('overrides, error', [
+    (dict(flexi_patch_sizes=(4, 7)), 'config.flexi_patch_sizes=4,7 draws a patch size per step, '
+     'which needs a FlexiViT: set config.model.flexi_patch'),
+    (dict(flexi_patch_sizes=(4, 5), flexi_patch=7),
+     'config.flexi_patch_sizes has 5, which does not divide the 28 px images'),
+    (dict(flexi_patch_sizes=(4, 7), flexi_patch_probs=(1,), flexi_patch=7),
+     'config.flexi_patch_probs=1 must be one weight >= 0 per patch size (2)'),
+    (dict(flexi_patch_probs=(1, 2)), 'config.flexi_patch_probs is set but config.flexi_patch_sizes'
+     ' is empty'),
+    (dict(flexi_patch_sizes=(4, 7), flexi_patch=7, flexi_grid=0),
+     'config.flexi_patch_sizes changes the token grid, which a learned position embedding of one '
+     'grid cannot follow: set config.model.flexi_grid'),
+])
+def test_bad_flexi_training_configs_are_one_line_errors(overrides, error):
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
+  config = common.base_config()
+  config.model_name, config.image_size = 'ViT-Ze/7', 28
+  config.model.flexi_patch = overrides.pop('flexi_patch', 0)
+  config.model.flexi_grid = overrides.pop('flexi_grid', 4)
+  config.model.posemb = 'learned'
+  for key, value in overrides.items():
+    config[key] = value
+  with pytest.raises(UserError) as e:
+    validate.check_config(config)
+  assert str(e.value).startswith(error), str(e.value)
+
+
+def test_a_flexivit_trained_with_random_patch_sizes_evaluates_at_two_from_one_checkpoint(
+    tmp_path):
+  """Four steps with patch sizes drawn from 4, 7, 14 (seed 0 draws 14, 4, 14, 14: the sizes other
+  than the model's own 7 compile their own step once), then the one checkpoint scored at patch 4
+  and 14, each into its own table."""
+  workdir = str(tmp_path / 'w')
+  code = f'''
+import json
+from vit_jax.configs import mnist5k
+from vit_jax.evaluate import checkpoint
+from vit_jax.models import flexi
+from vit_jax.train import loop, program
+config = mnist5k.get_config('model_name=ViT-Ze/7,steps=4,batch_size=8')
+config.warmup_steps, config.progress = 1, False
+config.model.flexi_patch, config.model.flexi_grid = 14, 4
+config.flexi_patch_sizes, config.flexi_patch_probs = (4, 7, 14), (1, 1, 2)
+built = []
+train_fn_at = program.Program.train_fn_at
+def recording(self, p):
+  built.append(p)
+  return train_fn_at(self, p)
+program.Program.train_fn_at = recording
+loop.train_and_evaluate(config, {workdir!r})
+print('built', built)
+model, params, config, identity = checkpoint.load_run_checkpoint({workdir!r}, None)
+print('kernel', params['embedding']['kernel'].shape)
+for p in (4, 14):
+  out = checkpoint.evaluate(flexi.at_patch_size(model, p, 28), params, config,
+                            dict(identity, patch_size=p), ['eval'], workdir={workdir!r},
+                            say=lambda line: None)
+  metrics = out['results']['eval']['metrics']
+  print(p, out['directory'].rsplit('/', 1)[-1], sorted(metrics))
+  print(json.dumps(metrics))
+'''
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert lines[0] == 'built [14, 4, 14, 14]'
+  assert lines[1] == 'kernel (14, 14, 1, 32)'  # stored once, at flexi_patch
+  assert lines[2].startswith('4 step_4_patch4 ') and lines[4].startswith('14 step_4_patch14 ')
+  at4, at14 = json.loads(lines[3]), json.loads(lines[5])
+  print(at4, at14)
+  assert set(at4) == set(at14) and 'loss' in at4
+  assert np.isfinite(at4['loss']) and np.isfinite(at14['loss'])
+  assert at4['loss'] != at14['loss']  # two models from one checkpoint
+
+
+def test_running_at_a_patch_size_needs_a_flexivit_and_a_divisor_of_the_image():
+  plain = models.create_model('ViT-Ze/7', num_classes=3)
+  with pytest.raises(UserError, match=r'^--patch_size=4 runs a FlexiViT at another patch size, '
+                     r'but this model stores its patch kernel at its own patch size'):
+    flexi.at_patch_size(plain, 4, 28)
+  fixed_grid = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14)
+  with pytest.raises(UserError, match=r'^--patch_size=4 changes the token grid, but this '
+                     r"FlexiViT's learned position embedding is stored for its own grid"):
+    flexi.at_patch_size(fixed_grid, 4, 28)
+  model = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, flexi_grid=4)
+  with pytest.raises(UserError, match=r'^--patch_size=5 does not divide the 28 px images'):
+    flexi.at_patch_size(model, 5, 28)
+  assert flexi.at_patch_size(model, 4, 28).patch == (4, 4)
+  assert models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, patch_size=4).patch == (
+      4, 4)  # the same model by the patch_size option (what a bundle's spec stores)
+
+
+# ---------------------------------------------------------------- big_vision's FlexiViT files
+
+
+def _big_vision_flexivit(path, rng):
+  """A tiny FlexiViT .npz in big_vision's layout (models/proj/flexi/vit.py: `embedding` kernel
+  8x8, a top-level `pos_embedding` [1, 4*4, D] without a cls row, `cls`, linen encoder names,
+  everything under `params/`); returns its flat arrays."""
+  params = models.create_model('ViT-Ze/8', num_classes=5).init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)['params']
+  flat = {'/'.join(k.key for k in keys): rng.normal(size=x.shape).astype(np.float32) * 0.3
+          for keys, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  del flat['Transformer/posembed_input/pos_embedding']
+  flat['pos_embedding'] = rng.normal(size=(1, 16, 32)).astype(np.float32)
+  for key in [k for k in flat if k.endswith('scale')]:
+    flat[key] = 1. + flat[key]
+  np.savez(path, **{f'params/{k}': v for k, v in flat.items()})
+  return flat
+
+
+def _np_flexivit(bv, images, p):
+  """big_vision's FlexiViT at patch size p by its definition (FlexiViT paper, Sec. 3.4): the kernel
+  pinv(B^T) w with B the bilinear resize of basis patches, the position embedding resized to the
+  token grid and added to the patch tokens before cls is prepended (the numpy ViT of
+  tests/test_models.py runs the rest)."""
+  from test_models import _np_vit  # pylint: disable=g-import-not-at-top
+  base, d = bv['embedding/kernel'].shape[0], bv['embedding/kernel'].shape[-1]
+  basis = np.eye(base * base).reshape(-1, base, base, 1)
+  b = np.asarray(jax.image.resize(jnp.asarray(basis), (base * base, p, p, 1), 'bilinear',
+                                  antialias=False)).reshape(base * base, p * p).T
+  kernel = np.linalg.pinv(b.T) @ bv['embedding/kernel'].astype(np.float64).reshape(base * base, -1)
+  g = images.shape[1] // p
+  pe = np.asarray(jax.image.resize(jnp.asarray(bv['pos_embedding'].reshape(1, 4, 4, d)),
+                                   (1, g, g, d), 'bilinear')).reshape(1, g * g, d)
+  tree = {}
+  for key, value in bv.items():
+    node = tree
+    *parents, leaf = key.split('/')
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  tree['embedding'] = {'kernel': kernel.reshape(p, p, 3, d), 'bias': bv['embedding/bias']}
+  tree['Transformer']['posembed_input'] = {
+      'pos_embedding': np.concatenate([np.zeros((1, 1, d)), pe], axis=1)}
+  return _np_vit(tree, images, p, heads=2)
+
+
+def test_a_big_vision_flexivit_file_loads_with_its_logits_at_every_patch_size(tmp_path):
+  from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import spec  # pylint: disable=g-import-not-at-top
+  bv = _big_vision_flexivit(tmp_path / 'flexi.npz', np.random.default_rng(0))
+  params = npz.load_npz(str(tmp_path / 'flexi.npz'))
+  options = spec.infer_options(params, 'ViT-Ze/16')
+  assert options == {'classifier': 'token', 'flexi_patch': 8, 'flexi_grid': 4}
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  outputs = []
+  for p in (16, 8, 4):  # up, equal and down from the stored 8x8 kernel
+    model = models.create_model('ViT-Ze/16', num_classes=5, **options, patch_size=p)
+    outputs.append(model.apply({'params': params}, images, train=False))
+    np.testing.assert_allclose(outputs[-1], _np_flexivit(bv, images, p), rtol=2e-4, atol=2e-4)
+  assert min(float(np.abs(a - b).max()) for a, b in zip(outputs, outputs[1:])) > 1e-2
+
+
+def test_flexivit_weights_by_name_come_from_big_vision(tmp_path, monkeypatch):
+  from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
+  w = weights.lookup('ViT-B/16@flexivit-i21k-300ep')
+  assert (w.model_name, w.image_size, weights.url(w)) == (
+      'ViT-B/16', 240,
+      'https://storage.googleapis.com/big_vision/flexivit/flexivit_b_i21k_300ep.npz')
+  assert {n for n in weights.KNOWN if '@flexivit' in n} == {
+      'ViT-S/16@flexivit-i1k', 'ViT-B/16@flexivit-i1k', 'ViT-L/16@flexivit-i1k',
+      'ViT-B/16@flexivit-i21k-90ep', 'ViT-B/16@flexivit-i21k-300ep',
+      'ViT-B/16@flexivit-i21k-1000ep'}
+  mirror = tmp_path / 'mirror' / 'big_vision' / 'flexivit'
+  mirror.mkdir(parents=True)
+  np.savez(mirror / 'flexivit_s_i1k.npz', x=np.zeros(3))
+  monkeypatch.setenv(weights.URL_VAR, f'file://{tmp_path / "mirror"}')
+  monkeypatch.setenv(weights.DIR_VAR, str(tmp_path / 'cache'))
+  path = weights.fetch('ViT-S/16@flexivit-i1k')
+  assert path == str(tmp_path / 'cache' / 'big_vision' / 'flexivit' / 'flexivit_s_i1k.npz')
+  with pytest.raises(UserError, match=r'holds another model \(width None, None blocks\), not '
+                     r'ViT-S/16@flexivit-i1k \(ViT-S/16: width 384, 12 blocks\)'):
+    weights.check_model('ViT-S/16@flexivit-i1k', path)
