@@ -309,3 +309,18 @@ def test_flexivit_weights_by_name_come_from_big_vision(tmp_path, monkeypatch):
   with pytest.raises(UserError, match=r'holds another model \(width None, None blocks\), not '
                      r'ViT-S/16@flexivit-i1k \(ViT-S/16: width 384, 12 blocks\)'):
     weights.check_model('ViT-S/16@flexivit-i1k', path)
+
+
+def test_a_flexivit_params_file_takes_its_image_size_from_the_flag_that_its_error_names(tmp_path):
+  """A FlexiViT file's position embedding is of its own grid, so the file does not give its image
+  size: the error names --image_size, and that size (evaluate's and analyze's flag) loads it."""
+  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  _big_vision_flexivit(tmp_path / 'flexi.npz', np.random.default_rng(0))
+  path = str(tmp_path / 'flexi.npz')
+  with pytest.raises(UserError, match=r'its image size is not stored: pass --image_size$'):
+    inputs.load_params_file(path, 'ViT-Ze/16')
+  _, _, spec = inputs.load_params_file(path, 'ViT-Ze/16', 32)
+  assert (spec.image_size, spec.options['flexi_grid']) == (32, 4)
+  model, _, config, _ = checkpoint.load_weights(path, 'ViT-Ze/16', 'mnist5k', 32)
+  assert config.image_size == 32 and model.patch == (16, 16)

@@ -36,12 +36,14 @@ def load_model(step_dir, *, averaged: bool = False):
   return model, layout.for_model(params, model), config
 
 
-def load_params_file(source: str, model_name: Optional[str] = None):
+def load_params_file(source: str, model_name: Optional[str] = None,
+                     size_if_unsaid: Optional[int] = None):
   """(model, params, ModelSpec) of an .npz params file or official weights by name (downloaded
-  once): the variant from the name or `model_name`, options and size from the params."""
+  once): the variant from the name or `model_name`, options and size from the params (the
+  weights' size where the file does not say it, a FlexiViT's, else `size_if_unsaid`)."""
   image_size = None
   if weights.is_name(source):
-    image_size = weights.lookup(source).image_size  # where the file does not say (FlexiViT)
+    image_size = weights.lookup(source).image_size
     source, model_name = weights.fetch_as(source, model_name)
   if not model_name:
     raise UserError(f'--checkpoint={source} holds params only: pass the model it was trained as '
@@ -50,8 +52,14 @@ def load_params_file(source: str, model_name: Optional[str] = None):
   if 'head' not in params:
     raise UserError(f'{source} has no head/ params: the attention rollout needs a classifier')
   options = infer_options(params, model_name)
-  spec = ModelSpec(model_name, int(np.shape(params['head']['kernel'])[-1]), options,
-                   image_size or infer_image_size(params, model_name, options),
+  if not image_size:
+    try:
+      image_size = infer_image_size(params, model_name, options)
+    except UserError:
+      if not size_if_unsaid:
+        raise
+      image_size = size_if_unsaid
+  spec = ModelSpec(model_name, int(np.shape(params['head']['kernel'])[-1]), options, image_size,
                    input_channels(params))
   model = spec.build()
   params = npz.fit_to_model(params, model, (spec.image_size, spec.image_size, spec.channels),

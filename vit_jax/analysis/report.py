@@ -47,7 +47,7 @@ def write_report(*, workdir: Optional[str], out: str, checkpoint: Optional[str] 
     if not images:
       raise UserError(f'--checkpoint={checkpoint} comes without a dataset: pass image files '
                       '(PNG/JPEG) as arguments for the attention figures')
-    model, params, spec = inputs_lib.load_params_file(checkpoint, model)
+    model, params, spec = inputs_lib.load_params_file(checkpoint, model, image_size)
     config, source = None, checkpoint
     model_name, trained_size, at = spec.model_name, spec.image_size, checkpoint
   else:

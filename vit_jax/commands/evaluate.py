@@ -27,6 +27,7 @@ _DATASET = flag_groups.dataset()
 _BATCH_SIZE = flag_groups.batch_size()
 _DATA_DIR = flag_groups.data_dir()
 _PATCH_SIZE = flag_groups.patch_size()
+_IMAGE_SIZE = flag_groups.image_size()
 
 
 def _interrupt_on_sigterm() -> None:
@@ -48,6 +49,9 @@ def run(argv) -> int:
   if step is not None and not step.isdigit():
     raise cli.UserError(f'--step={step} is not a step number: pass one of the run\'s checkpoint '
                         f'steps (ls {_WORKDIR.value}/checkpoints), or leave it out for the newest')
+  if _IMAGE_SIZE.value and not _WEIGHTS.value:
+    raise cli.UserError('--image_size is for --weights (a params file whose position embedding '
+                        "does not give its image size, a FlexiViT's): a run's size is its config's")
   if _WEIGHTS.value and step is not None:
     raise cli.UserError('--step names a checkpoint of a run: leave it out with --weights')
   names = [n for n in _EVALS.value if n]
@@ -58,7 +62,7 @@ def run(argv) -> int:
   from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top
   if _WEIGHTS.value:
     model, params, config, identity = checkpoint.load_weights(_WEIGHTS.value, _MODEL.value,
-                                                              _DATASET.value)
+                                                              _DATASET.value, _IMAGE_SIZE.value)
   else:
     model, params, config, identity = checkpoint.load_run_checkpoint(_WORKDIR.value, step)
     if _DATASET.value:

@@ -62,7 +62,8 @@ def load_run_checkpoint(workdir: str, step: Optional[str]):
       passed.append(int(os.path.basename(os.fspath(step_dir))))
 
 
-def load_weights(source: str, model_name: Optional[str], dataset: Optional[str]):
+def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
+                 size_if_unsaid: Optional[int] = None):
   """(model, params, config, identity) of released weights by name or a params file: the config
   is the schema's defaults at the weights' model and image size, on `dataset`."""
   from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
@@ -75,7 +76,7 @@ def load_weights(source: str, model_name: Optional[str], dataset: Optional[str])
   if not os.path.isfile(path):
     raise UserError(f'--weights={source} is neither a released name (python -m vit_jax weights '
                     f'lists them) nor a params file')
-  model, params, spec = inputs.load_params_file(source, model_name)
+  model, params, spec = inputs.load_params_file(source, model_name, size_if_unsaid)
   config = common.base_config()
   config.model_name, config.dataset, config.image_size = spec.model_name, dataset, spec.image_size
   return model, params, config, file_identity(source, path)
