@@ -10,7 +10,8 @@ processes and gloo:
     resumes; --stop makes it save and end, and the same launch command resumes it again; all of
     it equal to an uninterrupted run (every logged metric, and the parameters saved at the time
     limit, bit for bit);
-  - a cancelled job is not requeued.
+  - a cancelled job is not requeued;
+  - srun tasks given different workdirs stop with one line each and write nothing.
 
 The tier needs root (to install the packages with apt-get when missing and to run the daemons);
 elsewhere its tests are skipped with the reason. Its tests share one cluster (one xdist group).
@@ -461,3 +462,20 @@ def test_a_cancelled_job_is_not_requeued(cluster, task_env, tmp_path):
   assert _state(cluster, job) == 'CANCELLED', _text(log)
   assert '== requeueing' not in _text(log)
   assert f'== SIGTERM: job {job} is cancelled; it is not requeued' in _text(log)
+
+
+def test_srun_tasks_that_disagree_on_their_workdir_stop_with_one_line_and_write_nothing(
+    cluster, task_env, tmp_path, data_dir):
+  """Each of srun's 2 tasks given its own --workdir ($SLURM_PROCID in the flag): both stop where
+  the processes first meet, with the same one line naming the difference, and neither writes."""
+  command = ' '.join([sys.executable, '-m', 'vit_jax.main', *_config(2, checkpoint_every=2),
+                      f'--config.data_dir={data_dir}', f'--workdir={tmp_path}/w$SLURM_PROCID'])
+  proc = subprocess.run(['srun', '--ntasks=2', 'bash', '-c', command], cwd=ROOT, env=task_env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0, proc.stderr
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
+  assert len(errors) == 2 and errors[0] == errors[1], proc.stderr
+  assert errors[0].startswith(f'error: the processes of this run disagree: --workdir is '
+                              f'{tmp_path}/w0 on process 0 but {tmp_path}/w1 on process 1'), errors
+  assert 'Traceback' not in proc.stderr, proc.stderr
+  assert not os.path.exists(tmp_path / 'w0') and not os.path.exists(tmp_path / 'w1')
