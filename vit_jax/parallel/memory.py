@@ -83,6 +83,8 @@ def step_stats(compiled, seconds: float) -> Dict[str, Any]:
       'bytes_accessed': float(cost.get('bytes accessed', 0.0)),
       'optimal_seconds': float(cost['optimal_seconds']) if cost.get('optimal_seconds') else None,
       'custom_calls': estimate_lib.custom_calls(compiled) if cost.get('optimal_seconds') else 0,
+      'concat_bitcasts': (estimate_lib.concat_bitcasts(compiled) if cost.get('optimal_seconds')
+                          else 0),
       'compile_seconds': seconds,
   }
 

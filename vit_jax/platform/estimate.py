@@ -11,6 +11,11 @@ The cost model does not cost custom calls: a Pallas kernel (the splash attention
 `model.attention=flash`) counts as zero FLOPs and zero seconds. Where a program holds such calls
 their matmul FLOPs are counted from the model's shapes (`uncosted_flops`, computed by the caller)
 and added at the chip's peak, so the figure stays a lower bound and is never silently short.
+
+The cost model also gives -1 s, a "not costed" value, to each `ConcatBitcast` custom call that the
+TPU compiler's own layout passes insert (on v4, v5e and v6e, where parameter slices are joined in
+place); summed into `optimal_seconds` they make it negative. Such a call moves no data, so each
+one's -1 s is taken back out (`concat_bitcasts`) and it costs zero.
 """
 
 import re
@@ -20,21 +25,34 @@ from vit_jax.platform import chips
 
 # A Pallas kernel compiled for a TPU appears in the optimized HLO as this custom call.
 _TPU_CUSTOM_CALL = re.compile(r'custom_call_target="tpu_custom_call"')
+# The TPU compiler's in-place concatenation, which its cost model gives `_NOT_COSTED` seconds.
+_CONCAT_BITCAST = re.compile(r'custom_call_target="ConcatBitcast"')
+_NOT_COSTED = -1.0
 
 
-def custom_calls(compiled) -> int:
-  """The Pallas (TPU custom) calls in a compiled program, which the cost model does not cost."""
+def _count(compiled, pattern: re.Pattern) -> int:
   try:
     text = compiled.as_text()
   except Exception:  # pylint: disable=broad-except  # a backend without HLO text: none seen
     return 0
-  return len(_TPU_CUSTOM_CALL.findall(text or ''))
+  return len(pattern.findall(text or ''))
+
+
+def custom_calls(compiled) -> int:
+  """The Pallas (TPU custom) calls in a compiled program, which the cost model does not cost."""
+  return _count(compiled, _TPU_CUSTOM_CALL)
+
+
+def concat_bitcasts(compiled) -> int:
+  """The ConcatBitcast calls in a compiled program, each -1 s in the cost model's total."""
+  return _count(compiled, _CONCAT_BITCAST)
 
 
 def step(cost: Dict[str, Any], batch_per_device: float, chip: chips.Chip,
          uncosted_flops: float = 0.0) -> Optional[Dict[str, float]]:
   """The estimate of one compiled step from its `cost` (`memory.step_stats`: `flops`,
-  `optimal_seconds`, `custom_calls`), or None where the compiler gave no estimate.
+  `optimal_seconds`, `custom_calls`, `concat_bitcasts`), or None where the compiler gave no
+  estimate.
 
   `uncosted_flops`: the per-device FLOPs of the step's custom calls, counted from the model's
   shapes; they are added to the FLOPs and, at the chip's peak, to the seconds.
@@ -42,7 +60,10 @@ def step(cost: Dict[str, Any], batch_per_device: float, chip: chips.Chip,
   rate over the peak of the device's chip share, a fraction).
   """
   seconds = cost.get('optimal_seconds')
-  if not seconds or seconds <= 0:  # none, or negative: ops the cost model could not cost
+  if seconds is None:
+    return None
+  seconds -= cost.get('concat_bitcasts', 0) * _NOT_COSTED
+  if seconds <= 0:  # still not positive: ops the cost model could not cost, of another kind
     return None
   peak = chip.bf16_flops  # per JAX device
   extra = uncosted_flops if cost.get('custom_calls') else 0.0
@@ -83,4 +104,4 @@ def describe(estimate: Dict[str, float], what: str) -> str:
           f'{estimate["utilisation"]:.0%} of peak)')
 
 
-__all__ = ['custom_calls', 'step', 'duration', 'flop_count', 'describe']
+__all__ = ['custom_calls', 'concat_bitcasts', 'step', 'duration', 'flop_count', 'describe']
