@@ -17,6 +17,8 @@ import tarfile
 import tempfile
 import threading
 import time
+import warnings
+import zipfile
 
 import jax
 import numpy as np
@@ -59,6 +61,32 @@ def tar_bytes(files) -> bytes:
       member.size, member.mtime = len(data), 0
       tar.addfile(member, io.BytesIO(data))
   return out.getvalue()
+
+
+def zip_bytes(files) -> bytes:
+  """A zip of (name, data, method) members (method (ZIP_DEFLATED, 0): deflated at level 0, in
+  stored blocks); a name ending in '+' (dropped) gets a local header whose extra field the
+  central directory does not have (a zip64 one), as zip tools write."""
+  out = io.BytesIO()
+  with zipfile.ZipFile(out, 'w') as z, warnings.catch_warnings():
+    warnings.simplefilter('ignore')  # a name written twice, on purpose
+    for name, data, method in files:
+      info = zipfile.ZipInfo(name.rstrip('+'), (2020, 1, 1, 0, 0, 0))
+      info.compress_type, level = method if isinstance(method, tuple) else (method, None)
+      if name.endswith('+'):
+        with z.open(info, 'w', force_zip64=True) as member:
+          member.write(data)
+      else:
+        z.writestr(info, data, compresslevel=level)
+  return out.getvalue()
+
+
+def zip_data_range(blob: bytes, name: str):
+  """(offset, size) of member `name`'s stored data in zip `blob`, from its local header."""
+  with zipfile.ZipFile(io.BytesIO(blob)) as z:
+    info = z.getinfo(name)
+  lengths = np.frombuffer(blob[info.header_offset + 26:info.header_offset + 30], '<u2')
+  return info.header_offset + 30 + int(lengths.sum()), info.compress_size
 
 
 def class_tars(synsets, per_class, extras=True):
@@ -1051,3 +1079,127 @@ def test_a_class_folder_inside_another_is_refused_and_a_link_to_the_root_is_not_
   assert release.classes == ('n00000001', 'n00000002') and release.split_sizes == {'full': 4}
   assert '1 symbolic link not followed (a loop, or a link out of its synset): n00000009' in \
       capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# A zip read in place: stored members as they are, deflated ones inflated and CRC-checked.
+
+_ZIPPED = [('sketch/', b'', zipfile.ZIP_STORED),
+           ('sketch/n00000001/a.JPEG', jpeg(1), zipfile.ZIP_DEFLATED),
+           ('sketch/n00000001/b.JPEG+', jpeg(2), zipfile.ZIP_STORED),
+           ('sketch/n00000002/c.JPEG+', jpeg(3), zipfile.ZIP_DEFLATED),
+           ('sketch/n00000002/.hidden.JPEG', jpeg(4), zipfile.ZIP_STORED),
+           ('sketch/n00000002/d.JPEG', jpeg(7), (zipfile.ZIP_DEFLATED, 0)),
+           ('sketch/README.txt', b'read me' * 50, zipfile.ZIP_DEFLATED),
+           ('sketch/n00000001/a.JPEG', jpeg(5), zipfile.ZIP_STORED)]  # stored twice: the last
+
+
+def _zip_index(tmp_path, blob: bytes, name='set.zip'):
+  path = tmp_path / name
+  path.write_bytes(blob)
+  return archive.load(str(path), 'flat_zip', str(tmp_path / 'index'))
+
+
+def test_a_zip_is_read_in_place_its_deflated_members_inflated(tmp_path):
+  blob = zip_bytes(_ZIPPED)
+  # Bytes after the zip's end (as after a tar's end-of-archive blocks) are not read.
+  index = _zip_index(tmp_path, blob + b'\0' * 100)
+  images = {index.name(r): index.read(r) for r in range(len(index))}
+  assert images == {'sketch/n00000001/a.JPEG': jpeg(5), 'sketch/n00000001/b.JPEG': jpeg(2),
+                    'sketch/n00000002/c.JPEG': jpeg(3), 'sketch/n00000002/d.JPEG': jpeg(7)}
+  assert index.notes['non_image'] == ['sketch/README.txt']
+  assert index.notes['duplicate'] == ['sketch/n00000001/a.JPEG']
+  by_name = {index.name(r): r for r in range(len(index))}
+  assert index.method[by_name['sketch/n00000002/c.JPEG']] == zipfile.ZIP_DEFLATED
+  # The rows address the zip's own bytes: a deflated member's, not its inflated image.
+  row = by_name['sketch/n00000002/c.JPEG']
+  assert (int(index.offset[row]), int(index.size[row])) == zip_data_range(
+      blob, 'sketch/n00000002/c.JPEG')
+  assert sorted(os.listdir(tmp_path)) == ['index', 'set.zip']  # nothing unpacked
+  # An index without a zip has no zip columns: indexes built before zips were read stay valid.
+  (tmp_path / 'imgs.tar').write_bytes(tar_bytes([('x.jpg', jpeg(6))]))
+  tar_index = archive.load(str(tmp_path / 'imgs.tar'), 'flat_tar', str(tmp_path / 'index'))
+  assert tar_index.method is None and tar_index.read(0) == jpeg(6)
+  with np.load(os.path.join(tar_index.directory, 'index.npz')) as a:
+    assert 'method' not in a.files
+
+
+def _flag_encrypted(blob: bytes, name: str) -> bytes:
+  """`blob` with member `name` flagged encrypted (bit 0 of its general purpose flags) in its
+  local and central headers: Python's zipfile cannot write an encrypted member."""
+  out = bytearray(blob)
+  encoded = name.encode()
+  for signature, flags, name_at in ((b'PK\x03\x04', 6, 30), (b'PK\x01\x02', 8, 46)):
+    at = out.find(signature)
+    while at >= 0 and out[at + name_at:at + name_at + len(encoded)] != encoded:
+      at = out.find(signature, at + 4)
+    out[at + flags] |= 1
+  return bytes(out)
+
+
+def test_an_encrypted_or_otherwise_compressed_zip_member_is_refused_in_one_line(tmp_path):
+  files = [('imgs/a.jpg', jpeg(1), zipfile.ZIP_STORED), ('imgs/b.jpg', jpeg(2),
+                                                         zipfile.ZIP_DEFLATED)]
+  blob = _flag_encrypted(zip_bytes(files), 'imgs/b.jpg')
+  with pytest.raises(UserError) as e:
+    _zip_index(tmp_path, blob, 'locked.zip')
+  assert re.fullmatch(r'\S+/locked.zip: its member imgs/b.jpg is encrypted, which cannot be read '
+                      r'in place: unpack it once \(`unzip locked.zip` in \S+\) and read the '
+                      r'folder it unpacks into', str(e.value)), str(e.value)
+  blob = zip_bytes(files[:1] + [('imgs/c.jpg', jpeg(3), zipfile.ZIP_BZIP2)])
+  with pytest.raises(UserError, match=r'bz.zip: its member imgs/c.jpg is compressed by method '
+                                      r'12, not stored or deflated, .* \(`unzip bz.zip` in'):
+    _zip_index(tmp_path, blob, 'bz.zip')
+  with pytest.raises(UserError, match=r'no.zip is not a readable zip \(.*\): download it again$'):
+    _zip_index(tmp_path, jpeg(1), 'no.zip')
+
+
+def test_a_zip_changed_after_indexing_is_refused_in_one_line(tmp_path):
+  blob = zip_bytes(_ZIPPED)
+  index = _zip_index(tmp_path, blob)
+  path = tmp_path / 'set.zip'
+  for changed in (blob + b'appended', blob[:len(blob) // 2]):
+    path.write_bytes(changed)
+    with pytest.raises(archive.ReadError, match=r'set.zip changed since it was indexed: size '
+                                                rf'{len(changed)}, .* and rerun'):
+      index.read(0)
+    with pytest.raises(UserError, match=r'the index in \S+ was built from other contents of '
+                                        r'\S+set.zip \(1 changed: set.zip\): delete'):
+      archive.load(str(path), 'flat_zip', str(tmp_path / 'index'))
+
+
+def _damage(blob: bytes, name: str) -> bytes:
+  """`blob` with one byte of member `name`'s stored data changed (its length kept)."""
+  offset, size = zip_data_range(blob, name)
+  out = bytearray(blob)
+  out[offset + size // 2] ^= 0xFF
+  return bytes(out)
+
+
+def test_a_damaged_deflated_zip_member_is_one_line_naming_it(tmp_path):
+  blob = zip_bytes(_ZIPPED)
+  # d.JPEG is deflated in stored blocks: a byte changed still inflates, to data of another CRC.
+  damaged = _damage(blob, 'sketch/n00000002/d.JPEG')
+  line = (r'\S+set.zip: its member sketch/n00000002/d.JPEG is damaged \(its data does not match '
+          r'the CRC-32 the zip records\): download the zip again, then rerun$')
+  with pytest.raises(UserError, match=line):  # at indexing
+    _zip_index(tmp_path, damaged)
+  # Damaged after indexing, its size and time kept: the read inflates it and checks it.
+  fresh = tmp_path / 'fresh'
+  fresh.mkdir()
+  index = _zip_index(fresh, blob)
+  path = fresh / 'set.zip'
+  st = os.stat(path)
+  with open(path, 'r+b') as f:
+    f.write(damaged)
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  rows = {index.name(r): r for r in range(len(index))}
+  assert index.read(rows['sketch/n00000001/b.JPEG']) == jpeg(2)
+  with pytest.raises(archive.ReadError, match=line):
+    index.read(rows['sketch/n00000002/d.JPEG'])
+  # A byte changed in a Huffman-coded member: its stream no longer inflates.
+  with open(path, 'r+b') as f:
+    f.write(_damage(blob, 'sketch/n00000002/c.JPEG'))
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  with pytest.raises(archive.ReadError, match=line.replace('d.JPEG', 'c.JPEG')):
+    index.read(rows['sketch/n00000002/c.JPEG'])

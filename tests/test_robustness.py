@@ -5,12 +5,13 @@ hand; bad layouts and missing mapping files are one line naming the file and the
 import dataclasses
 import json
 import os
+import zipfile
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_archive import jpeg, tar_bytes
+from test_archive import jpeg, tar_bytes, zip_bytes
 from vit_jax import data
 from vit_jax.data.sources import imagenet_subsets, robustness
 from vit_jax.data import specs
@@ -88,6 +89,48 @@ def test_imagenet_a_and_sketch_from_their_folders(tmp_path):
   info = data.get_info('imagenet_sketch', str(tmp_path))
   assert _labels(info) == [0, 999]
   assert int((info.source.scoring.to_set >= 0).sum()) == 1000
+
+
+def test_imagenet_sketch_read_in_place_from_its_zip_as_from_its_folder(tmp_path):
+  """ImageNet-Sketch.zip as downloaded (sketch/<wnid>/<file>.JPEG, some members deflated, some
+  stored): the records, labels and image bytes of the unpacked sketch/ folder, nothing unpacked;
+  an encrypted member is one line."""
+  wnids = ('n01440764', 'n01443537', 'n15075141')
+  images = {f'sketch/{w}/sketch_{k}.JPEG': jpeg(10 * i + k) for i, w in enumerate(wnids)
+            for k in range(2)}
+  methods = (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED)
+  zipped = tmp_path / 'zipped'
+  _write(str(zipped / 'ImageNet-Sketch.zip'),
+         zip_bytes([(n, b, methods[k % 2]) for k, (n, b) in enumerate(images.items())]))
+  info = data.get_info('imagenet_sketch', str(zipped))
+  assert sorted(os.listdir(zipped)) == ['ImageNet-Sketch.zip', 'vit_jax_index']  # in place
+  assert info.source.release.splits['test'].index.layout == 'flat_zip'
+  unpacked = tmp_path / 'unpacked'
+  for name, blob in images.items():
+    _write(str(unpacked / name), blob)
+  folder_info = data.get_info('imagenet_sketch', str(unpacked))
+  assert info.num_examples('test') == folder_info.num_examples('test') == 6
+  assert _labels(info) == _labels(folder_info) == [0, 0, 1, 1, 999, 999]
+  from vit_jax.data import releases  # pylint: disable=g-import-not-at-top
+  read = lambda i: releases.read(i.release, releases.records(i.release, 'test')[0])
+  assert read(info) == read(folder_info) == list(images.values())
+
+  # Scored over all 1,000 classes, by hand: rows 0 and 2 right, row 1 wrong.
+  batches, n = data.eval_iterator(dataset='imagenet_sketch', split='test', data_dir=str(zipped),
+                                  batch_size=4, spec=PP)
+  assert n == 2 and sum(float(b['mask'].sum()) for b in batches) == 6
+  logits = np.zeros([3, 1000])
+  logits[0, 0], logits[1, 5], logits[2, 999] = 1.0, 1.0, 1.0
+  assert _hits(logits, np.asarray([0, 1, 999]), [1, 1, 1], info.source.scoring.to_set) == (2, 3)
+
+  blob = bytearray(zip_bytes([(n, b, zipfile.ZIP_STORED) for n, b in images.items()]))
+  blob[blob.find(b'PK\x01\x02') + 8] |= 1  # the first member flagged encrypted, as ZipCrypto's
+  locked = tmp_path / 'locked'
+  _write(str(locked / 'ImageNet-Sketch.zip'), bytes(blob))
+  with pytest.raises(UserError, match=r'^\S+/ImageNet-Sketch.zip: its member sketch/n01440764/'
+                                      r'sketch_0.JPEG is encrypted, .* \(`unzip '
+                                      r'ImageNet-Sketch.zip` in \S+\) and read the folder'):
+    data.get_info('imagenet_sketch', str(locked))
 
 
 def test_imagenet_v2_variants_from_class_index_folders_and_a_decompressed_tar(tmp_path):

@@ -1,7 +1,7 @@
 """The guarded release reader: where every image of an image archive or folder is, so that it
 streams without a copy, and its bytes read back only as indexed.
 
-  layouts.py   the five layouts of a source, its units, and what of each is read
+  layouts.py   the six layouts of a source, its units, and what of each is read
   indexing.py  one unit -> one part file of the index
   building.py  the parts built in parallel (workers, signals, progress), merged into one index
   reading.py   the index loaded; each image's bytes read in place, checked

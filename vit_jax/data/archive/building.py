@@ -40,6 +40,9 @@ from vit_jax.errors import UserError
 from vit_jax.platform import cpus
 
 FORMAT = 3  # of the index files; an index of another format is built again
+# Per image, how a zip stores it: its method (0 for a tar's or a folder's images) and the
+# CRC-32 of its data. An index without them (all its images stored as they are) stays valid.
+_ZIP_COLUMNS = ('method', 'data_crc')
 _POOL_FROM = 16  # units from which indexing runs in a pool of processes (unless told)
 
 
@@ -296,7 +299,7 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
   """The parts -> one set of arrays (written atomically), then done.json (with the notes and
   the content digest); UserError for a file reached from two units."""
   columns = {key: [] for key in ('file_id', 'offset', 'size', 'mtime', 'names', 'name_lengths',
-                                 'unit')}
+                                 'unit') + _ZIP_COLUMNS}
   folders = []
   notes = {kind: list(meta['notes'].get(kind, [])) for kind in NOTE_KINDS}
   content = hashlib.sha256()
@@ -309,6 +312,9 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
                         f'{directory} to index the source again')
       for key in ('file_id', 'offset', 'size', 'mtime', 'names', 'name_lengths'):
         columns[key].append(part[key])
+      for key, dtype in zip(_ZIP_COLUMNS, (np.int8, np.uint32)):  # absent: no zip's part
+        columns[key].append(part[key] if key in part.files else
+                            np.zeros(len(part['file_id']), dtype))
       folders += json.loads(str(part['folders']))
       columns['unit'].append(np.full(len(part['file_id']), k, np.int32))
       for kind, names in json.loads(str(part['notes'])).items():
@@ -327,6 +333,9 @@ def _merge(directory: str, meta: dict, parts: Sequence[str]) -> None:
             for key, value in columns.items()}
   arrays['name_ends'] = np.cumsum(arrays.pop('name_lengths')).astype(np.int64)
   arrays['hash_order'] = _hash_order(arrays['names'], arrays['name_ends'])
+  if not arrays['method'].any():  # no zip: the index as it was before zips were read
+    for key in _ZIP_COLUMNS:
+      del arrays[key]
   tmp = os.path.join(directory, f'index.{os.getpid()}.tmp.npz')
   np.savez(tmp, **arrays)
   os.replace(tmp, os.path.join(directory, 'index.npz'))

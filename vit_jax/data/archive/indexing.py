@@ -6,7 +6,9 @@ the outer offset plus the inner one; for the folder layouts, its own file and it
 time), the unit's notes, the folders inside a folder unit (with their modification times, so that
 an image added to a nested folder is seen), and a digest of every image's name, size and the
 CRC-32 of all its bytes: one extra pass over the bytes, so that an image changed in place (the
-same size, the same last bytes) is other data. A part is written atomically: a killed indexer
+same size, the same last bytes) is other data. A zip member's bytes are those stored in the zip
+(deflated or not), with its method and the CRC-32 the zip records of its data, which that pass
+checks (inflating a deflated member): a damaged member is refused here, in one line. A part is written atomically: a killed indexer
 leaves no half-written part.
 """
 
@@ -21,7 +23,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from vit_jax.data.archive.layouts import (empty_notes, inside, is_image, tar_members, under, walk)
+from vit_jax.data.archive.layouts import (DEFLATED, ZipMember, empty_notes, inside, is_image,
+                                          tar_members, under, walk, zip_members)
 from vit_jax.data.archive.store import write_failure
 from vit_jax.errors import UserError
 
@@ -40,12 +43,40 @@ def crc32(fd: int, offset: int, size: int) -> int:
   return crc
 
 
+def damaged(path: str, name: str) -> str:
+  """The line for a zip member whose data is not what the zip's CRC-32 says."""
+  return (f'{path}: its member {name} is damaged (its data does not match the CRC-32 the zip '
+          f'records): download the zip again, then rerun')
+
+
+def zip_crc(fd: int, path: str, member: ZipMember) -> int:
+  """The CRC-32 of a zip member's stored bytes (open file `fd`), its data checked against the
+  zip's CRC-32 of it (inflated first when deflated); UserError naming it when damaged."""
+  inflate = zlib.decompressobj(-15) if member.method == DEFLATED else None
+  crc, data_crc, done = 0, 0, 0
+  try:
+    while done < member.size:
+      data = os.pread(fd, min(_CHUNK, member.size - done), member.offset + done)
+      if not data:
+        raise OSError(errno.EIO, f'{member.size - done} bytes missing at byte '
+                                 f'{member.offset + done}')
+      crc, done = zlib.crc32(data, crc), done + len(data)
+      data_crc = zlib.crc32(inflate.decompress(data) if inflate else data, data_crc)
+    if inflate and not inflate.eof:
+      raise zlib.error('the deflate stream does not end')
+  except zlib.error:
+    raise UserError(damaged(path, member.name)) from None
+  if data_crc != member.crc:
+    raise UserError(damaged(path, member.name))
+  return crc
+
+
 def index_unit(task) -> Tuple[int, Optional[str]]:
   """Indexes unit `k` into its part file; (k, error message or None)."""
   root, layout, k, unit, file_id, part = task
   try:
     names, file_ids, offsets, sizes, mtimes, crcs, links = [], [], [], [], [], [], []
-    folders = []
+    folders, methods, data_crcs = [], [], []  # per image: how a zip stores it (0: as it is)
     if layout in ('folders', 'flat_folder'):
       files, notes, walked = walk(root, unit)
       folders = [[rel, st.st_mtime_ns] for rel, st in walked]
@@ -61,10 +92,31 @@ def index_unit(task) -> Tuple[int, Optional[str]]:
         offsets.append(0)
         sizes.append(st.st_size)
         mtimes.append(st.st_mtime_ns)
+        methods.append(0)
+        data_crcs.append(0)
         if os.path.islink(under(root, rel)) or st.st_nlink > 1:
           real = os.path.realpath(under(root, rel))
           home = (os.path.relpath(real, real_root) if inside(real, real_root) else None)
           links.append([rel, st.st_ino, st.st_size, home])
+    elif layout == 'flat_zip':
+      path = under(root, unit.file)
+      notes = empty_notes()
+      fd = os.open(path, os.O_RDONLY)
+      try:
+        for m in zip_members(path, notes):
+          if not is_image(m.name):
+            notes['non_image'].append(m.name)
+            continue
+          names.append(m.name)
+          file_ids.append(file_id)
+          offsets.append(m.offset)
+          sizes.append(m.size)
+          mtimes.append(0)
+          crcs.append(zip_crc(fd, path, m))
+          methods.append(m.method)
+          data_crcs.append(m.crc)
+      finally:
+        os.close(fd)
     else:
       path = under(root, unit.file)
       shown = f'{path}:{unit.name}.tar' if layout == 'tar_of_tars' else path
@@ -83,6 +135,8 @@ def index_unit(task) -> Tuple[int, Optional[str]]:
           sizes.append(m.size)
           mtimes.append(0)  # a member is checked by its archive's size and time
           crcs.append(crc32(fd, unit.offset + m.offset_data, m.size))
+          methods.append(0)
+          data_crcs.append(0)
       finally:
         os.close(fd)
       notes = {kind: [n if kind == 'non_image' or not unit.name else f'{unit.name}/{n}'
@@ -102,6 +156,8 @@ def index_unit(task) -> Tuple[int, Optional[str]]:
              offset=np.asarray([offsets[i] for i in order], np.int64).reshape(-1),
              size=np.asarray([sizes[i] for i in order], np.int64).reshape(-1),
              mtime=np.asarray([mtimes[i] for i in order], np.int64).reshape(-1),
+             method=np.asarray([methods[i] for i in order], np.int8).reshape(-1),
+             data_crc=np.asarray([data_crcs[i] for i in order], np.uint32).reshape(-1),
              names=np.frombuffer(b''.join(encoded), np.uint8),
              name_lengths=np.asarray([len(e) for e in encoded], np.int64).reshape(-1),
              unit=np.asarray(json.dumps(dataclasses.astuple(unit))),
@@ -116,4 +172,4 @@ def index_unit(task) -> Tuple[int, Optional[str]]:
   return k, None
 
 
-__all__ = ['CHECKSUM', 'crc32', 'index_unit']
+__all__ = ['CHECKSUM', 'crc32', 'damaged', 'index_unit', 'zip_crc']

@@ -1,15 +1,16 @@
 """The five layouts of an image source, and what of each is read.
 
-A *source* is one of five layouts (`LAYOUTS`), at a path:
+A *source* is one of six layouts (`LAYOUTS`), at a path:
   tar_of_tars   one tar whose members are per-class tars ('n01440764.tar') of images, as the
                 ImageNet releases ship (fall11_whole.tar, ILSVRC2012_img_train.tar);
   tars          a folder of per-class tars;
   folders       a folder of per-class folders of images;
   flat_tar      one tar of images (ILSVRC2012_img_val.tar);
-  flat_folder   a folder of images.
+  flat_folder   a folder of images;
+  flat_zip      one zip of images (ImageNet-Sketch.zip), its members stored or deflated.
 Its *units* are the per-class tars or folders (one unit for the flat layouts).
 
-What is read (`list_units`, `walk`, `tar_members`):
+What is read (`list_units`, `walk`, `tar_members`, `zip_members`):
   - entries whose name starts with '.' are ignored (in folders and in tars);
   - beside the units, an entry that is no unit (a file, a tar or folder whose name the source's
     `unit_name` rule refuses, e.g. 'backup_n01440764.tar' among synsets) is a *stray*: named in
@@ -23,7 +24,9 @@ What is read (`list_units`, `walk`, `tar_members`):
     to it, or a hard link) is read once, under its first name, the others named as
     *duplicates*; a tar member stored twice under one name is read once (the last copy, as
     `tar x` leaves it), the earlier named (a per-class tar stored twice in a tar of tars,
-    appended by `tar -r`, is named as such: *unit_twice*);
+    appended by `tar -r`, is named as such: *unit_twice*); a zip member likewise;
+  - a zip member that is encrypted, or compressed by another method than deflate, is refused
+    (`UserError`): the zip must be unpacked once;
   - two units that are the same folder or file, or one inside another, and a file reached from
     two units, are refused (`UserError`): an image has one class.
 
@@ -36,12 +39,15 @@ import hashlib
 import io
 import json
 import os
+import struct
 import tarfile
+import zipfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from vit_jax.errors import UserError
 
-LAYOUTS = ('tar_of_tars', 'tars', 'folders', 'flat_tar', 'flat_folder')
+LAYOUTS = ('tar_of_tars', 'tars', 'folders', 'flat_tar', 'flat_folder', 'flat_zip')
+SINGLE_FILE = ('tar_of_tars', 'flat_tar', 'flat_zip')  # the layouts of one archive file
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 NOTE_KINDS = ('stray', 'non_image', 'not_followed', 'unreadable', 'duplicate', 'unit_twice')
 _BLOCK = 512  # tar block size
@@ -124,7 +130,7 @@ def list_units(root: str, layout: str,
       else:
         notes['stray'].append(entry.name)
     _refuse_shared(root, units)
-  elif layout == 'flat_tar':
+  elif layout in ('flat_tar', 'flat_zip'):
     units.append(Unit('', '', 0, os.path.getsize(root)))
   elif layout == 'flat_folder':
     units.append(Unit('', '', 0, 0))
@@ -166,7 +172,7 @@ def fingerprint(root: str, layout: str, deep: bool = False):
   index's own list of them, building.py). `deep`: a digest of every file and folder the index
   would read (name, size, mtime), so a file rewritten in place or changed in a nested folder
   counts too."""
-  if layout in ('tar_of_tars', 'flat_tar'):
+  if layout in SINGLE_FILE:
     st = os.stat(root)
     return [[os.path.basename(root), st.st_size, st.st_mtime_ns]]
   if deep:
@@ -340,5 +346,66 @@ def tar_members(path: str, size: int, start: int, shown: str, notes: Dict[str, l
 
 
 
-__all__ = ['IMAGE_EXTENSIONS', 'LAYOUTS', 'NOTE_KINDS', 'Unit', 'empty_notes', 'fingerprint',
-           'inside', 'is_image', 'list_units', 'tar_members', 'under', 'walk']
+# ---------------------------------------------------------------------------------------------
+# Reading a zip's directory.
+
+STORED, DEFLATED = zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED  # the methods read in place
+_LOCAL = struct.Struct('<4s5H3L2H')  # a local file header: signature ... name and extra lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class ZipMember:
+  """A zip member's data: bytes [offset, offset + size) of the zip, compressed by `method`
+  (STORED or DEFLATED) from data whose CRC-32 is `crc`."""
+  name: str
+  offset: int
+  size: int
+  method: int
+  crc: int
+
+
+def _unpack_once(path: str) -> str:
+  return (f'unpack it once (`unzip {os.path.basename(path)}` in {os.path.dirname(path) or "."})'
+          f' and read the folder it unpacks into')
+
+
+def zip_members(path: str, notes: Dict[str, list]) -> List[ZipMember]:
+  """The file members of the zip `path` (its central directory; each data offset from its
+  local header, whose name and extra field may differ in length from the directory's), one per
+  name (the last copy), hidden members left out, earlier copies noted. UserError if it is no
+  readable zip, is cut short, or holds a member encrypted or compressed by another method."""
+  size = os.path.getsize(path)
+  try:
+    with open(path, 'rb') as f, zipfile.ZipFile(f) as z:
+      infos = z.infolist()
+      last = {}
+      for info in infos:
+        if info.is_dir() or _hidden(info.filename):
+          continue
+        if info.flag_bits & 0x1 or info.compress_type not in (STORED, DEFLATED):
+          what = ('is encrypted' if info.flag_bits & 0x1 else
+                  f'is compressed by method {info.compress_type}, not stored or deflated')
+          raise UserError(f'{path}: its member {info.filename} {what}, which cannot be read in '
+                          f'place: {_unpack_once(path)}')
+        f.seek(info.header_offset)
+        header = f.read(_LOCAL.size)
+        if len(header) < _LOCAL.size or header[:4] != b'PK\x03\x04':
+          raise UserError(f'{path} is truncated or damaged: no local header of its member '
+                          f'{info.filename} at byte {info.header_offset}; download it again')
+        fields = _LOCAL.unpack(header)
+        offset = info.header_offset + _LOCAL.size + fields[-2] + fields[-1]
+        if offset + info.compress_size > size:
+          raise UserError(f'{path} is truncated: its member {info.filename} needs bytes up to '
+                          f'{offset + info.compress_size} of {size}; download it again')
+        if info.filename in last:
+          notes['duplicate'].append(info.filename)
+        last[info.filename] = ZipMember(info.filename, offset, info.compress_size,
+                                        info.compress_type, info.CRC)
+  except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+    raise UserError(f'{path} is not a readable zip ({e}): download it again') from None
+  return sorted(last.values(), key=lambda m: m.offset)
+
+
+__all__ = ['DEFLATED', 'IMAGE_EXTENSIONS', 'LAYOUTS', 'NOTE_KINDS', 'SINGLE_FILE', 'STORED',
+           'Unit', 'ZipMember', 'empty_notes', 'fingerprint', 'inside', 'is_image', 'list_units',
+           'tar_members', 'under', 'walk', 'zip_members']

@@ -5,7 +5,8 @@ is the one indexed: an archive whose size or modification time changed (overwrit
 that is gone or replaced, cannot be opened, or an image file whose size or modification time
 changed (rewritten in place) raises
 `ReadError` (a `UserError` naming the file and the fix), never bytes that are not the indexed
-image's.
+image's. A deflated zip member is inflated after its read and checked against the zip's CRC-32
+of it: a damaged one is a `ReadError` naming it.
 """
 
 import dataclasses
@@ -13,12 +14,14 @@ import errno
 import os
 import stat
 import time
+import zlib
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from vit_jax.data.archive.building import build
-from vit_jax.data.archive.layouts import under
+from vit_jax.data.archive.indexing import damaged
+from vit_jax.data.archive.layouts import DEFLATED, under
 from vit_jax.data.archive.store import read_json
 from vit_jax.errors import UserError
 
@@ -48,6 +51,8 @@ class Index:
   hash_order: np.ndarray     # int64 [N]: the rows by the SHA-256 of their names (`_hash_order`)
   notes: Dict[str, List[str]]  # kind (NOTE_KINDS) -> the names of what was left out, and why
   content: str               # digest of every image's name, size and CRC-32 of its bytes
+  method: Optional[np.ndarray] = None    # int8 [N]: a zip member's method (None: no zip)
+  data_crc: Optional[np.ndarray] = None  # uint32 [N]: the CRC-32 a zip records of its data
   built: bool = False        # whether this process wrote (part of) the index
   _fds: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> open descriptor
   _checked: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> path check time
@@ -79,7 +84,20 @@ class Index:
       raise self._unreadable(row, path, e) from None
     if len(data) != size:
       raise self._changed(row, path, f'{len(data)} of its {size} bytes could be read')
+    if self.method is not None and self.method[row] == DEFLATED:
+      return self._inflate(row, path, data)
     return data
+
+  def _inflate(self, row: int, path: str, data: bytes) -> bytes:
+    """A deflated zip member's data, checked against the zip's CRC-32 of it."""
+    inflate = zlib.decompressobj(-15)
+    try:
+      out = inflate.decompress(data)
+    except zlib.error:
+      out = None
+    if out is None or not inflate.eof or zlib.crc32(out) != int(self.data_crc[row]):
+      raise ReadError(damaged(path, self.name(row)))
+    return out
 
   def _open(self, f: int, path: str) -> int:
     """The open descriptor of file `f`, checked against what was indexed."""
@@ -148,7 +166,8 @@ def load(root: str, layout: str, base: str, **build_kwargs) -> Index:
                  mtime=a['mtime'].astype(np.int64),
                  names=a['names'].astype(np.uint8), name_ends=a['name_ends'],
                  hash_order=a['hash_order'], notes=done['notes'], content=done['content'],
-                 built=built)
+                 method=a['method'] if 'method' in a.files else None,
+                 data_crc=a['data_crc'] if 'data_crc' in a.files else None, built=built)
 
 
 

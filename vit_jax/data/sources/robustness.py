@@ -10,10 +10,11 @@ they are, through the guarded reader of the ImageNet releases (vit_jax/data/rele
                          at an offset); variants matched-frequency, threshold-0.7, topimages
   imagenet_r, imagenet_a `imagenet-r.tar` / `imagenet-a.tar` as downloaded, or the `imagenet-r/`
                          / `imagenet-a/` folder they unpack into (200 WordNet-id folders each)
-  imagenet_sketch        `sketch/` (1,000 WordNet-id folders), what `ImageNet-Sketch.zip` unpacks
-                         into (a zip is not read in place)
+  imagenet_sketch        `ImageNet-Sketch.zip` as downloaded (members stored or deflated), or the
+                         `sketch/` folder it unpacks into (1,000 WordNet-id folders each)
   objectnet              `objectnet-1.0/` (`images/<folder>/*.png` and `mappings/`), what
-                         `objectnet-1.0.zip` unpacks into
+                         `objectnet-1.0.zip` unpacks into (its members are encrypted: it is not
+                         read in place)
 Labels are ImageNet-1k class indices (the 1,000 WordNet ids sorted, as tfds's imagenet2012), so
 an ImageNet classifier scores them as they are; ObjectNet's are its 113 classes that overlap
 ImageNet (sorted names; the images of its other classes are left out). `Scoring` says which
@@ -45,9 +46,11 @@ OBJECTNET_MAPPINGS = ('folder_to_objectnet_label.json', 'objectnet_to_imagenet_1
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where a set's release is under data_dir: its folder (`folder`, holding the class folders
-  at `inside`), the tar it ships as (read in place), and the archive that must be unpacked."""
+  at `inside`), the tar or zip it ships as (read in place), and the archive that must be
+  unpacked."""
   folder: str
   tar: str = ''
+  zip: str = ''          # a zip of stored or deflated members, read in place
   packed: str = ''       # an archive that is not read in place (zip, tar.gz)
   unpack: str = ''       # the command that unpacks it
   inside: str = ''       # the class folders' path inside `folder`
@@ -63,8 +66,7 @@ SETS: Dict[str, Layout] = {
     **{f'imagenet_v2/{v}': _v2(v) for v in V2_VARIANTS},
     'imagenet_r': Layout('imagenet-r', tar='imagenet-r.tar'),
     'imagenet_a': Layout('imagenet-a', tar='imagenet-a.tar'),
-    'imagenet_sketch': Layout('sketch', packed='ImageNet-Sketch.zip',
-                              unpack='unzip ImageNet-Sketch.zip'),
+    'imagenet_sketch': Layout('sketch', zip='ImageNet-Sketch.zip'),
     'objectnet': Layout('objectnet-1.0', packed='objectnet-1.0.zip',
                         unpack='unzip objectnet-1.0.zip (its password is on the ObjectNet site)',
                         inside='images'),
@@ -130,6 +132,8 @@ def load(dataset: str, data_dir: Optional[str]) -> Optional[RobustnessSource]:
     release, to_set = _read(name, folder, 'folders', root), scoring(name)
   elif layout.tar and os.path.isfile(tar):
     release, to_set = _read(name, tar, 'flat_tar', root), scoring(name)
+  elif layout.zip and os.path.isfile(os.path.join(root, layout.zip)):
+    release, to_set = _read(name, os.path.join(root, layout.zip), 'flat_zip', root), scoring(name)
   elif layout.packed and os.path.exists(os.path.join(root, layout.packed)):
     gives = layout.tar if layout.tar else f'{layout.folder}/'
     raise UserError(f'{os.path.join(root, layout.packed)} cannot be read in place: unpack it '
@@ -160,7 +164,7 @@ def _read(name: str, path: str, layout: str, data_dir: str) -> releases.Release:
 
 def _class_folder(name: str, layout: str) -> str:
   """The class folder of an indexed image: its unit ('folders'), or the folder that holds it
-  in a tar ('imagenet-r/n01443537/x.jpg' -> 'n01443537')."""
+  in a tar or zip ('imagenet-r/n01443537/x.jpg' -> 'n01443537')."""
   parts = [p for p in name.split('/') if p]
   return parts[0] if layout == 'folders' else (parts[-2] if len(parts) >= 2 else '')
 
