@@ -126,3 +126,29 @@ def test_cost_and_bad_inputs():
     create_model('Mixer-Ze/4', num_classes=2, num_heads=3)
   with pytest.raises(UserError, match=r"unknown model 'Mixer-H/14'.*Mixer-<base>/<patch>"):
     create_model('Mixer-H/14', num_classes=2)
+
+
+def test_the_released_mixers_by_name_and_their_files_checked_as_mixers(tmp_path, monkeypatch):
+  """The four released files of gs://mixer_models (B/16, L/16 pre-trained on ImageNet-1k and
+  ImageNet-21k) by name; a file served under a name is checked by the Mixer's own names (its final
+  norm's width, its MixerBlock count)."""
+  from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
+  mixers = {n: w for n, w in weights.KNOWN.items() if n.startswith('Mixer-')}
+  assert {n: weights.url(w) for n, w in mixers.items()} == {
+      f'Mixer-{s}/16@{src}': f'https://storage.googleapis.com/mixer_models/{src}/Mixer-{s}_16.npz'
+      for s in 'BL' for src in ('imagenet1k', 'imagenet21k')}
+  monkeypatch.setenv(weights.URL_VAR, f'file://{tmp_path / "mirror"}')
+  monkeypatch.setenv(weights.DIR_VAR, str(tmp_path / 'cache'))
+  served = tmp_path / 'mirror' / 'mixer_models' / 'imagenet1k' / 'Mixer-B_16.npz'
+  served.parent.mkdir(parents=True)
+  # The names check_model reads, at Mixer-B/16's width and depth (not its 60M parameters).
+  np.savez(served, **{'pre_head_layer_norm/scale': np.ones(768, np.float32)},
+           **{f'MixerBlock_{i}/LayerNorm_0/scale': np.ones(768, np.float32) for i in range(12)})
+  path = weights.fetch('Mixer-B/16@imagenet1k')
+  assert path == str(tmp_path / 'cache' / 'mixer_models' / 'imagenet1k' / 'Mixer-B_16.npz')
+  weights.check_model('Mixer-B/16@imagenet1k', path)  # the right model: no error
+  _, _, params = _tiny()
+  npz.save_npz(path, params)  # a Mixer-Ze/4 under the name
+  with pytest.raises(UserError, match=r'holds another model \(width 32, 2 blocks\), not '
+                     r'Mixer-B/16@imagenet1k \(Mixer-B/16: width 768, 12 blocks\)'):
+    weights.check_model('Mixer-B/16@imagenet1k', path)

@@ -40,7 +40,8 @@ def test_names_map_to_the_official_files_and_real_variants():
       '-lr_0.03-res_384.npz')
   assert weights.lookup('R26+ViT-S/32@augreg-i21k').path == (
       'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0.npz')
-  assert len(weights.KNOWN) == 37  # 31 of gs://vit_models, 6 FlexiViT of gs://big_vision
+  # 31 of gs://vit_models, 6 FlexiViT of gs://big_vision, 4 MLP-Mixer of gs://mixer_models
+  assert len(weights.KNOWN) == 41
   for w in weights.KNOWN.values():
     decode_variant(w.model_name)  # every name is a variant of this codebase
     assert w.name.startswith(w.model_name + '@')

@@ -11,11 +11,14 @@ file, downloaded once.
   FlexiViT (Beyer et al. 2023; big_vision's "FlexiViT-B i1k", ...): ViT-{S,B,L}/16@flexivit-i1k
     (distilled on ImageNet-1k), ViT-B/16@flexivit-i21k-{90,300,1000}ep (ImageNet-21k), 240 px;
     their stored kernel PI-resized to patch 16 or any --patch_size   gs://big_vision/flexivit/...
+  MLP-Mixer (Mixer paper, Table 3): Mixer-{B,L}/16@imagenet1k (pre-trained on ImageNet-1k, 1000
+    classes) and Mixer-{B,L}/16@imagenet21k (ImageNet-21k, 21843 classes), 224 px
+                                                                gs://mixer_models/imagenet{1k,21k}/...
 
 Files are fetched from $VIT_JAX_WEIGHTS_URL (default https://storage.googleapis.com/vit_models, the
 public address of gs://vit_models; a file:// URL points at a local mirror) into $VIT_JAX_WEIGHTS_DIR
 (default ~/.cache/vit_jax/weights), at the bucket's relative path, and later used from there without
-the network. Files of another bucket (big_vision's) are fetched from
+the network. Files of another bucket (big_vision's, the Mixer's) are fetched from
 https://storage.googleapis.com/BUCKET, or from $VIT_JAX_WEIGHTS_URL/BUCKET when it is set, and
 kept under BUCKET/ in the cache. A download is written to a hidden temporary file and renamed only
 once complete: its size must equal the Content-Length the server announced and it must be a whole
@@ -118,6 +121,11 @@ def _registry() -> Dict[str, Weights]:
         f'flexivit/flexivit_{size.lower()}_{source.replace("-", "_")}.npz', f'ViT-{size}/16',
         f'FlexiViT: {note}, 240 px, any patch size (--patch_size)', bucket='big_vision',
         image_size=240)
+  for model in ('Mixer-B/16', 'Mixer-L/16'):
+    for source, note in (('imagenet1k', 'ImageNet-1k, 224 px, 1000 classes'),
+                         ('imagenet21k', 'ImageNet-21k, 224 px, 21843 classes')):
+      add(f'{model}@{source}', f'{source}/{_file_stem(model)}.npz', model, f'MLP-Mixer: {note}',
+          bucket='mixer_models')
   return out
 
 
@@ -240,7 +248,7 @@ def _copy_checked(response, f, expected: Optional[str], address: str) -> None:
 def check_model(name: str, path: str, *, other_fix: str = '') -> None:
   """A UserError unless the .npz at `path` (the file of the weights `name`) has the width and
   depth of the name's own variant (the released files' `Transformer/encoder_norm/scale` and
-  `encoderblock_{i}` names): a mirror serving another model's file under the name is said so,
+  `encoderblock_{i}` names; a Mixer's `pre_head_layer_norm/scale` and `MixerBlock_{i}`): a mirror serving another model's file under the name is said so,
   not taken for an image-size question or a checkpoint of another model. `other_fix` is the
   caller's other way out (predict: pass --model)."""
   from vit_jax.formats import npz  # pylint: disable=g-import-not-at-top
@@ -249,16 +257,18 @@ def check_model(name: str, path: str, *, other_fix: str = '') -> None:
   want = variants.decode_variant(weights.model_name)
   if 'hidden_size' not in want:
     return
+  mixer = 'tokens_mlp_dim' in want  # the Mixer's final norm and blocks, else the ViT's
+  norm, block = (('pre_head_layer_norm/scale', 'MixerBlock_') if mixer else
+                 ('Transformer/encoder_norm/scale', 'Transformer/encoderblock_'))
   with np.load(path) as data:
     # Names under big_vision's `params/` prefix too, its encoder maybe scanned ([L, ...]).
     names = list(data.keys())
     prefix = next((p for p in npz.PREFIXES if any(n.startswith(p) for n in names)), '')
     names = [n[len(prefix):] for n in names if n.startswith(prefix)]
-    norm = 'Transformer/encoder_norm/scale'
     width = int(data[prefix + norm].shape[-1]) if norm in names else None
     scanned = [n for n in names if n.startswith(npz.SCANNED)]
     stacked = int(data[prefix + scanned[0]].shape[0]) if scanned else None
-  blocks = {n.split('/')[1] for n in names if n.startswith('Transformer/encoderblock_')}
+  blocks = {n[len(block):].split('/')[0] for n in names if n.startswith(block)}
   depth = len(blocks) or stacked
   if (width, depth) != (want['hidden_size'], want['num_layers']):
     raise UserError(f'{path} holds another model (width {width}, {depth} blocks), not '
