@@ -150,9 +150,13 @@ def test_a_flipped_byte_sets_the_step_aside_at_restore_and_the_run_resumes_from_
   err = capfd.readouterr().err
   assert restored == ([4, 2] if when == 'while_reading' else [])
   (aside,) = os.listdir(workdir / 'corrupt_checkpoints')
-  assert (f'checkpoint 4 in {workdir}/checkpoints is damaged ({name} does not match its '
-          f'checksum); moved it to {workdir}/corrupt_checkpoints/{aside} and trying the previous '
-          'one') in err, err
+  # Where the flipped byte also breaks orbax's own read of the data (it depends on where the
+  # byte lands in the stored chunks), the line adds what that read raised after the checksum.
+  assert re.search(
+      re.escape(f'checkpoint 4 in {workdir}/checkpoints is damaged ({name} does not match its '
+                f'checksum') + r'(; [^\n]+)?' +
+      re.escape(f'); moved it to {workdir}/corrupt_checkpoints/{aside} and trying the previous '
+                'one'), err), err
   assert f'note: starting from step 2 while the newer checkpoint(s) 4 sit in' in err, err
   assert 'resumed from' in err and 'at step 2' in err, err
   assert _train_steps(workdir) == [4]  # step 4 trained again (logged every 4 steps)
