@@ -177,3 +177,17 @@ def test_the_results_table_is_written_and_read_back_for_the_same_checkpoint_only
   assert not results.done(finished, 'knn', 'knn', {'k': 10})  # other options: rerun
   assert results.load(str(tmp_path), dict(ckpt, content='c2')) == {}  # another checkpoint
   assert results.plot(str(tmp_path), ckpt, table).endswith('results.png')
+
+
+def test_image_size_is_refused_for_a_run_in_one_line(tmp_path):
+  """--image_size sizes a params file given by --weights; a run's image size is its config's."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from helpers import ROOT  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'evaluate', f'--workdir={tmp_path}',
+                         '--evals=knn', '--image_size=240'], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+      "error: --image_size is for --weights (a params file whose position embedding does not "
+      "give its image size, a FlexiViT's): a run's size is its config's"], proc.stderr
+  assert list(tmp_path.iterdir()) == []  # nothing written
