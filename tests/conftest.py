@@ -1,9 +1,9 @@
 """Test setup: 8 simulated CPU devices, quiet TensorFlow, and shared small fixtures.
 
-Tiers: `make test` runs every test but the system tier, `make test-system` the system tier (a
-real SLURM, real full disks, kill loops: SYSTEM_FIXTURES and SYSTEM_TESTS below), `.ci/run` both;
-`make test-fast` leaves out the `slow` tests too (SLOW_MODULES, SLOW_FIXTURES). A new test joins
-a tier through a fixture or its id in those tables, or its own `@pytest.mark.slow`.
+Tiers: `make test` runs every test but the system tier, `make test-system` the system tier (real
+services, several processes, signals, full disks: SYSTEM_FIXTURES and SYSTEM_TESTS below),
+`.ci/run` both; `make test-fast` leaves out the `slow` tests too (SLOW_MODULES, SLOW_FIXTURES). A
+new test joins a tier through a fixture or its id in those tables, or its own `@pytest.mark.slow`.
 """
 
 import os
@@ -44,13 +44,25 @@ SLOW_MODULES = frozenset({
 SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
 
-# The system tier (`make test-system`; `make test` leaves it out, `.ci/run` runs both): a real
-# SLURM cluster, real small file systems that fill up, kill and signal loops over many restarts.
-# A test joins it through a fixture below or its id (`file::name`, parameters included or not).
+# The system tier (`make test-system`; `make test` leaves it out, `.ci/run` runs both): real
+# services (a SLURM cluster, PostgreSQL), several processes of one run, signals and kills sent to
+# running trainers and sweeps, file systems that fill up, a capped address space, the GPU session
+# script. A test joins it through a fixture below or its id (`file::name`, parameters included
+# or not).
 SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk'})
 SYSTEM_TESTS = (
     'test_reliability.py::test_kill_9_loop_always_resumes_and_ends_bitwise_exact',
     'test_reliability.py::test_sigterm_at_a_random_step_then_resume_is_bitwise_exact',
+    'test_reliability.py::test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step',
+    'test_reliability.py::test_sigterm_while_a_two_process_run_resumes_stops_it_at_its_first_step',
+    'test_reliability.py::test_ctrl_c_at_random_start_up_moments_always_stops_the_command',
+    'test_reliability_faults.py::test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing',
+    'test_reliability_faults.py::test_a_restore_out_of_memory_is_its_line_and_nothing_after_it',
+    'test_multiprocess.py::test_two_processes_match_one_and_resume_its_checkpoint',
+    'test_sweep.py::test_sigterm_to_the_sweep_is_forwarded_and_its_runs_save',
+    'test_sweep.py::test_killed_sweep_reruns_only_the_unfinished_runs',
+    'test_sweep_study.py::test_two_workers_on_postgres_finish_the_grid_once_after_a_kill_9',
+    'test_benchmark.py::test_the_gpu_session_script_runs_its_steps_here',
     'test_bad_inputs.py::test_bad_input[full_disk_during_a_checkpoint]',
     # One TPU compile per generation (v3 stays in the main tier).
     *(f'test_compile_targets.py::test_every_generation_compiles_with_an_estimate[{g}]'
@@ -79,8 +91,9 @@ def pytest_configure(config):
       'markers', 'slow: starts subprocesses, trains end to end or compiles for a TPU slice '
       '(`make test` runs them, `make test-fast` leaves them out)')
   config.addinivalue_line(
-      'markers', 'system: a real SLURM, real full disks, kill loops (`make test-system` runs '
-      'them, `make test` leaves them out; tests/conftest.py: SYSTEM_FIXTURES, SYSTEM_TESTS)')
+      'markers', 'system: real services, several processes, signals and kills, full disks, '
+      'memory limits (`make test-system` runs them, `make test` leaves them out; '
+      'tests/conftest.py: SYSTEM_FIXTURES, SYSTEM_TESTS)')
 
 
 @pytest.fixture(scope='session')

@@ -1,6 +1,7 @@
 """The test tiers: a test named in conftest.SYSTEM_TESTS joins the system tier under any id
 pytest-xdist gives it (`--dist loadgroup` appends `@group` to the ids of grouped tests)."""
 
+import os
 import types
 
 import pytest
@@ -18,3 +19,16 @@ def test_a_system_test_is_recognised_with_and_without_its_xdist_group(suffix):
   assert conftest._is_system(item(f'{generation}[v5e]{suffix}'))  # pylint: disable=protected-access
   assert not conftest._is_system(item(f'{generation}[v3]{suffix}'))  # pylint: disable=protected-access
   assert not conftest._is_system(item(named + 'x' + suffix))  # pylint: disable=protected-access
+
+
+def test_every_system_test_named_exists():
+  """An entry of SYSTEM_TESTS names a test function of its file (a renamed test would otherwise
+  fall back into `make test` unseen)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  missing = []
+  for entry in conftest.SYSTEM_TESTS:
+    filename, name = entry.split('::')
+    with open(os.path.join(here, filename)) as f:
+      if f'def {name.split("[")[0]}(' not in f.read():
+        missing.append(entry)
+  assert not missing, missing
