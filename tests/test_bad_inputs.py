@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from helpers import ROOT, free_port
+import test_hints
 
 pytestmark = pytest.mark.xdist_group('bad_input_catalogue')  # one worker runs the process pool
 
@@ -289,6 +290,14 @@ def test_catalogue_size():
   assert len({_id(case) for case in CASES}) == len(CASES)
 
 
+def _command_of(argv) -> Optional[str]:
+  """The vit_jax command a case runs (None for a script)."""
+  argv = [str(a) for a in argv]
+  if argv[1:3] == ['-m', 'vit_jax.main']:
+    return 'train'
+  return argv[3] if argv[1:3] == ['-m', 'vit_jax'] and len(argv) > 3 else None
+
+
 @pytest.mark.parametrize('case', CASES, ids=[_id(case) for case in CASES])
 def test_bad_input(case, outcomes):
   proc, before, after = outcomes[case.name].result()
@@ -304,6 +313,8 @@ def test_bad_input(case, outcomes):
     problems.append(f'{len(lines)} lines')
   elif not all(n in lines[-1] for n in case.needles):
     problems.append(f'missing {[n for n in case.needles if n not in lines[-1]]}')
+  elif _command_of(proc.args):  # every flag the line names is one its command has
+    problems += [f'names {f}' for f in test_hints.unknown_flags(_command_of(proc.args), lines[-1])]
   if any(after.get(path) != digest for path, digest in before.items()):
     problems.append('workdir contents changed')
   assert not problems, f'{case.name}: {", ".join(problems)}\n{proc.stderr[-800:]}'

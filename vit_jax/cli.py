@@ -287,6 +287,8 @@ def run_main(fn, *, required_flags=(), compilation_cache: bool = True) -> None:
   #                                    stops a run
   for name in required_flags:
     flags.mark_flag_as_required(name)
+  # The command's own flags (those its module asked for), which error messages name.
+  errors.COMMAND_FLAGS.update(f.name for f in flags.FLAGS.get_key_flags_for_module(sys.argv[0]))
 
   def guarded(argv):
     interrupt.check()  # a Ctrl-C while the command's modules were imported

@@ -18,6 +18,16 @@ class UserError(ValueError):
   """A mistake in what the user asked for; the message says how to fix it."""
 
 
+# The flags of the running command (`cli.run_main` fills it in). A message that names a setting
+# spells it with `setting`: the command's own flag where it has one (`--data_dir` of evaluate),
+# else the trainer's config key (`--config.data_dir`).
+COMMAND_FLAGS = set()
+
+
+def setting(name: str) -> str:
+  return f'--{name}' if name in COMMAND_FLAGS else f'--config.{name}'
+
+
 _FIXES = {
     errno.ENOSPC: 'free space there, then rerun the same command',
     errno.EDQUOT: 'free space (or raise the quota) there, then rerun the same command',

@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vit_jax import errors
 from vit_jax.data import archive
 from vit_jax.data import catalog
 from vit_jax.data import image_files
@@ -267,7 +268,7 @@ def _i21k_source(data_dir: str) -> Tuple[str, str]:
          f'per-synset tars or the synset folders in {where}')
   if not os.path.isdir(where):
     raise UserError(f'no ImageNet-21k release under {data_dir} ({where} does not exist): {fix}, '
-                    f'or point --config.data_dir at the directory holding imagenet21k/')
+                    f'or point {errors.setting("data_dir")} at the directory holding imagenet21k/')
   names = sorted(os.listdir(where))
   whole = [a for a in I21K_ARCHIVES if a in names] + [n for n in names if n.endswith('_whole.tar')]
   if whole:

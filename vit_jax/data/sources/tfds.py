@@ -14,6 +14,7 @@ from typing import Optional, Tuple, Type
 
 import tensorflow_datasets as tfds
 
+from vit_jax import errors
 from vit_jax import fileio
 from vit_jax.data import catalog
 from vit_jax.data import embedded
@@ -83,7 +84,7 @@ def load_builder(dataset: str, data_dir: Optional[str]) -> tfds.core.DatasetBuil
     # Community namespaces (huggingface:, kaggle:, ...) resolve over the network.
     raise UserError(f"dataset {dataset!r} has a community namespace '{name.namespace}:', which "
                     f"needs the network; prepare it locally with `tfds build` and pass its plain "
-                    f"name and --data_dir")
+                    f"name and {errors.setting('data_dir')}")
   if name.name in catalog.EMBEDDED:  # read from its arrays (sources/embedded.py), never tfds
     raise UserError(f"dataset {dataset!r}: {name.name} has no configs, only version "
                     f"{embedded.VERSION} and no tfds copy; use dataset='{name.name}'")
@@ -146,7 +147,7 @@ def _not_prepared_message(dataset: str, builder, where: str, root: str,
   """`builder` is the tfds builder or its class; `where` the directory tfds looked in."""
   where = f'{where} (data_dir={root})'
   if data_dir is None:
-    where += ', the default because --data_dir was not given'
+    where += f', the default because {errors.setting("data_dir")} was not given'
   fix = f'prepare it once with `tfds build {dataset} --data_dir={root}`'
   if getattr(builder, 'MANUAL_DOWNLOAD_INSTRUCTIONS', None):
     fix += (f' after placing its manually downloaded files in {root}/downloads/manual '
@@ -157,7 +158,7 @@ def _not_prepared_message(dataset: str, builder, where: str, root: str,
   if dataset == 'imagenet2012_real':
     fix += (f', or put ReaL\'s {releases.REAL_LABELS} beside the ILSVRC2012 archives in '
             f'{root}/imagenet2012 (docs/data.md)')
-  fix += ', or point --data_dir at a directory where it is prepared'
+  fix += f', or point {errors.setting("data_dir")} at a directory where it is prepared'
   return f'dataset {dataset!r} is not prepared: tfds looked in {where}; {fix}'
 
 
