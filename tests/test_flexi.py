@@ -1,6 +1,8 @@
 """FlexiViT (vit_jax/models/flexi.py): the pseudo-inverse resize of the patch kernel, the flexible
 model against the plain ViT, and its options' checks."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -477,3 +479,20 @@ def test_a_flexivit_exports_at_the_patch_size_given_to_the_export_command(tmp_pa
       assert logits.shape == (2, 5) and error < 1e-4, (name, p, error)
     exports[p] = got['stablehlo']
   assert float(np.abs(exports[4] - exports[16]).max()) > 1e-2  # two programs, not one
+
+
+def test_a_flexivit_initialises_its_kernel_and_position_embedding_as_big_vision():
+  """normal(1/sqrt(width)) for the stored patch kernel and learned position embedding (big_vision's
+  models/proj/flexi/vit.py); the plain ViT keeps the original's lecun-normal kernel and 0.02."""
+  x = jnp.zeros((1, 28, 28, 3))
+  flexi_params = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, flexi_grid=7).init(
+      jax.random.PRNGKey(0), x, train=False)['params']
+  plain_params = models.create_model('ViT-Ze/7', num_classes=3).init(
+      jax.random.PRNGKey(0), x, train=False)['params']
+  std = lambda params, *path: float(np.std(functools.reduce(lambda n, k: n[k], path, params)))
+  pe = ('Transformer', 'posembed_input', 'pos_embedding')
+  width = 32
+  assert std(flexi_params, 'embedding', 'kernel') == pytest.approx(width ** -0.5, rel=0.05)
+  assert std(flexi_params, *pe) == pytest.approx(width ** -0.5, rel=0.1)  # 50 x 32 draws
+  assert std(plain_params, 'embedding', 'kernel') == pytest.approx((7 * 7 * 3) ** -0.5, rel=0.15)
+  assert std(plain_params, *pe) == pytest.approx(0.02, rel=0.1)

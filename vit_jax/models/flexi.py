@@ -27,6 +27,14 @@ import numpy as np
 
 from vit_jax.errors import UserError
 
+def initializer(width: int):
+  """The initializer of a FlexiViT's stored patch kernel and learned position embedding:
+  normal with stddev 1/sqrt(width), as big_vision's models/proj/flexi/vit.py (its `Patchify`
+  kernel and `get_posemb`), where the plain ViT draws the kernel lecun-normal and the position
+  embedding with stddev 0.02."""
+  return jax.nn.initializers.normal(stddev=1 / np.sqrt(width))
+
+
 @functools.cache
 def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
   """[n_out, n_in] float64: resized = M @ values along one axis; half-pixel centres (output i
@@ -118,5 +126,5 @@ def fixed_patch(model, params, image_size: int):
   return model.clone(flexi_patch=0, flexi_grid=0), params
 
 
-__all__ = ['at_patch_size', 'bilinear_matrix', 'fixed_patch', 'pi_resize_kernel',
+__all__ = ['at_patch_size', 'bilinear_matrix', 'fixed_patch', 'initializer', 'pi_resize_kernel',
            'resize_matrix', 'resize_posemb']
