@@ -2,6 +2,7 @@
 model against the plain ViT, and its options' checks."""
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -316,6 +317,26 @@ def test_a_flexivit_trained_with_random_patch_sizes_evaluates_at_two_from_one_ch
     assert scores[p]['accuracy'] == pytest.approx(logged[f'accuracy@p{p}'], abs=1e-6)
     assert scores[p]['loss'] == pytest.approx(logged[f'loss@p{p}'], rel=1e-5)
   assert scores[4]['loss'] != scores[14]['loss']  # two models from one checkpoint
+
+
+def test_the_evaluate_command_scores_an_entry_at_the_patch_sizes_it_sets(flexi_run, tmp_path):
+  """An entry whose patch_sizes is set is scored at them by the evaluate command's function too:
+  top-1 at 4 and 14 as the run logged them, and k-NN at 4 with its features cached apart from
+  the own size's."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  model, params, config, identity = checkpoint.load_run_checkpoint(flexi_run['workdir'], None)
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.evals.eval.patch_sizes, config.evals.knn.patch_sizes = (4, 14), (4,)
+  config.evals.knn.train_split = 'test'  # (its neighbours among the 1,000 test images: cheap)
+  out = checkpoint.evaluate(model, params, config, identity, ['eval', 'knn'],
+                            workdir=str(tmp_path), say=lambda line: None)
+  top1, knn = (out['results'][name]['metrics'] for name in ('eval', 'knn'))
+  logged = records(flexi_run['workdir'], 'eval')[-1]
+  for key in ('accuracy', 'accuracy@p4', 'accuracy@p14', 'loss@p4'):
+    assert top1[key] == pytest.approx(logged[key], rel=1e-5), key
+  assert sorted(knn) == ['top1', 'top1@p4', 'top5', 'top5@p4'] and knn['top1'] != knn['top1@p4']
+  assert len(os.listdir(tmp_path / 'features')) == 2  # the test split's at 7 and at 4
 
 
 def test_running_at_a_patch_size_needs_a_flexivit_and_a_divisor_of_the_image():
