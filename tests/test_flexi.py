@@ -172,7 +172,7 @@ def _run_config(data_dir):
   from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   config = mnist5k.get_config(f'model_name=ViT-Ze/7,steps={STEPS},batch_size=8')
   config.warmup_steps, config.progress, config.log_every, config.data_dir = 1, False, 1, data_dir
-  config.eval_every = config.checkpoint_every = STEPS // 2
+  config.eval_every, config.checkpoint_every = STEPS, STEPS // 2
   config.model.flexi_patch, config.model.flexi_grid, config.model.dropout_rate = 14, 4, 0.1
   config.flexi_patch_sizes, config.flexi_patch_probs = (4, 7, 14), (1, 1, 2)
   config.evals.own = dict(type='top1', patch_sizes=())
@@ -220,7 +220,7 @@ def _accuracy_at(workdir, step, p):
   params, _ = inputs.load_checkpoint(f'{workdir}/checkpoints/{step}')
   model = models.create_model('ViT-Ze/7', num_classes=10, flexi_patch=14, flexi_grid=4,
                               patch_size=p)
-  logits = model.apply({'params': params}, x, train=False)
+  logits = jax.jit(lambda x: model.apply({'params': params}, x, train=False))(x)
   return float(np.mean(np.argmax(logits, -1) == labels[test]))
 
 
@@ -229,11 +229,11 @@ def test_periodic_evaluations_score_every_patch_size_the_run_draws(flexi_run):
   at each drawn size as metric@pP, each equal to a plain forward pass at that size; `own`
   (patch_sizes=()) only the own size's."""
   evals = records(flexi_run['workdir'], 'eval')
-  assert [r['step'] for r in evals] == [4, 8]
+  assert [r['step'] for r in evals] == [STEPS]
   assert set(evals[-1]) == {'step', 'split'} | {f'{m}{at}' for m in ('accuracy', 'loss', 'count')
                                                 for at in ('', '@p4', '@p7', '@p14')}
   own = records(flexi_run['workdir'], 'own')
-  assert [r['step'] for r in own] == [4, 8]
+  assert [r['step'] for r in own] == [STEPS]
   assert set(own[-1]) == {'step', 'split', 'accuracy', 'loss', 'count'}
   last = evals[-1]
   assert last['accuracy@p7'] == last['accuracy'] == own[-1]['accuracy']
@@ -295,46 +295,38 @@ def test_a_killed_flexivit_run_resumes_with_the_same_draws_params_and_metrics(
 
 
 def test_a_flexivit_trained_with_random_patch_sizes_evaluates_at_two_from_one_checkpoint(
-    flexi_run):
+    flexi_run, tmp_path):
   """The run's steps (seed 0 draws 14, 4, 14, 14, 7, 7, 4, 14: the sizes other than the model's
-  own 7 run their own step, the own size the step compiled at the start), then its one checkpoint scored by the evaluate command's
-  function at patch 4 and 14, each into its own table, as the run's own evaluation scored it."""
-  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
-  workdir = flexi_run['workdir']
-  assert [p for _, p in flexi_run['drawn']] == [14, 4, 14, 14, 7, 7, 4, 14]
-  assert flexi_run['built'] == [14, 4, 14, 14, 4, 14]
-  model, params, config, identity = checkpoint.load_run_checkpoint(workdir, None)
-  assert params['embedding']['kernel'].shape == (14, 14, 1, 32)  # stored once, at flexi_patch
-  logged = records(workdir, 'eval')[-1]
-  scores = {}
-  for p in (4, 14):
-    out = checkpoint.evaluate(flexi.at_patch_size(model, p, 28), params, config,
-                              dict(identity, patch_size=p), ['eval'], workdir=workdir,
-                              say=lambda line: None)
-    assert out['directory'].endswith(f'/evaluations/step_{STEPS}_patch{p}')
-    scores[p] = out['results']['eval']['metrics']
-    assert set(scores[p]) == {'accuracy', 'loss', 'count'}  # the evaluate command: one size
-    assert scores[p]['accuracy'] == pytest.approx(logged[f'accuracy@p{p}'], abs=1e-6)
-    assert scores[p]['loss'] == pytest.approx(logged[f'loss@p{p}'], rel=1e-5)
-  assert scores[4]['loss'] != scores[14]['loss']  # two models from one checkpoint
-
-
-def test_the_evaluate_command_scores_an_entry_at_the_patch_sizes_it_sets(flexi_run, tmp_path):
-  """An entry whose patch_sizes is set is scored at them by the evaluate command's function too:
-  top-1 at 4 and 14 as the run logged them, and k-NN at 4 with its features cached apart from
-  the own size's."""
+  own 7 run their own step, the own size the step compiled at the start), then its one checkpoint
+  scored by the evaluate command's function as the run's own evaluation scored it: at
+  --patch_size=4 into a table of its own, and with the entries' patch_sizes set, top-1 at 4 and 14
+  and k-NN at 4 (its features cached apart from the own size's) into the checkpoint's table."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  assert [p for _, p in flexi_run['drawn']] == [14, 4, 14, 14, 7, 7, 4, 14]
+  assert flexi_run['built'] == [14, 4, 14, 14, 4, 14]
   model, params, config, identity = checkpoint.load_run_checkpoint(flexi_run['workdir'], None)
+  assert params['embedding']['kernel'].shape == (14, 14, 1, 32)  # stored once, at flexi_patch
+  logged = records(flexi_run['workdir'], 'eval')[-1]
+  quiet = dict(workdir=str(tmp_path), say=lambda line: None)
+
+  out = checkpoint.evaluate(flexi.at_patch_size(model, 4, 28), params, config,
+                            dict(identity, patch_size=4), ['eval'], **quiet)
+  assert out['directory'].endswith(f'/evaluations/step_{STEPS}_patch4')
+  at4 = out['results']['eval']['metrics']
+  assert set(at4) == {'accuracy', 'loss', 'count'}  # --patch_size: one size, plain names
+  assert at4['accuracy'] == pytest.approx(logged['accuracy@p4'], abs=1e-6)
+  assert at4['loss'] == pytest.approx(logged['loss@p4'], rel=1e-5)
+
   config = ml_collections.ConfigDict(config.to_dict())
   config.evals.eval.patch_sizes, config.evals.knn.patch_sizes = (4, 14), (4,)
   config.evals.knn.train_split = 'test'  # (its neighbours among the 1,000 test images: cheap)
-  out = checkpoint.evaluate(model, params, config, identity, ['eval', 'knn'],
-                            workdir=str(tmp_path), say=lambda line: None)
+  out = checkpoint.evaluate(model, params, config, identity, ['eval', 'knn'], **quiet)
+  assert out['directory'].endswith(f'/evaluations/step_{STEPS}')
   top1, knn = (out['results'][name]['metrics'] for name in ('eval', 'knn'))
-  logged = records(flexi_run['workdir'], 'eval')[-1]
-  for key in ('accuracy', 'accuracy@p4', 'accuracy@p14', 'loss@p4'):
+  for key in ('accuracy', 'accuracy@p4', 'accuracy@p14', 'loss@p4', 'loss@p14'):
     assert top1[key] == pytest.approx(logged[key], rel=1e-5), key
+  assert top1['loss@p4'] != top1['loss@p14']  # two models from one checkpoint
   assert sorted(knn) == ['top1', 'top1@p4', 'top5', 'top5@p4'] and knn['top1'] != knn['top1@p4']
   assert len(os.listdir(tmp_path / 'features')) == 2  # the test split's at 7 and at 4
 
