@@ -253,7 +253,7 @@ def build(run: Run, name: str, call: registry.Call, every=None,
   sizes = patch_sizes if sizes is None else sizes
   if sizes:
     key = f'config.evals.{name}.patch_sizes'
-    own = run.model.patch[0]
+    own = getattr(run.model, 'patch', (None,))[0]  # (a BiT has none: refused at every size)
     evaluation = _at_patch_sizes(name, evaluation, {
         p: evaluation if p == own else fn(run.at_patch_size(p, key), **options)
         for p in dict.fromkeys(sizes)})
