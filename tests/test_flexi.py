@@ -1,9 +1,8 @@
 """FlexiViT (vit_jax/models/flexi.py): the pseudo-inverse resize of the patch kernel, the flexible
 model against the plain ViT, and its options' checks."""
 
-import json
-import subprocess
-import sys
+import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import pytest
 from vit_jax import models
 from vit_jax.errors import UserError
 from vit_jax.models import flexi
-from helpers import ROOT
+from helpers import cut_run, records
 
 
 def _patchwise_resize(images: np.ndarray, p: int, q: int) -> np.ndarray:
@@ -162,52 +161,174 @@ def test_bad_flexi_training_configs_are_one_line_errors(overrides, error):
   assert str(e.value).startswith(error), str(e.value)
 
 
+STEPS = 8
+TIMINGS = ('img_per_s', 'mfu')  # of a metrics record: measured, not computed
+
+
+def _run_config(data_dir):
+  """A tiny FlexiViT on mnist5k: ViT-Ze/7 at 28 px with a stored 14x14 kernel and 4x4 grid,
+  patch sizes 4, 7 and 14 drawn (weights 1, 1, 2), dropout on (the step RNG must resume too);
+  `eval` scored at every drawn size (its patch_sizes unset), `own` at the model's own only."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config(f'model_name=ViT-Ze/7,steps={STEPS},batch_size=8')
+  config.warmup_steps, config.progress, config.log_every, config.data_dir = 1, False, 1, data_dir
+  config.eval_every, config.checkpoint_every = STEPS, STEPS // 2
+  config.model.flexi_patch, config.model.flexi_grid, config.model.dropout_rate = 14, 4, 0.1
+  config.flexi_patch_sizes, config.flexi_patch_probs = (4, 7, 14), (1, 1, 2)
+  config.evals.own = dict(type='top1', patch_sizes=())
+  return config
+
+
+def _train(workdir, data_dir):
+  """Trains (or resumes) the run in `workdir`: (its final metrics, [(step, patch size drawn)],
+  the patch size of each step that ran a train step of its own size)."""
+  from vit_jax.train import loop, patch_sizes, program  # pylint: disable=g-import-not-at-top
+  drawn, built = [], []
+  draw, train_fn_at = patch_sizes.draw, program.Program.train_fn_at
+
+  def recording_draw(sizes, probs, seed, step):
+    drawn.append((step, draw(sizes, probs, seed, step)))
+    return drawn[-1][1]
+
+  def recording_build(self, p):
+    built.append(p)
+    return train_fn_at(self, p)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(patch_sizes, 'draw', recording_draw)
+    patch.setattr(program.Program, 'train_fn_at', recording_build)
+    result = loop.train_and_evaluate(_run_config(data_dir), str(workdir))
+  return result, drawn, built
+
+
+@pytest.fixture(scope='module')
+def flexi_run(tmp_path_factory, data_dir):
+  """The uninterrupted run."""
+  workdir = tmp_path_factory.mktemp('flexi') / 'run'
+  result, drawn, built = _train(workdir, data_dir)
+  return {'workdir': str(workdir), 'result': result, 'drawn': drawn, 'built': built}
+
+
+def _accuracy_at(workdir, step, p):
+  """Top-1 of checkpoint `step` at patch size p on mnist5k's 1,000 test images, outside the eval
+  pipeline: the images straight from their arrays, one forward pass of the model at p."""
+  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import mnist5k as mnist5k_data  # pylint: disable=g-import-not-at-top
+  images, labels = mnist5k_data.load_arrays()
+  test = mnist5k_data.split_indices(labels)['test']
+  x = (images[test].astype(np.float32) - 127.5) / 127.5
+  params, _ = inputs.load_checkpoint(f'{workdir}/checkpoints/{step}')
+  model = models.create_model('ViT-Ze/7', num_classes=10, flexi_patch=14, flexi_grid=4,
+                              patch_size=p)
+  logits = jax.jit(lambda x: model.apply({'params': params}, x, train=False))(x)
+  return float(np.mean(np.argmax(logits, -1) == labels[test]))
+
+
+def test_periodic_evaluations_score_every_patch_size_the_run_draws(flexi_run):
+  """`eval` (patch_sizes unset) logs its metrics at the model's own patch size 7 as they are and
+  at each drawn size as metric@pP, each equal to a plain forward pass at that size; `own`
+  (patch_sizes=()) only the own size's."""
+  evals = records(flexi_run['workdir'], 'eval')
+  assert [r['step'] for r in evals] == [STEPS]
+  assert set(evals[-1]) == {'step', 'split'} | {f'{m}{at}' for m in ('accuracy', 'loss', 'count')
+                                                for at in ('', '@p4', '@p7', '@p14')}
+  own = records(flexi_run['workdir'], 'own')
+  assert [r['step'] for r in own] == [STEPS]
+  assert set(own[-1]) == {'step', 'split', 'accuracy', 'loss', 'count'}
+  last = evals[-1]
+  assert last['accuracy@p7'] == last['accuracy'] == own[-1]['accuracy']
+  assert last['count@p4'] == last['count@p14'] == 1000
+  for p in (4, 7, 14):
+    assert last[f'accuracy@p{p}'] == pytest.approx(_accuracy_at(flexi_run['workdir'], STEPS, p),
+                                                   abs=2e-3), p
+  assert len({last['loss@p4'], last['loss@p7'], last['loss@p14']}) == 3
+  assert flexi_run['result'] == {k: v for k, v in last.items() if k not in ('step', 'split')}
+
+
+def test_bad_evaluation_patch_sizes_are_one_line_errors():
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import validate  # pylint: disable=g-import-not-at-top
+  cases = [
+      (dict(patch_sizes=(4, 5)), 'config.evals.eval.patch_sizes has 5, which does not divide the '
+       '28 px images into patches: use divisors of 28'),
+      (dict(patch_sizes=4, entry='near'),  # an entry of a config file: any value
+       'config.evals.near.patch_sizes=4 must be a list of patch sizes'),
+      (dict(patch_sizes=(4,), flexi_patch=0), 'config.evals.eval.patch_sizes=4 scores the model '
+       'at those patch sizes, which needs a FlexiViT: set config.model.flexi_patch'),
+      (dict(patch_sizes=(4,), flexi_grid=0), 'config.evals.eval.patch_sizes changes the token '
+       'grid, which a learned position embedding of one grid cannot follow'),
+  ]
+  for overrides, error in cases:
+    config = common.base_config()
+    config.model_name, config.image_size, config.model.posemb = 'ViT-Ze/7', 28, 'learned'
+    config.model.flexi_patch = overrides.get('flexi_patch', 14)
+    config.model.flexi_grid = overrides.get('flexi_grid', 4)
+    if 'entry' in overrides:
+      config.evals[overrides['entry']] = dict(type='knn', patch_sizes=overrides['patch_sizes'])
+    else:
+      config.evals.eval.patch_sizes = overrides['patch_sizes']
+    with pytest.raises(UserError) as e:
+      validate.check_config(config)
+    assert str(e.value).startswith(error), str(e.value)
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config.evals.near = dict(type='knn', patch_sizes=(4, 14))
+  registry.check(config)  # an option of every evaluator type (knn too)
+
+
+def test_a_killed_flexivit_run_resumes_with_the_same_draws_params_and_metrics(
+    flexi_run, data_dir, tmp_path):
+  """The run cut back to its step-4 checkpoint (as a kill leaves it; helpers.cut_run) and rerun
+  draws steps 5-8's patch sizes as the whole run did and ends with its params bit for bit and its
+  logged metrics."""
+  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
+  full, cut = flexi_run['workdir'], str(tmp_path / 'cut')
+  cut_run(full, cut, keep_step=4, drop_step=8)
+  result, drawn, _ = _train(cut, data_dir)
+  assert [s for s, _ in flexi_run['drawn']] == list(range(1, STEPS + 1))
+  assert drawn == flexi_run['drawn'][4:]
+  assert len({p for _, p in drawn}) > 1  # the resumed steps ran at more than one size
+  whole, again = (inputs.load_checkpoint(f'{w}/checkpoints/{STEPS}')[0] for w in (full, cut))
+  jax.tree.map(np.testing.assert_array_equal, whole, again)
+  untimed = lambda w: [{k: v for k, v in r.items() if k not in TIMINGS} for r in records(w)]
+  assert untimed(cut) == untimed(full)
+  assert result == flexi_run['result']
+
+
 def test_a_flexivit_trained_with_random_patch_sizes_evaluates_at_two_from_one_checkpoint(
-    tmp_path):
-  """Four steps with patch sizes drawn from 4, 7, 14 (seed 0 draws 14, 4, 14, 14: the sizes other
-  than the model's own 7 compile their own step once), then the one checkpoint scored at patch 4
-  and 14, each into its own table."""
-  workdir = str(tmp_path / 'w')
-  code = f'''
-import json
-from vit_jax.configs import mnist5k
-from vit_jax.evaluate import checkpoint
-from vit_jax.models import flexi
-from vit_jax.train import loop, program
-config = mnist5k.get_config('model_name=ViT-Ze/7,steps=4,batch_size=8')
-config.warmup_steps, config.progress = 1, False
-config.model.flexi_patch, config.model.flexi_grid = 14, 4
-config.flexi_patch_sizes, config.flexi_patch_probs = (4, 7, 14), (1, 1, 2)
-built = []
-train_fn_at = program.Program.train_fn_at
-def recording(self, p):
-  built.append(p)
-  return train_fn_at(self, p)
-program.Program.train_fn_at = recording
-loop.train_and_evaluate(config, {workdir!r})
-print('built', built)
-model, params, config, identity = checkpoint.load_run_checkpoint({workdir!r}, None)
-print('kernel', params['embedding']['kernel'].shape)
-for p in (4, 14):
-  out = checkpoint.evaluate(flexi.at_patch_size(model, p, 28), params, config,
-                            dict(identity, patch_size=p), ['eval'], workdir={workdir!r},
-                            say=lambda line: None)
-  metrics = out['results']['eval']['metrics']
-  print(p, out['directory'].rsplit('/', 1)[-1], sorted(metrics))
-  print(json.dumps(metrics))
-'''
-  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
-  assert proc.returncode == 0, proc.stderr
-  lines = proc.stdout.splitlines()
-  assert lines[0] == 'built [14, 4, 14, 14]'
-  assert lines[1] == 'kernel (14, 14, 1, 32)'  # stored once, at flexi_patch
-  assert lines[2].startswith('4 step_4_patch4 ') and lines[4].startswith('14 step_4_patch14 ')
-  at4, at14 = json.loads(lines[3]), json.loads(lines[5])
-  print(at4, at14)
-  assert set(at4) == set(at14) and 'loss' in at4
-  assert np.isfinite(at4['loss']) and np.isfinite(at14['loss'])
-  assert at4['loss'] != at14['loss']  # two models from one checkpoint
+    flexi_run, tmp_path):
+  """The run's steps (seed 0 draws 14, 4, 14, 14, 7, 7, 4, 14: the sizes other than the model's
+  own 7 run their own step, the own size the step compiled at the start), then its one checkpoint
+  scored by the evaluate command's function as the run's own evaluation scored it: at
+  --patch_size=4 into a table of its own, and with the entries' patch_sizes set, top-1 at 4 and 14
+  and k-NN at 4 (its features cached apart from the own size's) into the checkpoint's table."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  assert [p for _, p in flexi_run['drawn']] == [14, 4, 14, 14, 7, 7, 4, 14]
+  assert flexi_run['built'] == [14, 4, 14, 14, 4, 14]
+  model, params, config, identity = checkpoint.load_run_checkpoint(flexi_run['workdir'], None)
+  assert params['embedding']['kernel'].shape == (14, 14, 1, 32)  # stored once, at flexi_patch
+  logged = records(flexi_run['workdir'], 'eval')[-1]
+  quiet = dict(workdir=str(tmp_path), say=lambda line: None)
+
+  out = checkpoint.evaluate(flexi.at_patch_size(model, 4, 28), params, config,
+                            dict(identity, patch_size=4), ['eval'], **quiet)
+  assert out['directory'].endswith(f'/evaluations/step_{STEPS}_patch4')
+  at4 = out['results']['eval']['metrics']
+  assert set(at4) == {'accuracy', 'loss', 'count'}  # --patch_size: one size, plain names
+  assert at4['accuracy'] == pytest.approx(logged['accuracy@p4'], abs=1e-6)
+  assert at4['loss'] == pytest.approx(logged['loss@p4'], rel=1e-5)
+
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.evals.eval.patch_sizes, config.evals.knn.patch_sizes = (4, 14), (4,)
+  config.evals.knn.train_split = 'test'  # (its neighbours among the 1,000 test images: cheap)
+  out = checkpoint.evaluate(model, params, config, identity, ['eval', 'knn'], **quiet)
+  assert out['directory'].endswith(f'/evaluations/step_{STEPS}')
+  top1, knn = (out['results'][name]['metrics'] for name in ('eval', 'knn'))
+  for key in ('accuracy', 'accuracy@p4', 'accuracy@p14', 'loss@p4', 'loss@p14'):
+    assert top1[key] == pytest.approx(logged[key], rel=1e-5), key
+  assert top1['loss@p4'] != top1['loss@p14']  # two models from one checkpoint
+  assert sorted(knn) == ['top1', 'top1@p4', 'top5', 'top5@p4'] and knn['top1'] != knn['top1@p4']
+  assert len(os.listdir(tmp_path / 'features')) == 2  # the test split's at 7 and at 4
 
 
 def test_running_at_a_patch_size_needs_a_flexivit_and_a_divisor_of_the_image():
@@ -324,3 +445,67 @@ def test_a_flexivit_params_file_takes_its_image_size_from_the_flag_that_its_erro
   assert (spec.image_size, spec.options['flexi_grid']) == (32, 4)
   model, _, config, _ = checkpoint.load_weights(path, 'ViT-Ze/16', 'mnist5k', 32)
   assert config.image_size == 32 and model.patch == (16, 16)
+
+
+# ---------------------------------------------------------------- export at a patch size
+
+
+def test_a_flexivit_exports_at_the_patch_size_given_to_the_export_command(tmp_path, capsys):
+  """`python -m vit_jax export --format=stablehlo,onnx --patch_size=P` (the command's `run`, in
+  process) of a big_vision FlexiViT file, for P below and above its stored 8x8 kernel (its 4x4
+  position-embedding grid enlarged and shrunk): each written program, run from its file
+  (jax.export.deserialize; onnxruntime), gives the numpy FlexiViT's logits at P, and the bundle's
+  model.json runs at P."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from vit_jax.commands import export  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import bundle as bundle_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import exported  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import onnx as onnx_export  # pylint: disable=g-import-not-at-top
+  from vit_jax.serving import stablehlo  # pylint: disable=g-import-not-at-top
+  bv = _big_vision_flexivit(tmp_path / 'flexi.npz', np.random.default_rng(0))
+  pixels = np.random.default_rng(2).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+  x = (pixels.astype(np.float32) - 127.5) / 127.5
+  exports = {}
+  for p in (4, 16):
+    out = tmp_path / f'bundle{p}'
+    capsys.readouterr()
+    with flagsaver.flagsaver():
+      flags.FLAGS(['export', f'--checkpoint={tmp_path / "flexi.npz"}', '--model=ViT-Ze/16',
+                   '--image_size=32', f'--patch_size={p}', f'--out={out}',
+                   '--format=stablehlo,onnx'])
+      assert export.run(['export']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(':')[0] for line in lines] == [
+        f'wrote {out}', f'wrote {out / "model.stablehlo"}', f'wrote {out / "model.onnx"}']
+    assert all(float(line.split('relative error ')[1].rstrip(')')) <= exported.TOLERANCE
+               for line in lines[1:])  # the export's own check passed
+    assert bundle_lib.load(str(out)).spec.build().patch == (p, p)
+    want = _np_flexivit(bv, x, p)
+    got = {'stablehlo': np.asarray(stablehlo.load_and_run(str(out / 'model.stablehlo'),
+                                                           pixels)[1]),
+           'onnx': onnx_export.runtime(str(out / 'model.onnx')).run(
+               ['logits'], {'images': pixels})[0]}
+    for name, logits in got.items():
+      error = exported.relative_error(logits, want)
+      print(f'{name} at patch {p}: relative error {error:.1e} against the numpy FlexiViT')
+      assert logits.shape == (2, 5) and error < 1e-4, (name, p, error)
+    exports[p] = got['stablehlo']
+  assert float(np.abs(exports[4] - exports[16]).max()) > 1e-2  # two programs, not one
+
+
+def test_a_flexivit_initialises_its_kernel_and_position_embedding_as_big_vision():
+  """normal(1/sqrt(width)) for the stored patch kernel and learned position embedding (big_vision's
+  models/proj/flexi/vit.py); the plain ViT keeps the original's lecun-normal kernel and 0.02."""
+  x = jnp.zeros((1, 28, 28, 3))
+  flexi_params = models.create_model('ViT-Ze/7', num_classes=3, flexi_patch=14, flexi_grid=7).init(
+      jax.random.PRNGKey(0), x, train=False)['params']
+  plain_params = models.create_model('ViT-Ze/7', num_classes=3).init(
+      jax.random.PRNGKey(0), x, train=False)['params']
+  std = lambda params, *path: float(np.std(functools.reduce(lambda n, k: n[k], path, params)))
+  pe = ('Transformer', 'posembed_input', 'pos_embedding')
+  width = 32
+  assert std(flexi_params, 'embedding', 'kernel') == pytest.approx(width ** -0.5, rel=0.05)
+  assert std(flexi_params, *pe) == pytest.approx(width ** -0.5, rel=0.1)  # 50 x 32 draws
+  assert std(plain_params, 'embedding', 'kernel') == pytest.approx((7 * 7 * 3) ** -0.5, rel=0.15)
+  assert std(plain_params, *pe) == pytest.approx(0.02, rel=0.1)

@@ -113,14 +113,17 @@ def base_config() -> config_dict.ConfigDict:
   c.evals = config_dict.ConfigDict()
   c.evals.eval = config_dict.ConfigDict(dict(      # the eval split's top-1 and loss
       type='top1', every=placeholder(int),
-      split=placeholder(str)))                    # None = eval_split
+      split=placeholder(str),                     # None = eval_split
+      patch_sizes=placeholder(tuple)))            # FlexiViT: also scored at these patch sizes
+                                                  # (None = flexi_patch_sizes; () = its own)
   c.evals.fewshot = config_dict.ConfigDict(dict(   # few-shot linear evaluation, frozen features
       type='fewshot', every=0,
       dataset=placeholder(str),                   # None = the run's dataset
       train_split='train',                        # the first n images per class: the n-shot set
       eval_split='test',
       shots=(1, 5, 10, 25),                       # images per class
-      l2_reg=1.0))                                # ridge penalty of the closed-form least squares
+      l2_reg=1.0,                                 # ridge penalty of the closed-form least squares
+      patch_sizes=placeholder(tuple)))            # FlexiViT: as evals.eval.patch_sizes
   c.evals.knn = config_dict.ConfigDict(dict(       # k-NN on frozen features (DINO's vote)
       type='knn', every=0, dataset=placeholder(str), train_split='train', eval_split='test',
       k=20,                                       # neighbours

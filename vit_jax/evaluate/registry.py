@@ -6,8 +6,10 @@
 
 `type` names a registered evaluator type; `every` is the steps between its runs (and it runs at
 the last step), unset = `config.eval_every`, 0 = not during training (the `evaluate` command
-still runs it); every other field is an option of the type, passed to its function by name. The
-entry's name is the split its metrics are logged under (`metrics.jsonl`). A type is
+still runs it); `patch_sizes` (any type) scores a FlexiViT at those patch sizes too, each size's
+metrics named `metric@pP` (unset: during training, the run's `flexi_patch_sizes`; () = the
+model's own only); every other field is an option of the type, passed to its function by name.
+The entry's name is the split its metrics are logged under (`metrics.jsonl`). A type is
 `fn(run, **options) -> Evaluation`: `run` (`Run`) holds the config, the model, the mesh, the
 dataset and the eval preprocessing. `check(config)` validates every entry before anything is
 built: an unknown type lists the registered ones, an unknown option names its key.
@@ -34,6 +36,7 @@ parallel = lazy.Module('vit_jax.parallel')
 EVALUATORS = registry.Registry('evaluator type', leading=('run',), docs='docs/evaluation.md')
 SUITES: Dict[str, Tuple[str, ...]] = {}
 FIELDS = ('type', 'every')  # the fields of every entry; the others are the type's options
+GENERIC = ('patch_sizes',)  # options every type takes, applied by `build`, not by the type
 RESERVED = ('train',)  # split names of the metrics log that an entry may not take
 
 
@@ -136,6 +139,17 @@ class Run:
              if self.cache is not None and jax.process_count() == 1 else None)
     return self._memo['extractor'](params, self.eval_batches(split, dataset), cache)
 
+  def at_patch_size(self, patch_size: int, key: str) -> 'Run':
+    """This context with its FlexiViT model run at `patch_size` (`flexi.at_patch_size`, a
+    one-line UserError naming `key` where it cannot), its own eval step and feature cache."""
+    from vit_jax.evaluate import features  # pylint: disable=g-import-not-at-top
+    from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top
+    model = flexi.at_patch_size(self.model, patch_size, self.config.image_size, key)
+    cache = None if self.cache is None else features.FeatureCache(
+        self.cache.directory, {**self.cache.identity, 'patch_size': patch_size},
+        self.cache.chunk_batches)
+    return dataclasses.replace(self, model=model, eval_fn=None, cache=cache, _memo={})
+
   def scoring_step(self) -> Callable:
     """The run's compiled eval step: (params, batch) -> sums of 'correct', 'loss', 'count'."""
     if self.eval_fn is not None:
@@ -168,7 +182,7 @@ def _call(name: str, entry) -> Tuple[registry.Call, Any]:
   params = list(inspect.signature(EVALUATORS.get(kind).fn).parameters)[1:]
   options = tuple((k, v) for k, v in entry.items() if k not in FIELDS)
   for key, _ in options:
-    if key not in params:
+    if key not in params and key not in GENERIC:
       raise UserError(f'config.evals.{name}.{key} is not an option of evaluator type {kind}: use '
                       f'{", ".join(params) or "no options"} (or every)')
   return registry.Call(kind, (), options), entry.get('every')
@@ -193,7 +207,7 @@ def _check_values(name: str, call: registry.Call, config) -> None:
   entry = EVALUATORS.get(call.name)
   if entry.check is None:
     return
-  bound = inspect.signature(entry.fn).bind(None, **call.keywords)
+  bound = inspect.signature(entry.fn).bind(None, **_own_options(call)[0])
   bound.apply_defaults()
   try:
     entry.check(config, **dict(list(bound.arguments.items())[1:]))
@@ -221,20 +235,69 @@ def resolve(config, names: Iterable[str]) -> Dict[str, Tuple[registry.Call, Any]
   return out
 
 
-def build(run: Run, name: str, call: registry.Call, every=None) -> Scheduled:
-  """An entry built with the run's context."""
+def _own_options(call: registry.Call) -> Tuple[Dict[str, Any], Optional[Tuple[int, ...]]]:
+  """(the options of the call's type, its `patch_sizes` or None where unset)."""
+  options = dict(call.keywords)
+  sizes = options.pop('patch_sizes', None)
+  return options, None if sizes is None else tuple(sizes)
+
+
+def build(run: Run, name: str, call: registry.Call, every=None,
+          patch_sizes: Tuple[int, ...] = ()) -> Scheduled:
+  """An entry built with the run's context; `patch_sizes`: the sizes a FlexiViT is scored at
+  where the entry sets none."""
   every = run.config.eval_every if every is None else int(every)
-  evaluation = EVALUATORS.get(call.name).fn(run, **call.keywords)
+  options, sizes = _own_options(call)
+  fn = EVALUATORS.get(call.name).fn
+  evaluation = fn(run, **options)
+  sizes = patch_sizes if sizes is None else sizes
+  if sizes:
+    key = f'config.evals.{name}.patch_sizes'
+    own = getattr(run.model, 'patch', (None,))[0]  # (a BiT has none: refused at every size)
+    evaluation = _at_patch_sizes(name, evaluation, {
+        p: evaluation if p == own else fn(run.at_patch_size(p, key), **options)
+        for p in dict.fromkeys(sizes)})
   return Scheduled(name, call.name, every, evaluation)
 
 
+def _at_patch_sizes(name: str, own: Evaluation, at: Dict[int, Evaluation]) -> Evaluation:
+  """`own` (the model's own patch size: its metrics as they are) and the evaluations `at`
+  other patch sizes (their metrics named `metric@pP`) as one; the own size is scored once."""
+
+  def evaluate(params):
+    metrics = own.evaluate(params)
+    out = dict(metrics)
+    for p, evaluation in at.items():
+      values = metrics if evaluation is own else evaluation.evaluate(params)
+      out.update({f'{k}@p{p}': v for k, v in values.items()})
+    return out
+
+  def shown(evaluation: Evaluation, metrics: Dict[str, float]) -> str:
+    if evaluation.describe is not None:
+      return evaluation.describe(metrics)
+    return f'{name} ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items())
+
+  def describe(metrics):
+    parts = [shown(own, {k: v for k, v in metrics.items() if '@p' not in k})]
+    for p, evaluation in at.items():
+      if evaluation is own:
+        continue
+      suffix = f'@p{p}'
+      parts.append(f'patch {p}: ' + shown(evaluation, {
+          k[:-len(suffix)]: v for k, v in metrics.items() if k.endswith(suffix)}))
+    return '; '.join(parts)
+
+  return Evaluation(evaluate, describe)
+
+
 def periodic_evaluators(config, run: Run) -> List[Scheduled]:
-  """The entries of `config.evals` that run during training (`every` > 0), built, by name."""
+  """The entries of `config.evals` that run during training (`every` > 0), built, by name; a
+  FlexiViT run's are scored at its `flexi_patch_sizes` where an entry sets no `patch_sizes`."""
   out = []
   for name, entry in sorted(_entries(config).items()):
     call, every = _call(name, entry)
     if every is None or every > 0:
-      out.append(build(run, name, call, every))
+      out.append(build(run, name, call, every, tuple(config.flexi_patch_sizes)))
   return out
 
 

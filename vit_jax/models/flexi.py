@@ -27,6 +27,14 @@ import numpy as np
 
 from vit_jax.errors import UserError
 
+def initializer(width: int):
+  """The initializer of a FlexiViT's stored patch kernel and learned position embedding:
+  normal with stddev 1/sqrt(width), as big_vision's models/proj/flexi/vit.py (its `Patchify`
+  kernel and `get_posemb`), where the plain ViT draws the kernel lecun-normal and the position
+  embedding with stddev 0.02."""
+  return jax.nn.initializers.normal(stddev=1 / np.sqrt(width))
+
+
 @functools.cache
 def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
   """[n_out, n_in] float64: resized = M @ values along one axis; half-pixel centres (output i
@@ -96,5 +104,27 @@ def at_patch_size(model, patch_size: int, image_size: int, flag: str = '--patch_
   return model.clone(patch_size=(patch_size, patch_size))
 
 
-__all__ = ['at_patch_size', 'bilinear_matrix', 'pi_resize_kernel', 'resize_matrix',
-           'resize_posemb']
+def fixed_patch(model, params, image_size: int):
+  """(model, params) of the plain ViT that the FlexiViT `model` is at its patch size on
+  `image_size` px images: the kernel PI-resized and a learned position embedding resized to the
+  token grid once, as the FlexiViT does at every call, so the logits are the same and the
+  computation holds no resize (what an export serves). Any other model comes back as it is, and
+  so does a hybrid (its token grid is the stem's)."""
+  if not getattr(model, 'flexi_patch', 0) or model.resnet is not None:
+    return model, params
+  params = dict(params)
+  params['embedding'] = {**params['embedding'], 'kernel': pi_resize_kernel(
+      jnp.asarray(params['embedding']['kernel']), model.patch)}
+  if model.flexi_grid and model.posemb == 'learned':
+    encoder = dict(params['Transformer'])
+    pe = jnp.asarray(encoder['posembed_input']['pos_embedding'])
+    prefix = pe.shape[1] - model.flexi_grid ** 2  # the cls row, if the model has one
+    grid = (image_size // model.patch[0], image_size // model.patch[1])
+    encoder['posembed_input'] = {'pos_embedding': jnp.concatenate([pe[:, :prefix], resize_posemb(
+        pe[:, prefix:], (model.flexi_grid,) * 2, grid, model.flexi_resize)], axis=1)}
+    params['Transformer'] = encoder
+  return model.clone(flexi_patch=0, flexi_grid=0), params
+
+
+__all__ = ['at_patch_size', 'bilinear_matrix', 'fixed_patch', 'initializer', 'pi_resize_kernel',
+           'resize_matrix', 'resize_posemb']

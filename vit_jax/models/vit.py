@@ -140,7 +140,7 @@ class AddPositionEmbs(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     if self.kind == 'learned' and self.base_grid is not None:
       cls = int(self.has_cls)
-      pe = self.param('pos_embedding', nn.initializers.normal(POSEMB_STDDEV),
+      pe = self.param('pos_embedding', flexi_lib.initializer(x.shape[2]),
                       (1, cls + self.base_grid[0] * self.base_grid[1], x.shape[2]),
                       self.param_dtype)
       pe = jnp.concatenate([pe[:, :cls], flexi_lib.resize_posemb(
@@ -376,7 +376,7 @@ class FlexiPatchEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', nn.initializers.lecun_normal(),
+    kernel = self.param('kernel', flexi_lib.initializer(self.features),
                         (self.base, self.base, x.shape[-1], self.features), self.param_dtype)
     bias = self.param('bias', nn.initializers.zeros, (self.features,), self.param_dtype)
     kernel = flexi_lib.pi_resize_kernel(kernel, self.patch).astype(self.dtype)

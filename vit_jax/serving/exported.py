@@ -7,6 +7,7 @@ and compares its logits with the JAX model's: a difference above the tolerance i
 UserError, so a broken export is never reported as written.
 """
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +37,20 @@ def predict_fn(bundle: Bundle) -> Callable[[Any, Any], Any]:
       return jax.nn.sigmoid(logits), logits
     return jax.nn.softmax(logits, axis=-1), logits
   return predict
+
+
+def served(bundle: Bundle) -> Bundle:
+  """The bundle as every export serves it: a FlexiViT as the plain ViT of its patch size
+  (`flexi.fixed_patch`: its kernel and position embedding resized once, not in the program, which
+  ONNX's resize could not always express), any other model as it is."""
+  from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top  # JAX
+  model, params = flexi.fixed_patch(bundle.spec.build(), bundle.params, bundle.spec.image_size)
+  if params is bundle.params:
+    return bundle
+  options = {**bundle.spec.options, 'flexi_patch': model.flexi_patch,
+             'flexi_grid': model.flexi_grid}
+  return dataclasses.replace(bundle, spec=dataclasses.replace(bundle.spec, options=options),
+                             params=params)
 
 
 def input_shape(bundle: Bundle):
@@ -82,4 +97,4 @@ def check(bundle: Bundle, run: Callable[[np.ndarray], Any], what: str) -> float:
 
 
 __all__ = ['CHECK_BATCH', 'PLATFORMS', 'check', 'check_images', 'input_shape', 'predict_fn',
-           'relative_error', 'tolerance']
+           'relative_error', 'served', 'tolerance']

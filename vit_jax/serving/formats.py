@@ -43,10 +43,12 @@ def check(names: Sequence[str]) -> Tuple[str, ...]:
 
 def write(bundle, name: str, out: str) -> Tuple[str, float]:
   """Writes format `name` of `bundle` into the bundle directory `out`; (its path, its relative
-  logit error against the JAX model, checked before it counts as written)."""
+  logit error against the JAX model, checked before it counts as written). A FlexiViT is written
+  at its patch size as the plain ViT it is there (`exported.served`)."""
+  from vit_jax.serving import exported  # pylint: disable=g-import-not-at-top  # JAX
   fmt = FORMATS[name]
   path = os.path.join(out, fmt.filename)
-  return path, importlib.import_module(fmt.module).save(bundle, path)
+  return path, importlib.import_module(fmt.module).save(exported.served(bundle), path)
 
 
 def describe(bundle, name: str) -> str:
