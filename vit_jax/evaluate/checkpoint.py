@@ -82,8 +82,19 @@ def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
   return model, params, config, file_identity(source, path)
 
 
-def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Optional[int]):
-  """The evaluators' `Run` over all local devices, its features cached under `cache_dir`."""
+def init_of(identity: dict) -> str:
+  """What a fine-tune of the scored checkpoint starts from (its `config.init`): the step
+  directory, or the released weights' name or file."""
+  if 'path' in identity:
+    return identity['path']
+  source = identity['weights']
+  return os.path.abspath(source) if os.path.isfile(source) else source
+
+
+def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Optional[int],
+                 directory: str):
+  """The evaluators' `Run` over all local devices, its features cached under `cache_dir`;
+  evaluators that fine-tune start from the checkpoint and keep their runs in `directory`."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
   from vit_jax.data import specs  # pylint: disable=g-import-not-at-top
@@ -98,7 +109,8 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
   return registry.Run(config=config, model=model, mesh=mesh,
                       param_shardings=sharding.replicated(mesh), data=info,
                       eval_pp=specs.of_config(config).eval,
-                      cache=features_lib.FeatureCache(cache_dir, identity))
+                      cache=features_lib.FeatureCache(cache_dir, identity),
+                      init=init_of(identity), directory=directory)
 
 
 def _dataset_of(run: registry.Run, call) -> Optional[dict]:
@@ -118,14 +130,17 @@ def table_dir(workdir: str, identity: dict) -> str:
 
 
 def evaluate(model, params, config, identity: dict, names: Sequence[str], *, workdir: str,
-             batch_size: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
-  """Runs the evaluators `names` on `params` and writes the results table; returns
-  {'directory', 'checkpoint', 'results'}. A Ctrl-C (or SIGTERM, as the command turns it into
-  one) stops with one line naming what stands."""
+             batch_size: Optional[int] = None, say: Callable[[str], None] = print,
+             options: Optional[Dict[str, dict]] = None) -> dict:
+  """Runs the evaluators `names` (`options`: {name: {option: value}} replacing theirs) on
+  `params` and writes the results table; returns {'directory', 'checkpoint', 'results'}. A
+  Ctrl-C (or SIGTERM, as the command turns it into one) stops with one line naming what
+  stands."""
   config = ml_collections.ConfigDict(config.to_dict() if hasattr(config, 'to_dict') else config)
-  calls = registry.resolve(config, names)  # before anything is read or built
+  calls = registry.resolve(config, names, options)  # before anything is read or built
   out_dir = table_dir(workdir, identity)
-  run = _run_context(model, config, os.path.join(workdir, 'features'), identity, batch_size)
+  run = _run_context(model, config, os.path.join(workdir, 'features'), identity, batch_size,
+                     out_dir)
   finished = results_lib.load(out_dir, identity)
   table = {k: v for k, v in finished.items() if k in calls}
   writer = jax.process_index() == 0
@@ -155,5 +170,5 @@ def evaluate(model, params, config, identity: dict, names: Sequence[str], *, wor
   return {'directory': out_dir, 'checkpoint': identity, 'results': table}
 
 
-__all__ = ['checkpoint_identity', 'evaluate', 'file_identity', 'load_run_checkpoint',
+__all__ = ['checkpoint_identity', 'evaluate', 'file_identity', 'init_of', 'load_run_checkpoint',
            'load_weights', 'table_dir']

@@ -19,8 +19,10 @@ Adding an evaluator: one registered function here (or in the config file that na
 test; docs/evaluation.md lists them all (a test checks the table).
 """
 
+import ast
 import dataclasses
 import inspect
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vit_jax import data as data_lib
@@ -79,7 +81,9 @@ class Run:
   """What an evaluator is built from. `eval_fn`: the compiled eval step of the run's task (built
   on first use when absent); `cache`: where features are kept (`features.FeatureCache`, used on
   one process; None = recomputed each time, as during training); `task`: the run's resolved
-  `tasks.Task` (resolved from the config when absent)."""
+  `tasks.Task` (resolved from the config when absent); `init` and `directory`: what the
+  `evaluate` command scores (a checkpoint step directory, or released weights by name or file)
+  and its table directory, for evaluators that fine-tune (None during training)."""
   config: Any
   model: Any
   mesh: Any
@@ -89,6 +93,8 @@ class Run:
   eval_fn: Optional[Callable] = None
   cache: Any = None
   task: Any = None
+  init: Optional[str] = None
+  directory: Optional[str] = None
   _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def info(self, dataset: Optional[str] = None):
@@ -188,8 +194,9 @@ def check(config) -> None:
     _check_values(name, call, config)
 
 
-def _check_values(name: str, call: registry.Call, config) -> None:
-  """The option values of an entry, by its type's check (its message starts with the option)."""
+def _check_values(name: str, call: registry.Call, config, where: str = 'config.evals.') -> None:
+  """The option values of an entry, by its type's check (its message starts with the option,
+  after `where` and the entry's name)."""
   entry = EVALUATORS.get(call.name)
   if entry.check is None:
     return
@@ -198,27 +205,59 @@ def _check_values(name: str, call: registry.Call, config) -> None:
   try:
     entry.check(config, **dict(list(bound.arguments.items())[1:]))
   except UserError as e:
-    raise UserError(f'config.evals.{name}.{e}') from None
+    raise UserError(f'{where}{name}.{e}') from None
 
 
-def resolve(config, names: Iterable[str]) -> Dict[str, Tuple[registry.Call, Any]]:
+def resolve(config, names: Iterable[str], options: Optional[Dict[str, Dict[str, Any]]] = None,
+            known_only: bool = False) -> Dict[str, Tuple[registry.Call, Any]]:
   """{entry name: (call, every)} of `names`: an entry of `config.evals`, a registered type (its
-  defaults, named after it) or a suite (its members); UserError listing the choices."""
-  entries, out = _entries(config), {}
+  defaults, named after it) or a suite (its members); UserError listing the choices.
+  `options`: {entry name: {option: value}} replacing the entries' own (the command's --option);
+  `known_only`: names that are no type or suite are left out, not refused (the command checks
+  the types' options before it reads the run's config)."""
+  entries, out, unknown = _entries(config), {}, []
   for name in names:
     if name in entries:
       out[name] = _call(name, entries[name])
     elif name in EVALUATORS:
       out[name] = (registry.Call(name), None)
     elif name in SUITES:
-      out.update(resolve(config, SUITES[name]))
+      out.update(resolve(config, SUITES[name], known_only=known_only))
+    elif known_only:
+      unknown.append(name)  # an entry of the run's config, perhaps: checked once it is read
     else:
       choices = sorted(set(entries) | set(EVALUATORS.names()) | set(SUITES))
       raise UserError(f'unknown evaluator {name!r}: use one of {", ".join(choices)} (an entry of '
                       f'the run\'s config.evals, a registered type or a suite; docs/evaluation.md)')
+  options = options or {}
+  for name, given in options.items():
+    if name in out:
+      out[name] = (_with_options(name, out[name][0], given), out[name][1])
+    elif name not in unknown:
+      raise UserError(f'--option={name}.{next(iter(given))}=...: {name!r} is not among the '
+                      f'evaluators --evals runs ({", ".join(list(out) + unknown)})')
   for name, (call, _) in out.items():
-    _check_values(name, call, config)
+    _check_values(name, call, config, '--option=' if name in options else 'config.evals.')
   return out
+
+
+def option_value(text: str) -> Any:
+  """An option's value as written on a command line: a Python literal where it is one
+  ('5', '(1, 5)', 'True'), else the text itself ('dtd+svhn')."""
+  try:
+    return ast.literal_eval(text.strip())
+  except (ValueError, SyntaxError):
+    return text.strip()
+
+
+def _with_options(name: str, call: registry.Call, given: Dict[str, Any]) -> registry.Call:
+  """`call` with the options `given` replacing its own; UserError for one the type lacks."""
+  params = list(inspect.signature(EVALUATORS.get(call.name).fn).parameters)[1:]
+  for key in given:
+    if key not in params:
+      raise UserError(f'--option={name}.{key}=...: {key!r} is not an option of evaluator type '
+                      f'{call.name}: use {", ".join(params) or "none (it has no options)"}')
+  return registry.Call(call.name, (), tuple({**call.keywords, **given}.items()))
 
 
 def build(run: Run, name: str, call: registry.Call, every=None) -> Scheduled:
@@ -407,6 +446,34 @@ def linear_probe(run: Run, dataset: Optional[str] = None, train_split: str = 'tr
   return Evaluation(evaluate)
 
 
+def _check_vtab(config, tasks, overrides, launcher):
+  del config
+  from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
+  vtab_lib.check_options(tasks, overrides, launcher)
+
+
+@register('vtab', check=_check_vtab)
+def vtab(run: Run, tasks: str = 'all', overrides: str = '',
+         launcher: str = 'process') -> Evaluation:
+  """VTAB-1k: the checkpoint fine-tuned on each task (`tasks`: all, or names joined by + such
+  as dtd+svhn) with the paper's recipe (vit_jax/configs/finetune.py; `overrides`: config values
+  to change, key=value joined by commas), each trainer in its own process (`launcher`: process,
+  or inline in this one); each task's top-1, the natural / specialized / structured means and
+  the mean of the 19."""
+  from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
+  if run.init is None or run.directory is None:
+    raise UserError('evaluator type vtab fine-tunes a checkpoint: run it with python -m vit_jax '
+                    'evaluate --evals=vtab, not during training (give its entry every=0)')
+
+  def evaluate(params):
+    del params  # the fine-tunes start from the checkpoint's files (config.init = run.init)
+    say = lambda line: print(line, file=sys.stderr, flush=True)
+    return vtab_lib.metrics(vtab_lib.fine_tune(run.config, run.init, run.directory, tasks,
+                                               overrides, launcher, say=say))
+
+  return Evaluation(evaluate)
+
+
 __all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
-           'fewshot', 'knn', 'linear_probe', 'periodic_evaluators', 'real', 'register',
-           'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1']
+           'fewshot', 'knn', 'linear_probe', 'option_value', 'periodic_evaluators', 'real', 'register',
+           'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1', 'vtab']
