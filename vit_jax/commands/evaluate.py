@@ -77,13 +77,16 @@ def run(argv) -> int:
   if not names:
     raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
   options = parse_options(_OPTION.value)
-  registry.resolve(None, names, options, known_only=True)  # types' options, before any loading
+  known = registry.resolve(None, names, options, known_only=True)  # before any loading
   _interrupt_on_sigterm()
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top
   if _WEIGHTS.value:
-    model, params, config, identity = checkpoint.load_weights(_WEIGHTS.value, _MODEL.value,
-                                                              _DATASET.value, _IMAGE_SIZE.value)
+    own_data_only = all(n in known or n in registry.SUITES for n in names) and all(
+        registry.own_data(call) is not None for call, _ in known.values())
+    model, params, config, identity = checkpoint.load_weights(
+        _WEIGHTS.value, _MODEL.value, _DATASET.value, _IMAGE_SIZE.value,
+        needs_dataset=not own_data_only)
   else:
     model, params, config, identity = checkpoint.load_run_checkpoint(_WORKDIR.value, step)
     if _DATASET.value:

@@ -63,13 +63,14 @@ def load_run_checkpoint(workdir: str, step: Optional[str]):
 
 
 def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
-                 size_if_unsaid: Optional[int] = None):
+                 size_if_unsaid: Optional[int] = None, needs_dataset: bool = True):
   """(model, params, config, identity) of released weights by name or a params file: the config
-  is the schema's defaults at the weights' model and image size, on `dataset`."""
+  is the schema's defaults at the weights' model and image size, on `dataset` (which may be
+  left out when no evaluator reads it: `needs_dataset` False)."""
   from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
   from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
-  if not dataset:
+  if not dataset and needs_dataset:
     raise UserError(f'--weights={source} carries no dataset: pass --dataset=NAME (the dataset '
                     f'the evaluators read, e.g. mnist5k)')
   path = weights.fetch_as(source, model_name)[0] if weights.is_name(source) else source
@@ -78,7 +79,8 @@ def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
                     f'lists them) nor a params file')
   model, params, spec = inputs.load_params_file(source, model_name, size_if_unsaid)
   config = common.base_config()
-  config.model_name, config.dataset, config.image_size = spec.model_name, dataset, spec.image_size
+  config.model_name, config.dataset, config.image_size = (spec.model_name, dataset or '',
+                                                         spec.image_size)
   return model, params, config, file_identity(source, path)
 
 
@@ -105,7 +107,8 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
     raise UserError(f'--batch_size={size} does not split over {mesh.devices.size} devices: use '
                     f'a multiple of {mesh.devices.size}')
   config.eval_batch_size = size
-  info = data_lib.get_info(config.dataset, config.data_dir)
+  # None: released weights scored only by evaluators that read their own data (no --dataset).
+  info = data_lib.get_info(config.dataset, config.data_dir) if config.dataset else None
   return registry.Run(config=config, model=model, mesh=mesh,
                       param_shardings=sharding.replicated(mesh), data=info,
                       eval_pp=specs.of_config(config).eval,
@@ -114,6 +117,8 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
 
 
 def _dataset_of(run: registry.Run, call) -> Optional[dict]:
+  if registry.own_data(call) is not None:
+    return registry.own_data(call)
   name = call.keywords.get('dataset') or run.config.dataset
   if call.name == 'real':
     return {'name': name}

@@ -39,10 +39,19 @@ FIELDS = ('type', 'every')  # the fields of every entry; the others are the type
 RESERVED = ('train',)  # split names of the metrics log that an entry may not take
 
 
-def register(name: str, *, check: Optional[Callable] = None):
+def register(name: str, *, check: Optional[Callable] = None,
+             own_data: Optional[Callable] = None):
   """Decorator: registers `fn(run, **options) -> Evaluation` as evaluator type `name`; `check`:
-  `check(run_config, **options)` raising UserError for a bad option value."""
-  return EVALUATORS.register(name, check=check)
+  `check(run_config, **options)` raising UserError for a bad option value; `own_data`:
+  `own_data(**options) -> dataset identity` for a type that reads datasets of its own, never
+  the run's (the `evaluate` command then needs no --dataset with --weights)."""
+  return EVALUATORS.register(name, check=check, own_data=own_data)
+
+
+def own_data(call: registry.Call) -> Optional[dict]:
+  """The identity of the data a call of an `own_data` type reads; None for the others."""
+  describe = EVALUATORS.get(call.name).attrs.get('own_data')
+  return describe(**call.keywords) if describe is not None else None
 
 
 def register_suite(name: str, members: Sequence[str]) -> None:
@@ -452,7 +461,14 @@ def _check_vtab(config, tasks, overrides, launcher):
   vtab_lib.check_options(tasks, overrides, launcher)
 
 
-@register('vtab', check=_check_vtab)
+def _vtab_data(tasks: str = 'all', **unused) -> dict:
+  del unused
+  from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
+  names = vtab_lib.task_names(tasks)
+  return {'name': 'VTAB-1k', 'tasks': list(names)}
+
+
+@register('vtab', check=_check_vtab, own_data=_vtab_data)
 def vtab(run: Run, tasks: str = 'all', overrides: str = '',
          launcher: str = 'process') -> Evaluation:
   """VTAB-1k: the checkpoint fine-tuned on each task (`tasks`: all, or names joined by + such
@@ -475,5 +491,5 @@ def vtab(run: Run, tasks: str = 'all', overrides: str = '',
 
 
 __all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
-           'fewshot', 'knn', 'linear_probe', 'option_value', 'periodic_evaluators', 'real', 'register',
+           'fewshot', 'knn', 'linear_probe', 'option_value', 'own_data', 'periodic_evaluators', 'real', 'register',
            'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1', 'vtab']
