@@ -254,6 +254,9 @@ def test_the_vtab_sweep_runs_the_19_tasks_and_its_table_gives_the_papers_columns
   assert 'structured | mean' not in text and 'all 19' not in text  # dmlab failed
   top1['dmlab'] = 0.6
   assert f'| all 19 | mean | {100 * (7 * 0.9 + 12 * 0.6) / 19:.1f} |' in vtab.table(top1)
+  # The sweep's results.md ends with the same table, made from its runs' rows.
+  rows = [{'dataset': f'vtab/{t}', 'accuracy': v} for t, v in top1.items()]
+  assert sweep.summary(rows) == vtab.table(top1)
 
 
 # ---------------------------------------------------------------------------------------------
