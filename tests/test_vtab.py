@@ -271,12 +271,13 @@ def _evaluate(workdir, data_dir, say):
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
   model, params, config, identity = checkpoint.load_run_checkpoint(workdir, None)
   config.data_dir = data_dir
+  from vit_jax.tools.sweeps import trials  # pylint: disable=g-import-not-at-top
   options = {'vtab': {'tasks': _NORB, 'overrides': _TINY_FINETUNE, 'launcher': 'inline'}}
   return checkpoint.evaluate(model, params, config, identity, ['vtab'], workdir=workdir,
-                             say=say, options=options)
+                             say=say, options=options, train=trials.run_trials)
 
 
-def test_evaluate_vtab_fine_tunes_each_task_once_and_tables_their_own_accuracy(norb_run):
+def test_evaluate_vtab_fine_tunes_each_task_once_and_tables_their_own_accuracy(norb_run, capsys):
   """Two smallNORB tasks fine-tuned 2 steps each from the run's checkpoint: each task's value in
   the table is its trial's own last eval accuracy (on the task's test split), the structured
   mean is left out (6 of its 8 tasks did not run); a second command trains nothing."""
@@ -306,10 +307,10 @@ def test_evaluate_vtab_fine_tunes_each_task_once_and_tables_their_own_accuracy(n
   stamps = {t: os.path.getmtime(os.path.join(trials, t, 'metrics.jsonl')) for t in os.listdir(
       trials) if t.startswith('task_')}
   os.remove(os.path.join(out['directory'], 'results.json'))
-  lines.clear()
+  assert capsys.readouterr().err.count('training smallnorb_') == 2
   again = _evaluate(workdir, data_dir, lines.append)
   assert again['results']['vtab']['metrics'] == row['metrics']
-  assert not [l for l in lines if 'fine-tuning' in l]
+  assert 'training smallnorb_' not in capsys.readouterr().err
   assert stamps == {t: os.path.getmtime(os.path.join(trials, t, 'metrics.jsonl')) for t in stamps}
 
 
@@ -319,14 +320,16 @@ def test_the_vtab_evaluator_means_each_group_over_its_own_tasks(tmp_path):
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import vtab as vtab_eval  # pylint: disable=g-import-not-at-top
   from vit_jax.tools.sweeps import runner  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import trials  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({'model_name': 'ViT-Ze/4', 'data_dir': None,
                                       'model': {'classifier': 'token'}})
   top1 = {t: (i + 1) / 40 for i, t in enumerate(vtab.TASKS)}
-  for task, value in top1.items():
-    _, run = vtab_eval.trial(task, config, '/ckpt/4', ())
+  for task, trial in vtab_eval.trials(config, '/ckpt/4').items():
+    _, run = trials.sweep_run(task, trials.Trial(**trial))
     os.makedirs(runner.run_dir(str(tmp_path), run))
-    runner.write_result(runner.run_dir(str(tmp_path), run), run, value, 1.0, 2500)
-  got = vtab_eval.metrics(vtab_eval.fine_tune(config, '/ckpt/4', str(tmp_path), say=print))
+    runner.write_result(runner.run_dir(str(tmp_path), run), run, top1[task], 1.0, 2500)
+  got = vtab_eval.metrics(vtab_eval.fine_tune(config, '/ckpt/4', str(tmp_path),
+                                              trials.run_trials, say=print))
   for group, tasks in vtab.GROUPS.items():
     assert got[group] == pytest.approx(sum(top1[t] for t in tasks) / len(tasks))
   assert got['mean'] == pytest.approx(sum(top1.values()) / 19)

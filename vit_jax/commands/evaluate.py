@@ -5,8 +5,9 @@
 
 --evals names entries of the run's config.evals, registered evaluator types or suites
 (docs/evaluation.md); --option=NAME.OPTION=VALUE sets an option of one, e.g. `--evals=vtab
---option=vtab.tasks=dtd+svhn` fine-tunes on two VTAB-1k tasks. The table (results.json, results.md, results.png) goes to
-WORKDIR/evaluations/step_N/ and the features to WORKDIR/features/; a rerun skips what they hold.
+--option=vtab.tasks=dtd+svhn` fine-tunes on two VTAB-1k tasks. The table (results.json,
+results.md, results.png) goes to WORKDIR/evaluations/step_N/ and the features to
+WORKDIR/features/; a rerun skips what they hold.
 """
 
 import signal
@@ -81,6 +82,7 @@ def run(argv) -> int:
   _interrupt_on_sigterm()
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import trials  # pylint: disable=g-import-not-at-top  (vtab's runs)
   if _WEIGHTS.value:
     own_data_only = all(n in known or n in registry.SUITES for n in names) and all(
         registry.own_data(call) is not None for call, _ in known.values())
@@ -100,7 +102,8 @@ def run(argv) -> int:
     config.data_dir = _DATA_DIR.value
   say = lambda line: print(line, file=sys.stderr, flush=True)
   out = checkpoint.evaluate(model, params, config, identity, names, workdir=_WORKDIR.value,
-                            batch_size=_BATCH_SIZE.value, say=say, options=options)
+                            batch_size=_BATCH_SIZE.value, say=say, options=options,
+                            train=trials.run_trials)
   print(results.markdown(out['checkpoint'], out['results']))
   say(f'wrote {out["directory"]}/results.json, results.md, results.png')
   return 0

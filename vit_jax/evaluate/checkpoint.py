@@ -94,9 +94,9 @@ def init_of(identity: dict) -> str:
 
 
 def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Optional[int],
-                 directory: str):
+                 directory: str, train: Optional[Callable]):
   """The evaluators' `Run` over all local devices, its features cached under `cache_dir`;
-  evaluators that fine-tune start from the checkpoint and keep their runs in `directory`."""
+  evaluators that fine-tune start from the checkpoint, by `train`, their runs in `directory`."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
   from vit_jax.data import specs  # pylint: disable=g-import-not-at-top
@@ -113,7 +113,7 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
                       param_shardings=sharding.replicated(mesh), data=info,
                       eval_pp=specs.of_config(config).eval,
                       cache=features_lib.FeatureCache(cache_dir, identity),
-                      init=init_of(identity), directory=directory)
+                      init=init_of(identity), directory=directory, train=train)
 
 
 def _dataset_of(run: registry.Run, call) -> Optional[dict]:
@@ -136,16 +136,17 @@ def table_dir(workdir: str, identity: dict) -> str:
 
 def evaluate(model, params, config, identity: dict, names: Sequence[str], *, workdir: str,
              batch_size: Optional[int] = None, say: Callable[[str], None] = print,
-             options: Optional[Dict[str, dict]] = None) -> dict:
+             options: Optional[Dict[str, dict]] = None,
+             train: Optional[Callable] = None) -> dict:
   """Runs the evaluators `names` (`options`: {name: {option: value}} replacing theirs) on
-  `params` and writes the results table; returns {'directory', 'checkpoint', 'results'}. A
-  Ctrl-C (or SIGTERM, as the command turns it into one) stops with one line naming what
-  stands."""
+  `params` and writes the results table; returns {'directory', 'checkpoint', 'results'}.
+  `train`: the trainer's runner for evaluators that fine-tune (`registry.Run.train`). A Ctrl-C
+  (or SIGTERM, as the command turns it into one) stops with one line naming what stands."""
   config = ml_collections.ConfigDict(config.to_dict() if hasattr(config, 'to_dict') else config)
   calls = registry.resolve(config, names, options)  # before anything is read or built
   out_dir = table_dir(workdir, identity)
   run = _run_context(model, config, os.path.join(workdir, 'features'), identity, batch_size,
-                     out_dir)
+                     out_dir, train)
   finished = results_lib.load(out_dir, identity)
   table = {k: v for k, v in finished.items() if k in calls}
   writer = jax.process_index() == 0

@@ -19,7 +19,6 @@ Adding an evaluator: one registered function here (or in the config file that na
 test; docs/evaluation.md lists them all (a test checks the table).
 """
 
-import ast
 import dataclasses
 import inspect
 import sys
@@ -35,6 +34,7 @@ parallel = lazy.Module('vit_jax.parallel')
 
 EVALUATORS = registry.Registry('evaluator type', leading=('run',), docs='docs/evaluation.md')
 SUITES: Dict[str, Tuple[str, ...]] = {}
+option_value = registry.option_value  # how the command reads --option values
 FIELDS = ('type', 'every')  # the fields of every entry; the others are the type's options
 RESERVED = ('train',)  # split names of the metrics log that an entry may not take
 
@@ -90,9 +90,10 @@ class Run:
   """What an evaluator is built from. `eval_fn`: the compiled eval step of the run's task (built
   on first use when absent); `cache`: where features are kept (`features.FeatureCache`, used on
   one process; None = recomputed each time, as during training); `task`: the run's resolved
-  `tasks.Task` (resolved from the config when absent); `init` and `directory`: what the
-  `evaluate` command scores (a checkpoint step directory, or released weights by name or file)
-  and its table directory, for evaluators that fine-tune (None during training)."""
+  `tasks.Task` (resolved from the config when absent); for evaluators that fine-tune (None
+  during training): `init`, what the `evaluate` command scores (a checkpoint step directory, or
+  released weights by name or file), `directory`, its table directory, and `train`, the
+  trainer's runner the command hands down (vit_jax/tools/sweeps/trials.py `run_trials`)."""
   config: Any
   model: Any
   mesh: Any
@@ -104,6 +105,7 @@ class Run:
   task: Any = None
   init: Optional[str] = None
   directory: Optional[str] = None
+  train: Optional[Callable] = None
   _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def info(self, dataset: Optional[str] = None):
@@ -248,15 +250,6 @@ def resolve(config, names: Iterable[str], options: Optional[Dict[str, Dict[str, 
   for name, (call, _) in out.items():
     _check_values(name, call, config, '--option=' if name in options else 'config.evals.')
   return out
-
-
-def option_value(text: str) -> Any:
-  """An option's value as written on a command line: a Python literal where it is one
-  ('5', '(1, 5)', 'True'), else the text itself ('dtd+svhn')."""
-  try:
-    return ast.literal_eval(text.strip())
-  except (ValueError, SyntaxError):
-    return text.strip()
 
 
 def _with_options(name: str, call: registry.Call, given: Dict[str, Any]) -> registry.Call:
@@ -477,19 +470,20 @@ def vtab(run: Run, tasks: str = 'all', overrides: str = '',
   or inline in this one); each task's top-1, the natural / specialized / structured means and
   the mean of the 19."""
   from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
-  if run.init is None or run.directory is None:
+  if run.init is None or run.directory is None or run.train is None:
     raise UserError('evaluator type vtab fine-tunes a checkpoint: run it with python -m vit_jax '
                     'evaluate --evals=vtab, not during training (give its entry every=0)')
 
   def evaluate(params):
     del params  # the fine-tunes start from the checkpoint's files (config.init = run.init)
     say = lambda line: print(line, file=sys.stderr, flush=True)
-    return vtab_lib.metrics(vtab_lib.fine_tune(run.config, run.init, run.directory, tasks,
-                                               overrides, launcher, say=say))
+    return vtab_lib.metrics(vtab_lib.fine_tune(run.config, run.init, run.directory, run.train,
+                                               tasks, overrides, launcher, say=say))
 
   return Evaluation(evaluate)
 
 
 __all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
-           'fewshot', 'knn', 'linear_probe', 'option_value', 'own_data', 'periodic_evaluators', 'real', 'register',
-           'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1', 'vtab']
+           'fewshot', 'knn', 'linear_probe', 'option_value', 'own_data', 'periodic_evaluators',
+           'real', 'register', 'register_suite', 'resolve', 'robustness', 'run_due', 'table',
+           'top1', 'vtab']
