@@ -277,6 +277,7 @@ def _evaluate(workdir, data_dir, say):
                              say=say, options=options, train=trials.run_trials)
 
 
+@pytest.mark.slow
 def test_evaluate_vtab_fine_tunes_each_task_once_and_tables_their_own_accuracy(norb_run, capsys):
   """Two smallNORB tasks fine-tuned 2 steps each from the run's checkpoint: each task's value in
   the table is its trial's own last eval accuracy (on the task's test split), the structured
