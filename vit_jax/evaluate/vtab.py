@@ -98,7 +98,8 @@ def trials(config, init: str, tasks: str = 'all', overrides: str = '') -> Dict[s
     recipe = recipe_config(config.model_name, task)
     kept = [(f'model.{k}', config.model[k]) for k in KEPT_MODEL_OPTIONS
             if k in config.model and k in recipe.model and config.model[k] != recipe.model[k]]
-    fixed = [('init', init), ('progress', False)]
+    # The recipe spells ViT names only: the model's own name (a Mixer's, a BiT's) is set after.
+    fixed = [('init', init), ('model_name', config.model_name), ('progress', False)]
     if config.get('data_dir'):
       fixed.append(('data_dir', config.data_dir))
     merged = dict(fixed + kept)
