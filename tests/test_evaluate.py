@@ -207,6 +207,21 @@ def test_command_options_replace_an_evaluators_own_and_are_checked():
                      known_only=True)
 
 
+def test_an_evaluator_that_trains_is_refused_during_training():
+  """A vtab entry runs only in the evaluate command: every unset or > 0 is refused when the
+  config is checked; every=0 passes."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4')
+  config.evals.vtab = {'type': 'vtab', 'tasks': 'dtd'}
+  with pytest.raises(UserError, match=r'^config.evals.vtab.every=None: type vtab trains runs of '
+                                      r'its own, after training: give it every=0 and run python '
+                                      r'-m vit_jax evaluate --evals=vtab$'):
+    registry.check(config)
+  config.evals.vtab.every = 0
+  registry.check(config)
+
+
 def test_image_size_is_refused_for_a_run_in_one_line(tmp_path):
   """--image_size sizes a params file given by --weights; a run's image size is its config's."""
   import subprocess  # pylint: disable=g-import-not-at-top

@@ -40,12 +40,13 @@ RESERVED = ('train',)  # split names of the metrics log that an entry may not ta
 
 
 def register(name: str, *, check: Optional[Callable] = None,
-             own_data: Optional[Callable] = None):
+             own_data: Optional[Callable] = None, trains: bool = False):
   """Decorator: registers `fn(run, **options) -> Evaluation` as evaluator type `name`; `check`:
   `check(run_config, **options)` raising UserError for a bad option value; `own_data`:
   `own_data(**options) -> dataset identity` for a type that reads datasets of its own, never
-  the run's (the `evaluate` command then needs no --dataset with --weights)."""
-  return EVALUATORS.register(name, check=check, own_data=own_data)
+  the run's (the `evaluate` command then needs no --dataset with --weights); `trains`: the type
+  trains runs of its own, so it runs only in the `evaluate` command (its entries: every=0)."""
+  return EVALUATORS.register(name, check=check, own_data=own_data, trains=trains)
 
 
 def own_data(call: registry.Call) -> Optional[dict]:
@@ -202,6 +203,10 @@ def check(config) -> None:
     if every is not None and (not isinstance(every, int) or every < 0):
       raise UserError(f'config.evals.{name}.every={every!r} must be a number of steps >= 0 '
                       f'(0: not during training; unset: config.eval_every)')
+    if every != 0 and EVALUATORS.get(call.name).attrs.get('trains'):
+      raise UserError(f'config.evals.{name}.every={every!r}: type {call.name} trains runs of its '
+                      f'own, after training: give it every=0 and run python -m vit_jax evaluate '
+                      f'--evals={name}')
     _check_values(name, call, config)
 
 
@@ -461,7 +466,7 @@ def _vtab_data(tasks: str = 'all', **unused) -> dict:
   return {'name': 'VTAB-1k', 'tasks': list(names)}
 
 
-@register('vtab', check=_check_vtab, own_data=_vtab_data)
+@register('vtab', check=_check_vtab, own_data=_vtab_data, trains=True)
 def vtab(run: Run, tasks: str = 'all', overrides: str = '',
          launcher: str = 'process') -> Evaluation:
   """VTAB-1k: the checkpoint fine-tuned on each task (`tasks`: all, or names joined by + such
@@ -470,7 +475,7 @@ def vtab(run: Run, tasks: str = 'all', overrides: str = '',
   or inline in this one); each task's top-1, the natural / specialized / structured means and
   the mean of the 19."""
   from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
-  if run.init is None or run.directory is None or run.train is None:
+  if run.init is None or run.directory is None or run.train is None:  # `check` refuses it first
     raise UserError('evaluator type vtab fine-tunes a checkpoint: run it with python -m vit_jax '
                     'evaluate --evals=vtab, not during training (give its entry every=0)')
 
