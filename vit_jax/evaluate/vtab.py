@@ -18,7 +18,7 @@ from vit_jax import registry
 from vit_jax.errors import UserError
 
 TRIALS = 'vtab'  # the trials' folder in the table directory
-LAUNCHERS = ('process', 'inline')
+LAUNCHERS = ('process', 'inline')  # the sweep runner's (checked here before anything loads)
 # Architecture options of the checkpoint's model that its fine-tunes keep (the recipe sets
 # the others: dropout, no pre-logits).
 KEPT_MODEL_OPTIONS = ('classifier', 'posemb', 'num_registers', 'flexi_patch', 'flexi_grid',
@@ -89,7 +89,7 @@ def check_options(tasks: str, overrides: str, launcher: str) -> None:
 
 def trials(config, init: str, tasks: str = 'all', overrides: str = '') -> Dict[str, Any]:
   """{task: its fine-tune from `init`} as the trainer's runner takes them (a `Trial` of
-  vit_jax/tools/sweeps/trials.py, given as {'config', 'overrides', 'folder'}): the recipe at
+  vit_jax/tools/sweeps/trials.py, given as a dict of its fields): the recipe at
   the checkpoint's model (its architecture options kept), `config`'s data_dir, then
   `overrides`."""
   from vit_jax.configs import finetune  # pylint: disable=g-import-not-at-top
