@@ -481,6 +481,9 @@ def vtab(run: Run, tasks: str = 'all', overrides: str = '',
 
   def evaluate(params):
     del params  # the fine-tunes start from the checkpoint's files (config.init = run.init)
+    if jax.process_count() > 1:  # each trainer makes its own mesh of this machine's devices
+      raise UserError('--evals=vtab runs on one process: start the evaluate command on one '
+                      'machine (each fine-tune uses its devices)')
     say = lambda line: print(line, file=sys.stderr, flush=True)
     return vtab_lib.metrics(vtab_lib.fine_tune(run.config, run.init, run.directory, run.train,
                                                tasks, overrides, launcher, say=say))
