@@ -135,6 +135,9 @@ COMMANDS = {
         Fails(_NO_DATA),
     # docs/evaluation.md
     'python -m vit_jax evaluate --workdir=runs/default --evals=knn,linear_probe,fewshot': Run(),
+    # The VTAB tasks are not prepared here: the command stops at its first task's dataset.
+    'python -m vit_jax evaluate --workdir=runs/default --evals=vtab':
+        Fails(_NOT_PREPARED, append='--data_dir=runs/no_vtab_data'),
     # docs/data.md, docs/evaluation.md: an op and an evaluator of a config file's own
     'python -m vit_jax.main --config=configs/extending.py --workdir=runs/extending':
         Run(_FAST_TRAIN),

@@ -179,6 +179,49 @@ def test_the_results_table_is_written_and_read_back_for_the_same_checkpoint_only
   assert results.plot(str(tmp_path), ckpt, table).endswith('results.png')
 
 
+def test_command_options_replace_an_evaluators_own_and_are_checked():
+  """`--option=NAME.OPTION=VALUE`: the value read as a literal where it is one, replacing the
+  entry's (or the type's default); an option the type lacks, a name --evals does not run and a
+  bad value are one line each, naming the flag."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4')
+  config.evals.knn.k = 5
+  assert registry.option_value('(1, 5)') == (1, 5)
+  assert registry.option_value('dtd+svhn') == 'dtd+svhn'
+  resolved = registry.resolve(config, ['knn', 'vtab'],
+                              {'knn': {'k': 7}, 'vtab': {'tasks': 'svhn+dtd'}})
+  assert resolved['knn'][0].keywords['k'] == 7 and resolved['knn'][0].keywords['weighting'] == 'exp'
+  assert resolved['vtab'][0].keywords == {'tasks': 'svhn+dtd'}
+  with pytest.raises(UserError, match=r"^--option=knn.kk=\.\.\.: 'kk' is not an option of "
+                                      r'evaluator type knn: use dataset, train_split, '):
+    registry.resolve(config, ['knn'], {'knn': {'kk': 1}})
+  with pytest.raises(UserError, match=r"^--option=fewshot.shots=\.\.\.: 'fewshot' is not among "
+                                      r'the evaluators --evals runs \(knn\)$'):
+    registry.resolve(config, ['knn'], {'fewshot': {'shots': (1,)}})
+  with pytest.raises(UserError, match=r'^--option=knn.k=0 must be'):
+    registry.resolve(config, ['knn'], {'knn': {'k': 0}})
+  with pytest.raises(UserError, match=r"^--option=vtab.overrides='total_stepz=2': 'total_stepz' "
+                                      r'is not a config key of the fine-tuning recipe'):
+    registry.resolve(None, ['vtab', 'eval'], {'vtab': {'overrides': 'total_stepz=2'}},
+                     known_only=True)
+
+
+def test_an_evaluator_that_trains_is_refused_during_training():
+  """A vtab entry runs only in the evaluate command: every unset or > 0 is refused when the
+  config is checked; every=0 passes."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4')
+  config.evals.vtab = {'type': 'vtab', 'tasks': 'dtd'}
+  with pytest.raises(UserError, match=r'^config.evals.vtab.every=None: type vtab trains runs of '
+                                      r'its own, after training: give it every=0 and run python '
+                                      r'-m vit_jax evaluate --evals=vtab$'):
+    registry.check(config)
+  config.evals.vtab.every = 0
+  registry.check(config)
+
+
 def test_image_size_is_refused_for_a_run_in_one_line(tmp_path):
   """--image_size sizes a params file given by --weights; a run's image size is its config's."""
   import subprocess  # pylint: disable=g-import-not-at-top

@@ -170,7 +170,7 @@ def test_config_evals_entries_are_checked_before_anything_is_built():
   validate.check_config(_config())
   cases = [
       (('knn', 'type', 'rael'), r"^unknown evaluator type 'rael' in config.evals.knn.type: use "
-       r'one of fewshot, knn, linear_probe, real, robustness, top1 \(or register one: '
+       r'one of fewshot, knn, linear_probe, real, robustness, top1, vtab \(or register one: '
        r'docs/evaluation.md\)$'),
       (('knn', 'kk', 3), r'^config.evals.knn.kk is not an option of evaluator type knn: use '
        r'dataset, train_split, eval_split, k, temperature, weighting \(or every\)$'),

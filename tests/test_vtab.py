@@ -4,6 +4,8 @@ the 7 derived labels on tfds-shaped records checked by hand, slices of a task's 
 tfds expressions, and the paper's group means."""
 
 import importlib
+import json
+import os
 import types
 
 import numpy as np
@@ -194,38 +196,46 @@ def _tiny_smallnorb(data_dir: str) -> None:
       try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
 
 
-def test_a_vtab_task_streams_its_derived_splits_and_a_run_trains_on_it(tmp_path):
+@pytest.fixture(scope='module')
+def norb_run(tmp_path_factory):
+  """(data_dir with the tiny smallNORB, workdir of ViT-Ze/4 trained 4 steps on
+  vtab/smallnorb_elevation's train800, evaluated on val200)."""
+  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  base = tmp_path_factory.mktemp('norb')
+  data_dir = str(base / 'tfds')
+  _tiny_smallnorb(data_dir)
+  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
+  config.dataset, config.data_dir = 'vtab/smallnorb_elevation', data_dir
+  config.train_split, config.eval_split = 'train800', 'val200'
+  config.warmup_steps, config.eval_every, config.progress = 1, 4, False
+  workdir = str(base / 'run')
+  loop.train_and_evaluate(config, workdir)
+  return data_dir, workdir
+
+
+def test_a_vtab_task_streams_its_derived_splits_and_a_run_trains_on_it(norb_run):
   """vtab/smallnorb_elevation on a prepared tfds smallNORB: train800 is train[:800], val200
   test[:200], their labels the elevation feature; a tiny model fine-tunes a few steps on it."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   from vit_jax import data  # pylint: disable=g-import-not-at-top
-  from vit_jax.configs import mnist5k  # pylint: disable=g-import-not-at-top
   from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
-  data_dir = str(tmp_path / 'tfds')
-  _tiny_smallnorb(data_dir)
+  data_dir, workdir = norb_run
   info = data.get_info('vtab/smallnorb_elevation', data_dir)
   assert info.split_sizes == {'train800': 800, 'val200': 200, 'train800val200': 1000,
                               'test': 200}
   assert info.num_classes == 9 and info.source.tfds_split('test') == 'test[200:400]'
   records = list(pipeline.source_records(info, 'val200', cache=False).as_numpy_iterator())
   assert len(records) == 200 and sorted({int(label) for _, label in records}) == list(range(9))
-
-  config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4,batch_size=16')
-  config.dataset, config.data_dir = 'vtab/smallnorb_elevation', data_dir
-  config.train_split, config.eval_split = 'train800', 'val200'
-  config.warmup_steps, config.eval_every, config.progress = 1, 4, False
-  workdir = str(tmp_path / 'run')
-  loop.train_and_evaluate(config, workdir)
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    rows = [json.loads(line) for line in f]
-  evals = [r for r in rows if 'accuracy' in r and r['split'] != 'train']
+  evals = [r for r in _records(workdir) if 'accuracy' in r and r['split'] != 'train']
   assert evals and evals[-1]['step'] == 4 and 0.0 <= evals[-1]['accuracy'] <= 1.0
 
 
+def _records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
 def test_the_vtab_sweep_runs_the_19_tasks_and_its_table_gives_the_papers_columns(tmp_path):
-  import os  # pylint: disable=g-import-not-at-top
   from vit_jax.tools.sweeps import spec  # pylint: disable=g-import-not-at-top
   sweep = spec.load(os.path.join(os.path.dirname(__file__), '..', 'experiments', 'vtab',
                                  'sweep.py'))
@@ -244,3 +254,97 @@ def test_the_vtab_sweep_runs_the_19_tasks_and_its_table_gives_the_papers_columns
   assert 'structured | mean' not in text and 'all 19' not in text  # dmlab failed
   top1['dmlab'] = 0.6
   assert f'| all 19 | mean | {100 * (7 * 0.9 + 12 * 0.6) / 19:.1f} |' in vtab.table(top1)
+  # The sweep's results.md ends with the same table, made from its runs' rows.
+  rows = [{'dataset': f'vtab/{t}', 'accuracy': v} for t, v in top1.items()]
+  assert sweep.summary(rows) == vtab.table(top1)
+
+
+# ---------------------------------------------------------------------------------------------
+# `python -m vit_jax evaluate --evals=vtab`: the fine-tunes as trials, then the table.
+
+_TINY_FINETUNE = ('total_steps=2,warmup_steps=1,eval_every=2,checkpoint_every=2,log_every=1,'
+                  'image_size=16,batch_size=8,eval_batch_size=8')
+_NORB = 'smallnorb_azimuth+smallnorb_elevation'
+
+
+def _evaluate(workdir, data_dir, say):
+  from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
+  model, params, config, identity = checkpoint.load_run_checkpoint(workdir, None)
+  config.data_dir = data_dir
+  from vit_jax.tools.sweeps import trials  # pylint: disable=g-import-not-at-top
+  options = {'vtab': {'tasks': _NORB, 'overrides': _TINY_FINETUNE, 'launcher': 'inline'}}
+  return checkpoint.evaluate(model, params, config, identity, ['vtab'], workdir=workdir,
+                             say=say, options=options, train=trials.run_trials)
+
+
+@pytest.mark.slow
+def test_evaluate_vtab_fine_tunes_each_task_once_and_tables_their_own_accuracy(norb_run, capsys):
+  """Two smallNORB tasks fine-tuned 2 steps each from the run's checkpoint: each task's value in
+  the table is its trial's own last eval accuracy (on the task's test split), the structured
+  mean is left out (6 of its 8 tasks did not run); a second command trains nothing."""
+  from vit_jax.checkpoint import train_ckpt  # pylint: disable=g-import-not-at-top
+  data_dir, workdir = norb_run
+  lines = []
+  out = _evaluate(workdir, data_dir, lines.append)
+  trials = os.path.join(out['directory'], 'vtab')
+  row = out['results']['vtab']
+  assert row['type'] == 'vtab' and row['options']['tasks'] == _NORB
+  assert list(row['metrics']) == ['smallnorb_azimuth', 'smallnorb_elevation']
+  for task in ('smallnorb_azimuth', 'smallnorb_elevation'):
+    records = _records(os.path.join(trials, f'task_{task}'))
+    final = [r for r in records if r['split'] == 'eval'][-1]
+    assert final['step'] == 2 and final['count'] == 200  # test[200:400]
+    assert row['metrics'][task] == final['accuracy']
+    config = train_ckpt.Checkpointer(os.path.join(trials, f'task_{task}'), keep=1).read_config(2)
+    assert config['dataset'] == f'vtab/{task}' and config['init'].endswith('checkpoints/4')
+    assert (config['lr'], config['optimizer'], config['train_split']) == (0.01, 'sgd',
+                                                                          'train800val200')
+  with open(os.path.join(out['directory'], 'results.json')) as f:
+    assert json.load(f)['results']['vtab']['metrics'] == row['metrics']
+  with open(os.path.join(trials, 'table.md')) as f:
+    assert f.read() == vtab.table(row['metrics'])
+
+  # The table is removed: the trials are read back, none is trained again.
+  stamps = {t: os.path.getmtime(os.path.join(trials, t, 'metrics.jsonl')) for t in os.listdir(
+      trials) if t.startswith('task_')}
+  os.remove(os.path.join(out['directory'], 'results.json'))
+  assert capsys.readouterr().err.count('training smallnorb_') == 2
+  again = _evaluate(workdir, data_dir, lines.append)
+  assert again['results']['vtab']['metrics'] == row['metrics']
+  assert 'training smallnorb_' not in capsys.readouterr().err
+  assert stamps == {t: os.path.getmtime(os.path.join(trials, t, 'metrics.jsonl')) for t in stamps}
+
+
+def test_the_vtab_evaluator_means_each_group_over_its_own_tasks(tmp_path):
+  """All 19 trials finished (their sweep_result.json): the metrics are each task's value, each
+  group's mean over its tasks and the mean over the 19; no dataset is read."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import vtab as vtab_eval  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import runner  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import trials  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({'model_name': 'ViT-Ze/4', 'data_dir': None,
+                                      'model': {'classifier': 'token'}})
+  top1 = {t: (i + 1) / 40 for i, t in enumerate(vtab.TASKS)}
+  for task, trial in vtab_eval.trials(config, '/ckpt/4').items():
+    _, run = trials.sweep_run(task, trials.Trial(**trial))
+    os.makedirs(runner.run_dir(str(tmp_path), run))
+    runner.write_result(runner.run_dir(str(tmp_path), run), run, top1[task], 1.0, 2500)
+  got = vtab_eval.metrics(vtab_eval.fine_tune(config, '/ckpt/4', str(tmp_path),
+                                              trials.run_trials, say=print))
+  for group, tasks in vtab.GROUPS.items():
+    assert got[group] == pytest.approx(sum(top1[t] for t in tasks) / len(tasks))
+  assert got['mean'] == pytest.approx(sum(top1.values()) / 19)
+  assert {t: got[t] for t in vtab.TASKS} == top1
+  assert list(got)[:7] == list(vtab.GROUPS['natural'])
+
+
+def test_evaluate_refuses_an_unknown_vtab_task_in_one_line_before_loading(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, '-m', 'vit_jax', 'evaluate', f'--workdir={tmp_path}',
+                         '--evals=vtab', '--option=vtab.tasks=dtd+mnist'],
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
+  assert proc.stderr.startswith("error: --option=vtab.tasks='dtd+mnist': unknown VTAB task "
+                                "'mnist': use all, or task names joined by + from caltech101")
+  assert os.listdir(tmp_path) == []

@@ -204,4 +204,13 @@ def _call(node, text: str, key: str) -> Call:
                   f"'name' or 'name(1, k=2)'")
 
 
-__all__ = ['Call', 'Entry', 'Registry']
+def option_value(text: str) -> Any:
+  """An option's value as written on a command line: a Python literal where it is one
+  ('5', '(1, 5)', 'True'), else the text itself ('dtd+svhn')."""
+  try:
+    return ast.literal_eval(text.strip())
+  except (ValueError, SyntaxError):
+    return text.strip()
+
+
+__all__ = ['Call', 'Entry', 'Registry', 'option_value']

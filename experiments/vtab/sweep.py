@@ -5,9 +5,11 @@ on its test split (docs/data.md, VTAB-1k). Set INIT (the pre-trained model: a wo
 
 python -m vit_jax sweep --sweep=experiments/vtab/sweep.py --workdir=runs/experiments/vtab
 
-`vit_jax.data.sources.vtab.from_sweep('runs/experiments/vtab/results.csv')` reads each task's
-top-1 from the sweep's table, and `vtab.table(...)` lists them with the natural, specialized and
-structured means and the mean over the 19, the paper's VTAB columns.
+results.md and the printed table end with the VTAB table: each task's top-1 by group, the
+natural, specialized and structured means and the mean over the 19, the paper's VTAB columns
+(`vtab.table`, the table `python -m vit_jax evaluate --evals=vtab` writes too, which runs the
+same fine-tunes of one checkpoint in one command; the sweep shares them between machines with
+--storage).
 """
 
 from vit_jax.data.sources import vtab
@@ -25,4 +27,5 @@ def get_sweep():
       'overrides': overrides,
       'grid': {'dataset': [vtab.PREFIX + task for task in vtab.TASKS]},
       'metric': 'accuracy',
+      'summary': lambda rows: vtab.table(vtab.from_rows(rows)),
   }

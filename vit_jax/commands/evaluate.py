@@ -4,8 +4,10 @@
 `--patch_size=P` runs a FlexiViT (model.flexi_patch set) at patch size P from the same params.
 
 --evals names entries of the run's config.evals, registered evaluator types or suites
-(docs/evaluation.md). The table (results.json, results.md, results.png) goes to
-WORKDIR/evaluations/step_N/ and the features to WORKDIR/features/; a rerun skips what they hold.
+(docs/evaluation.md); --option=NAME.OPTION=VALUE sets an option of one, e.g. `--evals=vtab
+--option=vtab.tasks=dtd+svhn` fine-tunes on two VTAB-1k tasks. The table (results.json,
+results.md, results.png) goes to WORKDIR/evaluations/step_N/ and the features to
+WORKDIR/features/; a rerun skips what they hold.
 """
 
 import signal
@@ -15,6 +17,7 @@ from absl import flags
 
 from vit_jax import cli
 from vit_jax.commands import flag_groups
+from vit_jax.evaluate import registry  # the names and options are checked before jax loads
 
 _WORKDIR = flag_groups.workdir()
 _STEP = flags.DEFINE_string('step', None, 'Checkpoint step; default: the newest readable one.')
@@ -28,6 +31,9 @@ _BATCH_SIZE = flag_groups.batch_size()
 _DATA_DIR = flag_groups.data_dir()
 _PATCH_SIZE = flag_groups.patch_size()
 _IMAGE_SIZE = flag_groups.image_size()
+_OPTION = flags.DEFINE_multi_string(
+    'option', [], 'NAME.OPTION=VALUE: an option of an evaluator --evals runs, e.g. '
+    'vtab.tasks=dtd+svhn (repeat the flag for more; VALUE a Python literal or a string).')
 
 
 def _interrupt_on_sigterm() -> None:
@@ -38,6 +44,20 @@ def _interrupt_on_sigterm() -> None:
     raise KeyboardInterrupt
 
   signal.signal(signal.SIGTERM, handler)
+
+
+def parse_options(given) -> dict:
+  """['vtab.tasks=dtd+svhn', ...] -> {'vtab': {'tasks': 'dtd+svhn'}}; values read as Python
+  literals where they are one, else kept as strings."""
+  out = {}
+  for text in given:
+    target, eq, raw = text.partition('=')
+    name, dot, key = target.partition('.')
+    if not (eq and dot and name and key):
+      raise cli.UserError(f'--option={text} is not NAME.OPTION=VALUE: e.g. '
+                          f'--option=vtab.tasks=dtd+svhn')
+    out.setdefault(name, {})[key] = registry.option_value(raw)
+  return out
 
 
 def run(argv) -> int:
@@ -57,12 +77,18 @@ def run(argv) -> int:
   names = [n for n in _EVALS.value if n]
   if not names:
     raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
+  options = parse_options(_OPTION.value)
+  known = registry.resolve(None, names, options, known_only=True)  # before any loading
   _interrupt_on_sigterm()
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top
+  from vit_jax.tools.sweeps import trials  # pylint: disable=g-import-not-at-top  (vtab's runs)
   if _WEIGHTS.value:
-    model, params, config, identity = checkpoint.load_weights(_WEIGHTS.value, _MODEL.value,
-                                                              _DATASET.value, _IMAGE_SIZE.value)
+    own_data_only = all(n in known or n in registry.SUITES for n in names) and all(
+        registry.own_data(call) is not None for call, _ in known.values())
+    model, params, config, identity = checkpoint.load_weights(
+        _WEIGHTS.value, _MODEL.value, _DATASET.value, _IMAGE_SIZE.value,
+        needs_dataset=not own_data_only)
   else:
     model, params, config, identity = checkpoint.load_run_checkpoint(_WORKDIR.value, step)
     if _DATASET.value:
@@ -76,7 +102,8 @@ def run(argv) -> int:
     config.data_dir = _DATA_DIR.value
   say = lambda line: print(line, file=sys.stderr, flush=True)
   out = checkpoint.evaluate(model, params, config, identity, names, workdir=_WORKDIR.value,
-                            batch_size=_BATCH_SIZE.value, say=say)
+                            batch_size=_BATCH_SIZE.value, say=say, options=options,
+                            train=trials.run_trials)
   print(results.markdown(out['checkpoint'], out['results']))
   say(f'wrote {out["directory"]}/results.json, results.md, results.png')
   return 0

@@ -63,13 +63,14 @@ def load_run_checkpoint(workdir: str, step: Optional[str]):
 
 
 def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
-                 size_if_unsaid: Optional[int] = None):
+                 size_if_unsaid: Optional[int] = None, needs_dataset: bool = True):
   """(model, params, config, identity) of released weights by name or a params file: the config
-  is the schema's defaults at the weights' model and image size, on `dataset`."""
+  is the schema's defaults at the weights' model and image size, on `dataset` (which may be
+  left out when no evaluator reads it: `needs_dataset` False)."""
   from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
   from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
-  if not dataset:
+  if not dataset and needs_dataset:
     raise UserError(f'--weights={source} carries no dataset: pass --dataset=NAME (the dataset '
                     f'the evaluators read, e.g. mnist5k)')
   path = weights.fetch_as(source, model_name)[0] if weights.is_name(source) else source
@@ -78,12 +79,24 @@ def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
                     f'lists them) nor a params file')
   model, params, spec = inputs.load_params_file(source, model_name, size_if_unsaid)
   config = common.base_config()
-  config.model_name, config.dataset, config.image_size = spec.model_name, dataset, spec.image_size
+  config.model_name, config.dataset, config.image_size = (spec.model_name, dataset or '',
+                                                         spec.image_size)
   return model, params, config, file_identity(source, path)
 
 
-def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Optional[int]):
-  """The evaluators' `Run` over all local devices, its features cached under `cache_dir`."""
+def init_of(identity: dict) -> str:
+  """What a fine-tune of the scored checkpoint starts from (its `config.init`): the step
+  directory, or the released weights' name or file."""
+  if 'path' in identity:
+    return identity['path']
+  source = identity['weights']
+  return os.path.abspath(source) if os.path.isfile(source) else source
+
+
+def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Optional[int],
+                 directory: str, train: Optional[Callable]):
+  """The evaluators' `Run` over all local devices, its features cached under `cache_dir`;
+  evaluators that fine-tune start from the checkpoint, by `train`, their runs in `directory`."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vit_jax import parallel  # pylint: disable=g-import-not-at-top
   from vit_jax.data import specs  # pylint: disable=g-import-not-at-top
@@ -94,14 +107,18 @@ def _run_context(model, config, cache_dir: str, identity: dict, batch_size: Opti
     raise UserError(f'--batch_size={size} does not split over {mesh.devices.size} devices: use '
                     f'a multiple of {mesh.devices.size}')
   config.eval_batch_size = size
-  info = data_lib.get_info(config.dataset, config.data_dir)
+  # None: released weights scored only by evaluators that read their own data (no --dataset).
+  info = data_lib.get_info(config.dataset, config.data_dir) if config.dataset else None
   return registry.Run(config=config, model=model, mesh=mesh,
                       param_shardings=sharding.replicated(mesh), data=info,
                       eval_pp=specs.of_config(config).eval,
-                      cache=features_lib.FeatureCache(cache_dir, identity))
+                      cache=features_lib.FeatureCache(cache_dir, identity),
+                      init=init_of(identity), directory=directory, train=train)
 
 
 def _dataset_of(run: registry.Run, call) -> Optional[dict]:
+  if registry.own_data(call) is not None:
+    return registry.own_data(call)
   name = call.keywords.get('dataset') or run.config.dataset
   if call.name == 'real':
     return {'name': name}
@@ -118,14 +135,18 @@ def table_dir(workdir: str, identity: dict) -> str:
 
 
 def evaluate(model, params, config, identity: dict, names: Sequence[str], *, workdir: str,
-             batch_size: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
-  """Runs the evaluators `names` on `params` and writes the results table; returns
-  {'directory', 'checkpoint', 'results'}. A Ctrl-C (or SIGTERM, as the command turns it into
-  one) stops with one line naming what stands."""
+             batch_size: Optional[int] = None, say: Callable[[str], None] = print,
+             options: Optional[Dict[str, dict]] = None,
+             train: Optional[Callable] = None) -> dict:
+  """Runs the evaluators `names` (`options`: {name: {option: value}} replacing theirs) on
+  `params` and writes the results table; returns {'directory', 'checkpoint', 'results'}.
+  `train`: the trainer's runner for evaluators that fine-tune (`registry.Run.train`). A Ctrl-C
+  (or SIGTERM, as the command turns it into one) stops with one line naming what stands."""
   config = ml_collections.ConfigDict(config.to_dict() if hasattr(config, 'to_dict') else config)
-  calls = registry.resolve(config, names)  # before anything is read or built
+  calls = registry.resolve(config, names, options)  # before anything is read or built
   out_dir = table_dir(workdir, identity)
-  run = _run_context(model, config, os.path.join(workdir, 'features'), identity, batch_size)
+  run = _run_context(model, config, os.path.join(workdir, 'features'), identity, batch_size,
+                     out_dir, train)
   finished = results_lib.load(out_dir, identity)
   table = {k: v for k, v in finished.items() if k in calls}
   writer = jax.process_index() == 0
@@ -155,5 +176,5 @@ def evaluate(model, params, config, identity: dict, names: Sequence[str], *, wor
   return {'directory': out_dir, 'checkpoint': identity, 'results': table}
 
 
-__all__ = ['checkpoint_identity', 'evaluate', 'file_identity', 'load_run_checkpoint',
+__all__ = ['checkpoint_identity', 'evaluate', 'file_identity', 'init_of', 'load_run_checkpoint',
            'load_weights', 'table_dir']

@@ -23,6 +23,7 @@ test; docs/evaluation.md lists them all (a test checks the table).
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vit_jax import data as data_lib
@@ -35,15 +36,26 @@ parallel = lazy.Module('vit_jax.parallel')
 
 EVALUATORS = registry.Registry('evaluator type', leading=('run',), docs='docs/evaluation.md')
 SUITES: Dict[str, Tuple[str, ...]] = {}
+option_value = registry.option_value  # how the command reads --option values
 FIELDS = ('type', 'every')  # the fields of every entry; the others are the type's options
 GENERIC = ('patch_sizes',)  # options every type takes, applied by `build`, not by the type
 RESERVED = ('train',)  # split names of the metrics log that an entry may not take
 
 
-def register(name: str, *, check: Optional[Callable] = None):
+def register(name: str, *, check: Optional[Callable] = None,
+             own_data: Optional[Callable] = None, trains: bool = False):
   """Decorator: registers `fn(run, **options) -> Evaluation` as evaluator type `name`; `check`:
-  `check(run_config, **options)` raising UserError for a bad option value."""
-  return EVALUATORS.register(name, check=check)
+  `check(run_config, **options)` raising UserError for a bad option value; `own_data`:
+  `own_data(**options) -> dataset identity` for a type that reads datasets of its own, never
+  the run's (the `evaluate` command then needs no --dataset with --weights); `trains`: the type
+  trains runs of its own, so it runs only in the `evaluate` command (its entries: every=0)."""
+  return EVALUATORS.register(name, check=check, own_data=own_data, trains=trains)
+
+
+def own_data(call: registry.Call) -> Optional[dict]:
+  """The identity of the data a call of an `own_data` type reads; None for the others."""
+  describe = EVALUATORS.get(call.name).attrs.get('own_data')
+  return describe(**call.keywords) if describe is not None else None
 
 
 def register_suite(name: str, members: Sequence[str]) -> None:
@@ -82,7 +94,10 @@ class Run:
   """What an evaluator is built from. `eval_fn`: the compiled eval step of the run's task (built
   on first use when absent); `cache`: where features are kept (`features.FeatureCache`, used on
   one process; None = recomputed each time, as during training); `task`: the run's resolved
-  `tasks.Task` (resolved from the config when absent)."""
+  `tasks.Task` (resolved from the config when absent); for evaluators that fine-tune (None
+  during training): `init`, what the `evaluate` command scores (a checkpoint step directory, or
+  released weights by name or file), `directory`, its table directory, and `train`, the
+  trainer's runner the command hands down (vit_jax/tools/sweeps/trials.py `run_trials`)."""
   config: Any
   model: Any
   mesh: Any
@@ -92,6 +107,9 @@ class Run:
   eval_fn: Optional[Callable] = None
   cache: Any = None
   task: Any = None
+  init: Optional[str] = None
+  directory: Optional[str] = None
+  train: Optional[Callable] = None
   _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def info(self, dataset: Optional[str] = None):
@@ -199,11 +217,16 @@ def check(config) -> None:
     if every is not None and (not isinstance(every, int) or every < 0):
       raise UserError(f'config.evals.{name}.every={every!r} must be a number of steps >= 0 '
                       f'(0: not during training; unset: config.eval_every)')
+    if every != 0 and EVALUATORS.get(call.name).attrs.get('trains'):
+      raise UserError(f'config.evals.{name}.every={every!r}: type {call.name} trains runs of its '
+                      f'own, after training: give it every=0 and run python -m vit_jax evaluate '
+                      f'--evals={name}')
     _check_values(name, call, config)
 
 
-def _check_values(name: str, call: registry.Call, config) -> None:
-  """The option values of an entry, by its type's check (its message starts with the option)."""
+def _check_values(name: str, call: registry.Call, config, where: str = 'config.evals.') -> None:
+  """The option values of an entry, by its type's check (its message starts with the option,
+  after `where` and the entry's name)."""
   entry = EVALUATORS.get(call.name)
   if entry.check is None:
     return
@@ -212,27 +235,50 @@ def _check_values(name: str, call: registry.Call, config) -> None:
   try:
     entry.check(config, **dict(list(bound.arguments.items())[1:]))
   except UserError as e:
-    raise UserError(f'config.evals.{name}.{e}') from None
+    raise UserError(f'{where}{name}.{e}') from None
 
 
-def resolve(config, names: Iterable[str]) -> Dict[str, Tuple[registry.Call, Any]]:
+def resolve(config, names: Iterable[str], options: Optional[Dict[str, Dict[str, Any]]] = None,
+            known_only: bool = False) -> Dict[str, Tuple[registry.Call, Any]]:
   """{entry name: (call, every)} of `names`: an entry of `config.evals`, a registered type (its
-  defaults, named after it) or a suite (its members); UserError listing the choices."""
-  entries, out = _entries(config), {}
+  defaults, named after it) or a suite (its members); UserError listing the choices.
+  `options`: {entry name: {option: value}} replacing the entries' own (the command's --option);
+  `known_only`: names that are no type or suite are left out, not refused (the command checks
+  the types' options before it reads the run's config)."""
+  entries, out, unknown = _entries(config), {}, []
   for name in names:
     if name in entries:
       out[name] = _call(name, entries[name])
     elif name in EVALUATORS:
       out[name] = (registry.Call(name), None)
     elif name in SUITES:
-      out.update(resolve(config, SUITES[name]))
+      out.update(resolve(config, SUITES[name], known_only=known_only))
+    elif known_only:
+      unknown.append(name)  # an entry of the run's config, perhaps: checked once it is read
     else:
       choices = sorted(set(entries) | set(EVALUATORS.names()) | set(SUITES))
       raise UserError(f'unknown evaluator {name!r}: use one of {", ".join(choices)} (an entry of '
                       f'the run\'s config.evals, a registered type or a suite; docs/evaluation.md)')
+  options = options or {}
+  for name, given in options.items():
+    if name in out:
+      out[name] = (_with_options(name, out[name][0], given), out[name][1])
+    elif name not in unknown:
+      raise UserError(f'--option={name}.{next(iter(given))}=...: {name!r} is not among the '
+                      f'evaluators --evals runs ({", ".join(list(out) + unknown)})')
   for name, (call, _) in out.items():
-    _check_values(name, call, config)
+    _check_values(name, call, config, '--option=' if name in options else 'config.evals.')
   return out
+
+
+def _with_options(name: str, call: registry.Call, given: Dict[str, Any]) -> registry.Call:
+  """`call` with the options `given` replacing its own; UserError for one the type lacks."""
+  params = list(inspect.signature(EVALUATORS.get(call.name).fn).parameters)[1:] + list(GENERIC)
+  for key in given:
+    if key not in params:
+      raise UserError(f'--option={name}.{key}=...: {key!r} is not an option of evaluator type '
+                      f'{call.name}: use {", ".join(params) or "none (it has no options)"}')
+  return registry.Call(call.name, (), tuple({**call.keywords, **given}.items()))
 
 
 def _own_options(call: registry.Call) -> Tuple[Dict[str, Any], Optional[Tuple[int, ...]]]:
@@ -470,6 +516,45 @@ def linear_probe(run: Run, dataset: Optional[str] = None, train_split: str = 'tr
   return Evaluation(evaluate)
 
 
+def _check_vtab(config, tasks, overrides, launcher):
+  del config
+  from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
+  vtab_lib.check_options(tasks, overrides, launcher)
+
+
+def _vtab_data(tasks: str = 'all', **unused) -> dict:
+  del unused
+  from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
+  names = vtab_lib.task_names(tasks)
+  return {'name': 'VTAB-1k', 'tasks': list(names)}
+
+
+@register('vtab', check=_check_vtab, own_data=_vtab_data, trains=True)
+def vtab(run: Run, tasks: str = 'all', overrides: str = '',
+         launcher: str = 'process') -> Evaluation:
+  """VTAB-1k: the checkpoint fine-tuned on each task (`tasks`: all, or names joined by + such
+  as dtd+svhn) with the paper's recipe (vit_jax/configs/finetune.py; `overrides`: config values
+  to change, key=value joined by commas), each trainer in its own process (`launcher`: process,
+  or inline in this one); each task's top-1, the natural / specialized / structured means and
+  the mean of the 19."""
+  from vit_jax.evaluate import vtab as vtab_lib  # pylint: disable=g-import-not-at-top
+  if run.init is None or run.directory is None or run.train is None:  # `check` refuses it first
+    raise UserError('evaluator type vtab fine-tunes a checkpoint: run it with python -m vit_jax '
+                    'evaluate --evals=vtab, not during training (give its entry every=0)')
+
+  def evaluate(params):
+    del params  # the fine-tunes start from the checkpoint's files (config.init = run.init)
+    if jax.process_count() > 1:  # each trainer makes its own mesh of this machine's devices
+      raise UserError('--evals=vtab runs on one process: start the evaluate command on one '
+                      'machine (each fine-tune uses its devices)')
+    say = lambda line: print(line, file=sys.stderr, flush=True)
+    return vtab_lib.metrics(vtab_lib.fine_tune(run.config, run.init, run.directory, run.train,
+                                               tasks, overrides, launcher, say=say))
+
+  return Evaluation(evaluate)
+
+
 __all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
-           'fewshot', 'knn', 'linear_probe', 'periodic_evaluators', 'real', 'register',
-           'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1']
+           'fewshot', 'knn', 'linear_probe', 'option_value', 'own_data', 'periodic_evaluators',
+           'real', 'register', 'register_suite', 'resolve', 'robustness', 'run_due', 'table',
+           'top1', 'vtab']

@@ -278,19 +278,23 @@ def table(top1: Dict[str, float]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def from_sweep(results_csv: str) -> Dict[str, float]:
-  """{task: top-1} of a VTAB sweep's results.csv (experiments/vtab/sweep.py: one run per
-  'dataset' value); runs without a result are left out."""
-  import csv  # pylint: disable=g-import-not-at-top
-  with open(results_csv, newline='') as f:
-    rows = list(csv.DictReader(f))
+def from_rows(rows) -> Dict[str, float]:
+  """{task: top-1} of a VTAB sweep's runs (dicts with 'dataset' = 'vtab/<task>' and
+  'accuracy'; experiments/vtab/sweep.py); runs without a result are left out."""
   out = {}
   for row in rows:
-    task = row.get('dataset', '')[len(PREFIX):]
+    task = str(row.get('dataset', ''))[len(PREFIX):]
     if task in TASKS and row.get('accuracy') not in (None, ''):
       out[task] = float(row['accuracy'])
   return out
 
 
+def from_sweep(results_csv: str) -> Dict[str, float]:
+  """{task: top-1} of a VTAB sweep's results.csv (`from_rows` of its rows)."""
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(results_csv, newline='') as f:
+    return from_rows(csv.DictReader(f))
+
+
 __all__ = ['GROUPS', 'LABELS', 'PREFIX', 'SPLITS', 'TASKS', 'Task', 'VtabSource', 'aggregate',
-           'from_sweep', 'image_fn', 'label_fn', 'load', 'table']
+           'from_rows', 'from_sweep', 'image_fn', 'label_fn', 'load', 'table']

@@ -144,6 +144,10 @@ def write(root: str, sweep: Sweep, grid_outcomes, final_outcomes, best) -> Dict[
   grid_rows, final_rows = aggregate(grid_outcomes), aggregate(final_outcomes)
   write_csv(os.path.join(root, 'results.csv'), sweep, list(grid_outcomes) + list(final_outcomes))
   table = markdown(sweep, grid_rows, final_rows, best)
+  if sweep.summary is not None:  # over the runs that report: the final ones, else the grid's
+    reported = final_outcomes if sweep.select else grid_outcomes
+    table += '\n' + sweep.summary([{**dict(o.run.values), sweep.metric: o.metric}
+                                   for o in reported if o.status == 'done'])
   with files_for(root).GFile(os.path.join(root, 'results.md'), 'w') as f:
     f.write(table)
   png = os.path.join(root, f'{sweep.metric}_vs_{sweep.x.split(".")[-1]}.png')

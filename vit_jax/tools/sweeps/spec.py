@@ -20,7 +20,8 @@
         'trials': 20,                                # with ranges: how many runs to sample
         'sampler': 'tpe',                            # with ranges: tpe (default) or random
         'pruner': {'name': 'median', 'n_startup_trials': 5},  # optional: stop runs behind
-    }
+        'summary': summary,                          # optional: fn(rows) -> Markdown after
+    }                                                # the tables (below)
 
 Keys are config keys (dotted for nested ones), or names listed in 'variants'. A string value may
 name the run's values in braces ('{seed}': its seed). 'seed' is special: runs that differ only in
@@ -33,6 +34,10 @@ the same sub-workdirs, as the plain grid). With 'ranges' (each {'low', 'high'} a
 grid keys from their lists (seed included), by Optuna's TPE or random sampler. 'pruner' names
 one of PRUNERS with its keyword arguments for Optuna's class: each periodic evaluation's metric
 is reported to it, and a run it stops keeps its checkpoint and is marked pruned.
+
+'summary' is a function of the reported runs' rows (each a dict of its swept values and the
+metric, e.g. {'dataset': 'vtab/dtd', 'accuracy': 0.7}) returning Markdown that results.md and
+the printed table end with (experiments/vtab/sweep.py: the VTAB table with its group means).
 """
 
 import dataclasses
@@ -47,7 +52,7 @@ SEED = 'seed'
 # What an 'eval' record of metrics.jsonl holds (vit_jax/train/loop.py's `evaluate`).
 EVAL_METRICS = ('accuracy', 'loss', 'count')
 KEYS = {'config', 'overrides', 'grid', 'variants', 'metric', 'x', 'group', 'select', 'ranges',
-        'trials', 'sampler', 'pruner'}
+        'trials', 'sampler', 'pruner', 'summary'}
 SAMPLERS = ('tpe', 'random')
 # name -> Optuna class in optuna.pruners
 PRUNERS = {'median': 'MedianPruner', 'percentile': 'PercentilePruner',
@@ -91,6 +96,7 @@ class Sweep:
   trials: Optional[int] = None
   sampler: str = 'tpe'
   pruner: Optional[Dict[str, Any]] = None  # {'name': one of PRUNERS, **its keyword arguments}
+  summary: Optional[Any] = None  # fn(rows) -> Markdown after the tables (module docstring)
 
   @property
   def keys(self) -> List[str]:
@@ -203,6 +209,10 @@ def load(path: str) -> Sweep:
   for key in [x] + ([group] if group else []):
     if key not in swept:
       raise UserError(f'"{key}" in {path} must be one of the grid keys: {", ".join(swept)}')
+  summary = raw.get('summary')
+  if summary is not None and not callable(summary):
+    raise UserError(f'"summary" in {path} must be a function of the runs\' rows returning '
+                    f'Markdown, not {type(summary).__name__}')
   metric = raw.get('metric', 'accuracy')
   if metric not in EVAL_METRICS:  # checked now, not after every run has trained
     raise UserError(f'"metric" in {path} is {metric!r}, which no eval record has: use one of '
@@ -210,7 +220,7 @@ def load(path: str) -> Sweep:
   return Sweep(path=path, config=raw['config'], overrides=dict(raw.get('overrides') or {}),
                grid={k: list(v) for k, v in grid.items()}, metric=metric,
                x=x, group=group, select=select, variants=variants, ranges=ranges, trials=trials,
-               sampler=sampler, pruner=pruner)
+               sampler=sampler, pruner=pruner, summary=summary)
 
 
 def _ranges(raw, path: str) -> Dict[str, Dict[str, Any]]:
