@@ -46,9 +46,9 @@ SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
 # The system tier (`make test-system`; `make test` leaves it out, `.ci/run` runs both): real
 # services (a SLURM cluster, PostgreSQL), several processes of one run, signals and kills sent to
-# running trainers and sweeps, file systems that fill up, a capped address space, the GPU session
-# script. A test joins it through a fixture below or its id (`file::name`, parameters included
-# or not).
+# running trainers and sweeps, file systems that fill up, a capped address space, the script
+# benchmarks/gpu_session.sh. A test joins it through a fixture below or its id (`file::name`,
+# parameters included or not).
 SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk'})
 SYSTEM_TESTS = (
     'test_reliability.py::test_kill_9_loop_always_resumes_and_ends_bitwise_exact',
