@@ -46,8 +46,8 @@ SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
 # The system tier (`make test-system`; `make test` leaves it out, `.ci/run` runs both): real
 # services (a SLURM cluster, PostgreSQL), several processes of one run, signals and kills sent to
-# running trainers and sweeps, file systems that fill up, a capped address space, the script
-# benchmarks/gpu_session.sh. A test joins it through a fixture below or its id (`file::name`,
+# running trainers and sweeps, file systems that fill up, a capped address space, compiles for
+# TPU slices and GPUs, the script benchmarks/gpu_session.sh. A test joins it through a fixture below or its id (`file::name`,
 # parameters included or not).
 SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk'})
 SYSTEM_TESTS = (
@@ -64,9 +64,11 @@ SYSTEM_TESTS = (
     'test_sweep_study.py::test_two_workers_on_postgres_finish_the_grid_once_after_a_kill_9',
     'test_benchmark.py::test_the_gpu_session_script_runs_its_steps_here',
     'test_bad_inputs.py::test_bad_input[full_disk_during_a_checkpoint]',
-    # One TPU compile per generation (v3 stays in the main tier).
-    *(f'test_compile_targets.py::test_every_generation_compiles_with_an_estimate[{g}]'
-      for g in ('v4', 'v5e', 'v5p', 'v6e')),
+    # Compiles for TPU slices and a GPU that are not here: every generation, every strategy, the
+    # fp8 GEMMs of XLA:GPU (`make test` compiles plans for v3-8 through the documented commands).
+    'test_compile_targets.py::test_every_generation_compiles_with_an_estimate',
+    'test_compile_targets.py::test_every_strategy_compiles_for_a_v3_slice',
+    'test_fp8.py::test_xla_gpu_makes_the_fp8_dots_cublaslt_fp8_gemms',
 )
 
 

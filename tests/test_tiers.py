@@ -17,7 +17,8 @@ def test_a_system_test_is_recognised_with_and_without_its_xdist_group(suffix):
   assert conftest._is_system(item(named + suffix))  # pylint: disable=protected-access
   generation = 'tests/test_compile_targets.py::test_every_generation_compiles_with_an_estimate'
   assert conftest._is_system(item(f'{generation}[v5e]{suffix}'))  # pylint: disable=protected-access
-  assert not conftest._is_system(item(f'{generation}[v3]{suffix}'))  # pylint: disable=protected-access
+  assert conftest._is_system(item(f'{generation}[v3]{suffix}'))  # pylint: disable=protected-access
+  assert not conftest._is_system(item(f'{generation}x[v3]{suffix}'))  # pylint: disable=protected-access
   assert not conftest._is_system(item(named + 'x' + suffix))  # pylint: disable=protected-access
 
 
