@@ -274,6 +274,35 @@ def _batches(data_dir, n, **kwargs):
   return [next(it) for _ in range(n)]
 
 
+def test_a_stream_let_go_of_stops_its_reads_and_is_kept_from_a_teardown_in_flight(
+    i21k, monkeypatch):
+  """A release stream closed before its end (a finished run, a dropped iterator) is not torn
+  down with reads in flight (TensorFlow's teardown can then wait forever): its reads fail at
+  once from then on and the pipeline is kept until the process ends."""
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  readers, reads = [], []
+  original_read = releases.read
+
+  class Reader(pipeline._Reader):  # pylint: disable=protected-access
+    def __init__(self, release):
+      super().__init__(release)
+      readers.append(self)
+
+  monkeypatch.setattr(pipeline, '_Reader', Reader)
+  monkeypatch.setattr(releases, 'read', lambda *a: reads.append(1) or original_read(*a))
+  monkeypatch.setattr(pipeline, '_LET_GO', [])
+  it = data_lib.train_iterator(dataset='imagenet21k', split='full', data_dir=i21k[0],
+                               batch_size=8, spec=PP, seed=3)
+  assert next(it)['image'].shape == (8, 16, 16, 3)
+  (reader,) = readers
+  assert not reader.let_go and not pipeline._LET_GO  # pylint: disable=protected-access
+  it.close()
+  assert reader.let_go and len(pipeline._LET_GO) == 1  # pylint: disable=protected-access
+  before = len(reads)
+  encoded, ok = reader._read(np.arange(8, dtype=np.int64))  # pylint: disable=protected-access
+  assert not ok and list(encoded) == [b''] * 8 and len(reads) == before  # nothing read
+
+
 @pytest.mark.slow
 def test_the_train_stream_resumes_exactly_and_skips_the_corrupt_image(i21k, capfd):
   data_dir, images = i21k

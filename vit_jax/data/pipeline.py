@@ -47,6 +47,7 @@ unreadable since it was indexed) and a train batch whose every image fails to de
 stream with one `UserError` line (`_said`), never a hang or an endless run of skipped images.
 """
 
+import ctypes
 import sys
 from typing import Iterator, Optional
 
@@ -165,8 +166,11 @@ class _Reader:
     self.release = release
     self.failure = None
     self.undecodable = set()  # keys of images known not to decode: read as no bytes
+    self.let_go = False  # the stream was let go of before its end (`_counting_skipped`)
 
   def _read(self, keys):
+    if self.let_go:  # fails at once: the stream's reads in flight end, and it goes idle
+      return np.full(len(keys), b'', dtype=object), False
     try:
       encoded = releases.read(self.release, keys)
       for i, key in enumerate(keys.tolist()):
@@ -198,6 +202,9 @@ def _said(batches, reader: Optional[_Reader], what: str):
   try:
     yield from batches
   except tf.errors.OpError as e:
+    if reader is not None:  # other reads may be in flight: never torn down (`_LET_GO`)
+      reader.let_go = True
+      _LET_GO.append(batches)
     if reader is not None and reader.failure is not None:
       raise reader.failure from None
     if _ALL_FAILED in str(e.message):
@@ -276,6 +283,14 @@ def real_label_set_batches(release, split, *, batch_size: int, spec: specs.Spec,
                              read=_Reader(release))
 
 
+# Release streams let go of before their end (`_counting_skipped`, `_said`). TensorFlow's teardown
+# of such a pipeline can wait forever (for a call that never ends), at once or when the process
+# ends, so they are never torn down: the list holds one reference more than Python knows of, and
+# the process's end frees them with the rest of its memory.
+_LET_GO = []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_LET_GO))
+
+
 def _counting_skipped(batches, reader: _Reader) -> Iterator[dict[str, np.ndarray]]:
   """The batches without `_SKIPPED`; an image skipped is one warning line on stderr (and in the
   absl log) the first time this run meets it, and, when the stream ends, one line counts them."""
@@ -291,6 +306,12 @@ def _counting_skipped(batches, reader: _Reader) -> Iterator[dict[str, np.ndarray
           _warn(f'skipped an image of {release.name} that does not decode: '
                 f'{releases.image_name(release, key)} (skipped whenever it is met; named once)')
       yield batch
+  except GeneratorExit:
+    # Let go of before its end (a finished run, a dropped iterator): its reads stop now, and the
+    # pipeline is never torn down (`_LET_GO`).
+    reader.let_go = True
+    _LET_GO.append(batches)
+    raise
   finally:
     if reader.undecodable:
       n = len(reader.undecodable)
