@@ -157,18 +157,21 @@ def run(model: str, slice_name: str, setting: str, depths=(), small=False) -> di
   return row
 
 
-def jobs(only: str, models, settings=tuple(SETTINGS), generations=tuple(GENERATIONS)) -> list:
-  """(model, slice, setting) of every row asked for."""
+def jobs(only: str, models, settings=(), generations=tuple(GENERATIONS)) -> list:
+  """(model, slice, setting) of every row asked for: `settings` (names of `SETTINGS`) on each
+  generation's slice (default: the defaults alone) and on each plan's slice (default: each
+  setting but the defaults)."""
   from vit_jax.configs import recipes  # pylint: disable=g-import-not-at-top
   out = []
   if only in ('', 'generations'):
     for model in models:
       for slice_name in (GENERATIONS[g] for g in generations):
-        out.append((model, LARGER[slice_name] if model == 'H/14' else slice_name, 'defaults'))
+        sliced = LARGER[slice_name] if model == 'H/14' else slice_name
+        out += [(model, sliced, s) for s in settings or ('defaults',)]
   if only in ('', 'settings'):
     for model in models:
       planned = recipes.TPU_PLANS[('pretrain', model)]['slice']
-      out += [(model, planned, s) for s in settings if s != 'defaults']
+      out += [(model, planned, s) for s in settings or SETTINGS if s != 'defaults']
   return out
 
 
@@ -178,8 +181,8 @@ def main():
   parser.add_argument('--models', default=','.join(MODELS), help='comma-separated: B/16,L/16')
   parser.add_argument('--generations', default=','.join(GENERATIONS), help='with '
                       '--only=generations, the comma-separated generations: v3,v4')
-  parser.add_argument('--settings', default=','.join(SETTINGS), help='with --only=settings, '
-                      'the comma-separated names of `SETTINGS` to compile')
+  parser.add_argument('--settings', default='', help='comma-separated names of `SETTINGS` '
+                      '(default: the defaults on each generation, the others on each plan\'s slice)')
   parser.add_argument('--json', default='', help='also append one JSON line per row here')
   parser.add_argument('--small', action='store_true', help='compile the same per-device batch on '
                       'the generation\'s 8-slice (v3-8, v4-8, v5p-8, v6e-8) where the mesh is '
@@ -188,7 +191,7 @@ def main():
                       'those and extrapolate to the model\'s depth instead of compiling it')
   args = parser.parse_args()
   for flag, known in (('settings', SETTINGS), ('generations', GENERATIONS)):
-    unknown = sorted(set(getattr(args, flag).split(',')) - set(known))
+    unknown = sorted(set(getattr(args, flag).split(',')) - set(known) - {''})
     if unknown:
       parser.error(f'unknown --{flag} {",".join(unknown)}: use names of {", ".join(known)}')
   tf_import.import_quietly()
@@ -196,7 +199,8 @@ def main():
         'peak / HBM (GiB) |')
   print('|---|---|---|---|---|---|---|')
   for model, slice_name, setting in jobs(args.only, args.models.split(','),
-                                         args.settings.split(','), args.generations.split(',')):
+                                         [s for s in args.settings.split(',') if s],
+                                         args.generations.split(',')):
     row = run(model, slice_name, setting,
               tuple(int(d) for d in args.depths.split(',')) if args.depths else (), args.small)
     if 'error' in row:
