@@ -51,6 +51,7 @@ SETTINGS = {
     'attention=einsum': {'model.attention': 'einsum'},
     'fsdp': {'mesh.data': 1, 'mesh.fsdp': -1},
     'bfloat16': {'model.dtype': 'bfloat16'},
+    'float32': {'model.dtype': 'float32'},
     'mu=bfloat16': {'mu_dtype': 'bfloat16'},
 }
 
@@ -123,7 +124,9 @@ def run(model: str, slice_name: str, setting: str, depths=(), small=False) -> di
   from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   config = plan_config(model, slice_name, SETTINGS[setting])
   row = dict(recipe='pretrain', model=model, slice=slice_name, setting=setting,
-             batch=config.batch_size, image_size=config.image_size)
+             batch=config.batch_size, image_size=config.image_size, dtype=config.model.dtype,
+             mu_dtype=config.mu_dtype, remat=config.model.remat,
+             attention=config.model.attention, mesh=dict(config.mesh))
   compile_for, batch = compiled_on(slice_name, SETTINGS[setting], config.batch_size, small)
   settings = dict(SETTINGS[setting], batch_size=batch)
   if compile_for != slice_name:
