@@ -53,6 +53,7 @@ SETTINGS = {
     'bfloat16': {'model.dtype': 'bfloat16'},
     'float32': {'model.dtype': 'float32'},
     'mu=bfloat16': {'mu_dtype': 'bfloat16'},
+    'bfloat16+mu': {'model.dtype': 'bfloat16', 'mu_dtype': 'bfloat16'},
 }
 
 
