@@ -13,15 +13,15 @@ figures extrapolated linearly to the model's depth (every block compiles to the 
 cost model sums a bound per op), which takes a fraction of the compile time. With --small each
 row compiles the recipe's per-device batch on the generation's 8-slice (`SMALL`: v3-8, v4-8, v5p-8,
 v6e-8) instead of the slice itself: with the batch split over the data axis alone, the cost model
-gives a device of either the same program (the same seconds, FLOPs and peak memory) and the
-compile takes a fraction of the time; settings that shard the parameters over the slice (fsdp)
-still compile on the full slice, where their shards and gathers are the slice's own.
+gives a device of either the same figures (seconds, FLOPs and peak memory: benchmarks/RESULTS.md);
+settings that shard the parameters over the slice (fsdp) still compile on the full slice, where
+their shards and gathers are the slice's own.
 
-  generations  the pre-training recipe (ViT paper, Table 3: batch 4096, 224 px) of each model on a slice
-               of each generation (`GENERATIONS`)
-  settings     the same recipe on the slice its plan names, once with its defaults and once with
-               each setting a user can choose changed (`SETTINGS`), so the best that fits can be
-               the default
+  generations  the pre-training recipe (ViT paper, Table 3: batch 4096, 224 px) of each model on
+               a slice of each generation (`GENERATIONS`)
+  settings     the same recipe on the slice its plan names, with each setting a user can choose
+               changed (`SETTINGS`, or names joined by '+': float32+attention=einsum), so the
+               best that fits can be the default
 
 Needs the TPU compiler: `make tpu-compiler`. Run one at a time: a compile of H/14 holds several GiB.
 """
@@ -55,6 +55,15 @@ SETTINGS = {
     'mu=bfloat16': {'mu_dtype': 'bfloat16'},
     'bfloat16+mu': {'model.dtype': 'bfloat16', 'mu_dtype': 'bfloat16'},
 }
+
+
+def setting_values(name: str) -> dict:
+  """The config values of a setting: a name of `SETTINGS`, or names joined by '+'
+  ('float32+attention=einsum'), later names winning; None for an unknown name."""
+  if name in SETTINGS:
+    return SETTINGS[name]
+  parts = [SETTINGS.get(part) for part in name.split('+')]
+  return None if None in parts else {k: v for part in parts for k, v in part.items()}
 
 
 def plan_config(model: str, slice_name: str, settings: dict, layers=None):
@@ -123,13 +132,13 @@ def run(model: str, slice_name: str, setting: str, depths=(), small=False) -> di
   """One plan's row: the estimate (compiled at full depth, or extrapolated from `depths`;
   on the 8-slice of the generation with `small`), or the error line that stopped it."""
   from vit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
-  config = plan_config(model, slice_name, SETTINGS[setting])
+  config = plan_config(model, slice_name, setting_values(setting))
   row = dict(recipe='pretrain', model=model, slice=slice_name, setting=setting,
              batch=config.batch_size, image_size=config.image_size, dtype=config.model.dtype,
              mu_dtype=config.mu_dtype, remat=config.model.remat,
              attention=config.model.attention, mesh=dict(config.mesh))
-  compile_for, batch = compiled_on(slice_name, SETTINGS[setting], config.batch_size, small)
-  settings = dict(SETTINGS[setting], batch_size=batch)
+  compile_for, batch = compiled_on(slice_name, setting_values(setting), config.batch_size, small)
+  settings = dict(setting_values(setting), batch_size=batch)
   if compile_for != slice_name:
     row.update(compiled_for=compile_for, compiled_batch=batch)
     config = plan_config(model, compile_for, settings)
@@ -186,7 +195,8 @@ def main():
   parser.add_argument('--generations', default=','.join(GENERATIONS), help='with '
                       '--only=generations, the comma-separated generations: v3,v4')
   parser.add_argument('--settings', default='', help='comma-separated names of `SETTINGS` '
-                      '(default: the defaults on each generation, the others on each plan\'s slice)')
+                      '(default: the defaults on each generation, the others on each plan\'s '
+                      'slice)')
   parser.add_argument('--json', default='', help='also append one JSON line per row here')
   parser.add_argument('--small', action='store_true', help='compile the same per-device batch on '
                       'the generation\'s 8-slice (v3-8, v4-8, v5p-8, v6e-8) where the mesh is '
@@ -195,9 +205,11 @@ def main():
                       'those and extrapolate to the model\'s depth instead of compiling it')
   args = parser.parse_args()
   for flag, known in (('settings', SETTINGS), ('generations', GENERATIONS)):
-    unknown = sorted(set(getattr(args, flag).split(',')) - set(known) - {''})
+    unknown = sorted(n for n in getattr(args, flag).split(',')
+                     if n and (setting_values(n) is None if flag == 'settings' else n not in known))
     if unknown:
-      parser.error(f'unknown --{flag} {",".join(unknown)}: use names of {", ".join(known)}')
+      parser.error(f'unknown --{flag} {",".join(unknown)}: use names of {", ".join(known)}'
+                   + (' (or names joined by +)' if flag == 'settings' else ''))
   tf_import.import_quietly()
   print('| model | slice | setting | train step (ms) | images/s per chip | utilisation | '
         'peak / HBM (GiB) |')
