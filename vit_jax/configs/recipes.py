@@ -98,20 +98,23 @@ FINETUNE_DROPOUT = {'L/16': 0.1, 'H/14': 0.1, 'R50+B/16': 0.1}
 
 # ---------------------------------------------------------------------------------------------
 # Paper-scale plans (configs/plans.py; docs/scaling.md, "Planning for TPUs with the TPU compiler"):
-# the Cloud TPU slice each planned recipe runs on, and the memory setting under which its train and
-# eval steps fit a TPU v3 core's 16 GiB there, as the TPU compiler found it (benchmarks/tpu_plans.py
-# --search). The settings are part of the recipe: configs/pretrain.py and finetune.py apply them.
+# the Cloud TPU slice each planned recipe runs on, and its settings: the ones under which its train
+# and eval steps fit a TPU v3 core's 16 GiB there (benchmarks/tpu_plans.py --search), and of those
+# the fastest by the TPU compiler's estimated step time (benchmarks/tpu_estimates.py
+# --only=settings: bf16 compute for the ViT pre-training rows; fp32 parameters and Adam moments
+# stay). The settings are part of the recipe: configs/pretrain.py and finetune.py apply them.
 # Slices: the paper's Table 2 budgets in TPUv3-core-days (H/14 2.5k, L/16 0.68k on JFT) over a
 # v3-512 (4.9 days) and a v3-256 (2.7 days); B/16 (no budget in Table 2) and the fine-tunes (batch
 # 512: 2 images per core at 518 px) on a v3-256. The hybrids R50+B/16 and R50+L/16 (no budget in
 # Table 2 either) on the slice of the ViT their pre-training compute is close to (ViT paper, Table 6,
 # exaFLOPs: R50+B/16 274 against B/16 224, R50+L/16 859 against L/16 783, 7 epochs).
 
+BF16 = {'model.dtype': 'bfloat16'}
 NUM_CLASSES = {'jft300m': 18_291, 'imagenet21k': 21_843, 'imagenet2012': 1_000}
 TPU_PLANS = {
-    ('pretrain', 'B/16'): dict(slice='v3-256', dataset='jft300m', settings={}),
-    ('pretrain', 'L/16'): dict(slice='v3-256', dataset='jft300m', settings={}),
-    ('pretrain', 'H/14'): dict(slice='v3-512', dataset='jft300m', settings={}),
+    ('pretrain', 'B/16'): dict(slice='v3-256', dataset='jft300m', settings=BF16),
+    ('pretrain', 'L/16'): dict(slice='v3-256', dataset='jft300m', settings=BF16),
+    ('pretrain', 'H/14'): dict(slice='v3-512', dataset='jft300m', settings=BF16),
     ('pretrain', 'R50+B/16'): dict(slice='v3-256', dataset='jft300m', settings={}),
     ('pretrain', 'R50+L/16'): dict(slice='v3-256', dataset='jft300m', settings={}),
     ('headline', 'L/16'): dict(slice='v3-256', dataset='imagenet2012', settings={}),
