@@ -49,13 +49,19 @@ SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 # running trainers and sweeps, file systems that fill up, a capped address space, compiles for
 # TPU slices and GPUs, the script benchmarks/gpu_session.sh. A test joins it through a fixture below or its id (`file::name`,
 # parameters included or not).
-SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk'})
+SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk', 'tpu_reports', 'gpu_report'})
 SYSTEM_TESTS = (
     'test_reliability.py::test_kill_9_loop_always_resumes_and_ends_bitwise_exact',
     'test_reliability.py::test_sigterm_at_a_random_step_then_resume_is_bitwise_exact',
     'test_reliability.py::test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step',
     'test_reliability.py::test_sigterm_while_a_two_process_run_resumes_stops_it_at_its_first_step',
     'test_reliability.py::test_ctrl_c_at_random_start_up_moments_always_stops_the_command',
+    'test_reliability.py::test_second_ctrl_c_soon_after_the_first_keeps_a_complete_checkpoint',
+    'test_reliability_faults.py::test_sighup_saves_like_sigterm_and_every_step_is_in_one_record',
+    'test_archive.py::test_sigterm_while_the_input_is_blocked_saves_and_exits',
+    'test_archive.py::test_a_signal_while_indexing_is_one_line_and_leaves_no_index_that_is_trusted',
+    'test_archive.py::test_the_recipe_trains_20_steps_and_resumes_exactly_after_a_kill',
+    'test_predict.py::test_predict_beside_a_run_that_removes_each_checkpoint_as_it_saves_the_next',
     'test_reliability_faults.py::test_a_restore_out_of_memory_stops_with_one_line_and_moves_nothing',
     'test_reliability_faults.py::test_a_restore_out_of_memory_is_its_line_and_nothing_after_it',
     'test_multiprocess.py::test_two_processes_match_one_and_resume_its_checkpoint',
@@ -64,8 +70,9 @@ SYSTEM_TESTS = (
     'test_sweep_study.py::test_two_workers_on_postgres_finish_the_grid_once_after_a_kill_9',
     'test_benchmark.py::test_the_gpu_session_script_runs_its_steps_here',
     'test_bad_inputs.py::test_bad_input[full_disk_during_a_checkpoint]',
-    # Compiles for TPU slices and a GPU that are not here: every generation, every strategy, the
-    # fp8 GEMMs of XLA:GPU (`make test` compiles plans for v3-8 through the documented commands).
+    # Compiles for TPU slices and a GPU that are not here (also the fixtures tpu_reports and
+    # gpu_report): every generation, every strategy, the fp8 GEMMs of XLA:GPU (`make test` still
+    # compiles plans for v3-8 through the documented commands).
     'test_compile_targets.py::test_every_generation_compiles_with_an_estimate',
     'test_compile_targets.py::test_every_strategy_compiles_for_a_v3_slice',
     'test_fp8.py::test_xla_gpu_makes_the_fp8_dots_cublaslt_fp8_gemms',
