@@ -52,15 +52,14 @@ def save(directory: str, checkpoint: dict, results: Dict[str, dict]) -> None:
   """Writes results.json and results.md (each a temporary file renamed)."""
   os.makedirs(directory, exist_ok=True)
   table = {'format': FORMAT, 'version': VERSION, 'checkpoint': checkpoint, 'results': results}
-  _write(os.path.join(directory, 'results.json'), json.dumps(table, indent=1, sort_keys=True))
-  _write(os.path.join(directory, 'results.md'), markdown(checkpoint, results))
+  write_text(os.path.join(directory, 'results.json'), json.dumps(table, indent=1, sort_keys=True))
+  write_text(os.path.join(directory, 'results.md'), markdown(checkpoint, results))
 
 
-def _write(path: str, text: str) -> None:
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text + '\n')
-  os.replace(tmp, path)
+def write_text(path: str, text: str) -> None:
+  """`text` and a newline in `path`, never half written (`files.atomic_write`)."""
+  from vit_jax.formats import files  # pylint: disable=g-import-not-at-top
+  files.atomic_write(path, lambda f: f.write((text + '\n').encode()))
 
 
 def describe_checkpoint(checkpoint: dict) -> str:

@@ -25,10 +25,16 @@ KEPT_MODEL_OPTIONS = ('classifier', 'posemb', 'num_registers', 'flexi_patch', 'f
                       'gelu_approximate')
 
 
+def _in_group_order() -> Tuple[str, ...]:
+  """The 19 tasks in the paper's group order (natural, specialized, structured)."""
+  from vit_jax.data.sources import vtab as vtab_data  # pylint: disable=g-import-not-at-top
+  return tuple(t for group in vtab_data.GROUPS.values() for t in group)
+
+
 def task_names(tasks: str) -> Tuple[str, ...]:
   """'all' -> the 19 tasks in the paper's group order; 'a+b' -> those; ValueError otherwise."""
   from vit_jax.data.sources import vtab as vtab_data  # pylint: disable=g-import-not-at-top
-  ordered = tuple(t for group in vtab_data.GROUPS.values() for t in group)
+  ordered = _in_group_order()
   if tasks == 'all':
     return ordered
   names = tuple(t for t in str(tasks).split('+') if t)
@@ -117,6 +123,7 @@ def fine_tune(config, init: str, directory: str, train: Callable, tasks: str = '
   `directory`/vtab/task_<task>/. Every dataset of a task still to train is checked first."""
   from vit_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vit_jax.data.sources import vtab as vtab_data  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top
 
   def check_data(names):  # an unprepared dataset is refused before anything trains
     for name in names:
@@ -125,8 +132,7 @@ def fine_tune(config, init: str, directory: str, train: Callable, tasks: str = '
   top1 = train(trials(config, init, tasks, overrides), directory, launcher=launcher, say=say,
                before=check_data)
   os.makedirs(os.path.join(directory, TRIALS), exist_ok=True)
-  with open(os.path.join(directory, TRIALS, 'table.md'), 'w') as f:
-    f.write(vtab_data.table(top1))
+  results.write_text(os.path.join(directory, TRIALS, 'table.md'), vtab_data.table(top1).rstrip())
   return top1
 
 
@@ -134,7 +140,7 @@ def metrics(top1: Dict[str, float]) -> Dict[str, float]:
   """The table's metrics: each task's top-1 in the paper's group order, then the group means
   and the mean over the 19 where all their tasks ran."""
   from vit_jax.data.sources import vtab as vtab_data  # pylint: disable=g-import-not-at-top
-  ordered = [t for group in vtab_data.GROUPS.values() for t in group if t in top1]
+  ordered = [t for t in _in_group_order() if t in top1]
   return {**{t: top1[t] for t in ordered}, **vtab_data.aggregate(top1)}
 
 
