@@ -46,9 +46,9 @@ SLOW_FIXTURES = frozenset({'short_run', 'runs', 'tpu_v3_2x2'})
 
 # The system tier (`make test-system`; `make test` leaves it out, `.ci/run` runs both): real
 # services (a SLURM cluster, PostgreSQL), several processes of one run, signals and kills sent to
-# running trainers and sweeps, file systems that fill up, a capped address space, compiles for
-# TPU slices and GPUs, the script benchmarks/gpu_session.sh. A test joins it through a fixture below or its id (`file::name`,
-# parameters included or not).
+# running trainers and sweeps, file systems that fill up, closed standard streams, a capped
+# address space, compiles for TPU slices and GPUs, the script benchmarks/gpu_session.sh. A test
+# joins it through a fixture below or its id (`file::name`, parameters included or not).
 SYSTEM_FIXTURES = frozenset({'cluster', 'small_disk', 'tiny_disk', 'tpu_reports', 'gpu_report'})
 SYSTEM_TESTS = (
     'test_reliability.py::test_kill_9_loop_always_resumes_and_ends_bitwise_exact',
@@ -70,6 +70,11 @@ SYSTEM_TESTS = (
     'test_sweep_study.py::test_two_workers_on_postgres_finish_the_grid_once_after_a_kill_9',
     'test_benchmark.py::test_the_gpu_session_script_runs_its_steps_here',
     'test_bad_inputs.py::test_bad_input[full_disk_during_a_checkpoint]',
+    # Standard streams closed at start, closed mid-run or pointed at a full device.
+    'test_reliability_faults.py::test_a_closed_output_pipe_never_stops_the_run',
+    'test_reliability_faults.py::test_a_closed_stdout_alone_never_stops_the_run',
+    'test_reliability_faults.py::test_a_standard_stream_closed_at_start_never_stops_the_run',
+    'test_reliability_faults.py::test_stdout_to_a_full_device_trains_saves_and_ends_with_one_line_naming_it',
     # Compiles for TPU slices and a GPU that are not here (also the fixtures tpu_reports and
     # gpu_report): every generation, every strategy, the fp8 GEMMs of XLA:GPU (`make test` still
     # compiles plans for v3-8 through the documented commands).

@@ -63,6 +63,7 @@ _NOT_PREPARED = r"^error: dataset '[\w/]+' is not prepared: tfds looked in "
 _NO_DATA = rf"{_NOT_PREPARED}|^error: no ImageNet-21k release under "
 _ELIDED = r'^error: missing --workdir'  # a line that ends in `...` (arguments left out)
 _PY = '.venv/bin/python -m vit_jax'
+_ZE = (('model=Mu/4', 'model=Ze/4'),)  # the recipe chain with the 2-layer model
 
 # The one table: a prefix of the command as the docs show it -> what it must do here. The longest
 # matching prefix wins.
@@ -127,9 +128,9 @@ COMMANDS = {
     'python -m vit_jax fewshot --workdir=runs/i21k':
         Fails(r'^error: (--workdir=\S+/runs/i21k does not exist|no checkpoints in \S+/runs/i21k/)'),
     'W=runs/recipes; python -m vit_jax.main --config=configs/pretrain.py:model=Mu/4,dataset=mnist5k':
-        Run(_FAST_TRAIN),
+        Run(_FAST_TRAIN, replace=_ZE),
     'W=runs/recipes; python -m vit_jax.main --config=configs/finetune.py:model=Mu/4':
-        Run(_FAST_TRAIN),
+        Run(_FAST_TRAIN, replace=_ZE),
     'W=runs/recipes; python -m vit_jax fewshot --workdir=$W/pre_sup': Run(),
     'python -m vit_jax.main --config=configs/pretrain.py:model=B/16,dataset=imagenet2012 --workdir':
         Fails(_NO_DATA),
