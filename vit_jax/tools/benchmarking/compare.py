@@ -77,6 +77,9 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
     result.update({'matmul_peak_flops': 0.0, 'utilization': 0.0, 'mfu': 0.0})
     return result
 
+  # The step is built first: a config the step refuses (fp8 or cuDNN attention on a device
+  # without them, a bad mesh) stops before the matmul rates are measured.
+  prepared = ours.prepare_train(config) if mode == 'train' else ours.prepare_infer(config)
   peak = ours.matmul_peak_flops()
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
@@ -84,7 +87,6 @@ def run_benchmark(config, *, model: str, batch_size: int, image_size: int, mode:
   result['chip_peak_flops'], result['chip_peak_source'] = chips.peak_flops(
       [device], dtype,
       measure=lambda d: peak if d == 'float32' else ours.matmul_peak_flops(dtype=d))
-  prepared = ours.prepare_train(config) if mode == 'train' else ours.prepare_infer(config)
   theirs_step = None
   if compare_with is None:
     result.update(prepared.measure(steps))
