@@ -57,13 +57,14 @@ class Exempt:
 
 _FAST_TRAIN = ('--config.total_steps=2 --config.warmup_steps=1 --config.eval_every=2 '
                '--config.progress=False')
+_FAST_ZE = _FAST_TRAIN + ' --config.model_name=ViT-Ze/4'  # the 2-layer model for the default one
 _SMALL_TPU_PLAN = ('--config.compile_for=v3-8 --config.model_name=ViT-Ze/4 --config.image_size=28 '
                    '--config.batch_size=8')
 _NOT_PREPARED = r"^error: dataset '[\w/]+' is not prepared: tfds looked in "
 _NO_DATA = rf"{_NOT_PREPARED}|^error: no ImageNet-21k release under "
 _ELIDED = r'^error: missing --workdir'  # a line that ends in `...` (arguments left out)
 _PY = '.venv/bin/python -m vit_jax'
-_ZE = (('model=Mu/4', 'model=Ze/4'),)  # the recipe chain with the 2-layer model
+_ZE = (('model=Mu/4', 'model=Ze/4'),)  # the recipe chain with the 2-layer model too
 
 # The one table: a prefix of the command as the docs show it -> what it must do here. The longest
 # matching prefix wins.
@@ -87,7 +88,7 @@ COMMANDS = {
     f'{_PY} weights': Run(),
     f'{_PY} sweep --sweep=experiments/posemb/sweep.py --workdir=runs/posemb --dry_run': Run(),
     # docs/training.md
-    f'{_PY}.main --config=configs/default.py --workdir=runs/mine': Run(_FAST_TRAIN),
+    f'{_PY}.main --config=configs/default.py --workdir=runs/mine': Run(_FAST_ZE),
     # docs/models.md
     '.venv/bin/python -c "from vit_jax.models import create_model, cost;': Run(),
     'W=runs/flexi; python -m vit_jax.main --config=configs/default.py --workdir=$W': Run(_FAST_TRAIN),
@@ -141,7 +142,7 @@ COMMANDS = {
         Fails(_NOT_PREPARED, append='--data_dir=runs/no_vtab_data'),
     # docs/data.md, docs/evaluation.md: an op and an evaluator of a config file's own
     'python -m vit_jax.main --config=configs/extending.py --workdir=runs/extending':
-        Run(_FAST_TRAIN),
+        Run(_FAST_ZE),
     # docs/data.md
     'python -m vit_jax bench --mode=input --input_data=archive':
         Run(replace=(('--batch_size=32', '--batch_size=8 --steps=2 --input_size=64 '
