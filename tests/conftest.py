@@ -76,11 +76,12 @@ SYSTEM_TESTS = (
     'test_reliability_faults.py::test_a_standard_stream_closed_at_start_never_stops_the_run',
     'test_reliability_faults.py::test_stdout_to_a_full_device_trains_saves_and_ends_with_one_line_naming_it',
     # Compiles for TPU slices and a GPU that are not here (also the fixtures tpu_reports and
-    # gpu_report): every generation, every strategy, the fp8 GEMMs of XLA:GPU (`make test` still
-    # compiles plans for v3-8 through the documented commands).
+    # gpu_report): every generation, every strategy, the fp8 GEMMs of XLA:GPU, the Pallas flash
+    # attention kernel (`make test` still compiles plans for v3-8 through the documented commands).
     'test_compile_targets.py::test_every_generation_compiles_with_an_estimate',
     'test_compile_targets.py::test_every_strategy_compiles_for_a_v3_slice',
     'test_fp8.py::test_xla_gpu_makes_the_fp8_dots_cublaslt_fp8_gemms',
+    'test_attention.py::test_flash_train_step_compiles_for_tpu_v3',
 )
 
 
