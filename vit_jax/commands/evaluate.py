@@ -16,6 +16,7 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.checkpoint import steps
 from vit_jax.commands import flag_groups
 from vit_jax.evaluate import registry  # the names and options are checked before jax loads
 
@@ -44,6 +45,20 @@ def _interrupt_on_sigterm() -> None:
     raise KeyboardInterrupt
 
   signal.signal(signal.SIGTERM, handler)
+
+
+def _refuse_unknown(names, step) -> None:
+  """A missing or empty run, and a name that is none of its config's evaluator entries (nor a
+  type or a suite), said before the heavy imports: the entries are read from the stored config
+  of the steps the command may read (with --weights: the schema's default entries)."""
+  if _WEIGHTS.value:
+    from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+    entries = set(common.base_config().evals)
+  else:
+    steps.resolve_checkpoint(_WORKDIR.value, step)
+    entries = steps.evals_entries(_WORKDIR.value, step)
+  if entries is not None:
+    registry.refuse_unknown(names, entries)
 
 
 def parse_options(given) -> dict:
@@ -78,6 +93,7 @@ def run(argv) -> int:
   if not names:
     raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
   options = parse_options(_OPTION.value)
+  _refuse_unknown(names, step)
   known = registry.resolve(None, names, options, known_only=True)  # before any loading
   _interrupt_on_sigterm()
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top

@@ -23,11 +23,12 @@ _JSON = flag_groups.json_output()
 
 
 def run(argv) -> int:
-  from vit_jax.serving import inference  # pylint: disable=g-import-not-at-top
   paths = argv[1:]
   if not paths:
     raise cli.UserError('no images given: pass image files, e.g. python -m vit_jax predict '
                         '--workdir=DIR img1.jpg img2.png')
+  _SOURCE.check()
+  from vit_jax.serving import inference  # pylint: disable=g-import-not-at-top
   bundle = _SOURCE.resolve()
   note = bundle.source.get('class_names', '')
   if note.startswith('class indices'):
