@@ -98,6 +98,12 @@ def _fake_run(root, evals):
     ('convert --checkpoint={missing}.safetensors --out={missing}.npz',
      'error: checkpoint {missing}.safetensors does not exist'),
     ('analyze --workdir={missing} --out={empty}/figures', 'error: --workdir={missing} does not'),
+    ('evaluate --workdir={run} --evals=knn --dataset=mnist5k', 'error: --dataset is for --weights'),
+    ('predict --workdir={run} {missing}.png {empty}',
+     'error: cannot read image {missing}.png: no such file; pass PNG or JPEG files (and 1 more: '
+     '{empty}); nothing was printed'),
+    ('analyze --workdir={run} --out={empty}/figures {missing}.png',
+     'error: cannot read image {missing}.png: no such file; pass PNG or JPEG files'),
 ])
 def test_the_commands_say_a_missing_run_or_file_before_the_heavy_imports(tmp_path, command,
                                                                          error):

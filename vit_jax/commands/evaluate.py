@@ -89,6 +89,9 @@ def run(argv) -> int:
                         "does not give its image size, a FlexiViT's): a run's size is its config's")
   if _WEIGHTS.value and step is not None:
     raise cli.UserError('--step names a checkpoint of a run: leave it out with --weights')
+  if _DATASET.value and not _WEIGHTS.value:
+    raise cli.UserError('--dataset is for --weights: a run is scored on its own dataset (an '
+                        "evaluator entry's dataset option names another)")
   names = [n for n in _EVALS.value if n]
   if not names:
     raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
@@ -107,9 +110,6 @@ def run(argv) -> int:
         needs_dataset=not own_data_only)
   else:
     model, params, config, identity = checkpoint.load_run_checkpoint(_WORKDIR.value, step)
-    if _DATASET.value:
-      raise cli.UserError('--dataset is for --weights: a run is scored on its own dataset (an '
-                          "evaluator entry's dataset option names another)")
   if _PATCH_SIZE.value is not None:  # FlexiViT: its own table and feature cache per patch size
     from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top
     model = flexi.at_patch_size(model, _PATCH_SIZE.value, config.image_size)
