@@ -86,7 +86,7 @@ def _fake_run(root, evals):
     ('evaluate --workdir={run} --evals=knn,nosuch',
      "error: unknown evaluator 'nosuch': use one of fewshot, knn, linear_probe, mine, real, "
      'robustness'),
-    ('evaluate --workdir={empty} --weights={missing}.npz --model=ViT-Ti/16 --evals=nosuch',
+    ('evaluate --workdir={empty} --weights={params} --model=ViT-Ti/16 --evals=nosuch',
      "error: unknown evaluator 'nosuch': use one of eval, fewshot, knn, linear_probe, real,"),
     ('predict --workdir={missing} image.png', 'error: --workdir={missing} does not exist'),
     ('predict --workdir={run} --checkpoint=9 image.png',
@@ -99,6 +99,9 @@ def _fake_run(root, evals):
      'error: checkpoint {missing}.safetensors does not exist'),
     ('analyze --workdir={missing} --out={empty}/figures', 'error: --workdir={missing} does not'),
     ('evaluate --workdir={run} --evals=knn --dataset=mnist5k', 'error: --dataset is for --weights'),
+    ('evaluate --workdir={empty} --weights={missing}.npz --model=ViT-Ti/16 --evals=knn',
+     'error: --weights={missing}.npz is neither a released name (python -m vit_jax weights lists '
+     'them) nor a params file'),
     ('predict --workdir={run} {missing}.png {empty}',
      'error: cannot read image {missing}.png: no such file; pass PNG or JPEG files (and 1 more: '
      '{empty}); nothing was printed'),
@@ -108,8 +111,10 @@ def _fake_run(root, evals):
 def test_the_commands_say_a_missing_run_or_file_before_the_heavy_imports(tmp_path, command,
                                                                          error):
   paths = dict(missing=str(tmp_path / 'no_such_dir'), empty=str(tmp_path / 'empty'),
-               run=str(_fake_run(tmp_path / 'run', {'mine': {'type': 'knn'}})))
+               run=str(_fake_run(tmp_path / 'run', {'mine': {'type': 'knn'}})),
+               params=str(tmp_path / 'params.npz'))
   (tmp_path / 'empty').mkdir()
+  (tmp_path / 'params.npz').write_bytes(b'')  # a file: read only after the heavy imports
   code, stderr, modules = _run(tmp_path, '-m', 'vit_jax', *command.format(**paths).split())
   assert code == 2, stderr
   lines = stderr.strip().splitlines()

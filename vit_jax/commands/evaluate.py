@@ -10,6 +10,7 @@ results.md, results.png) goes to WORKDIR/evaluations/step_N/ and the features to
 WORKDIR/features/; a rerun skips what they hold.
 """
 
+import os
 import signal
 import sys
 
@@ -53,6 +54,9 @@ def _refuse_unknown(names, step) -> None:
   of the steps the command may read (with --weights: the schema's default entries)."""
   if _WEIGHTS.value:
     from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+    from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
+    if not weights.is_name(_WEIGHTS.value) and not os.path.isfile(_WEIGHTS.value):
+      raise weights.unknown_source(_WEIGHTS.value)
     entries = set(common.base_config().evals)
   else:
     steps.resolve_checkpoint(_WORKDIR.value, step)
