@@ -51,3 +51,15 @@ def write_images(directory, seed: int = 1) -> dict:
   for path, colour in paths.items():
     Image.fromarray(colour_image(colour, rng, size=(33, 27))).save(path)
   return paths
+
+
+def write_noisy_jpeg(path, colour: str, seed: int = 2) -> None:
+  """A JPEG that decodes while libjpeg prints "Corrupt JPEG data: 2 extraneous bytes before
+  marker 0xc4": a valid one with two bytes put before its first Huffman table marker."""
+  import io  # pylint: disable=g-import-not-at-top
+  out = io.BytesIO()
+  Image.fromarray(colour_image(colour, np.random.default_rng(seed), (32, 32))).save(out, 'JPEG')
+  data = out.getvalue()
+  marker = data.index(b'\xff\xc4')
+  with open(path, 'wb') as f:
+    f.write(data[:marker] + b'\x00\x00' + data[marker:])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import file_tree
-from image_folder_util import COLOURS, write_colour_folder
+from image_folder_util import COLOURS, write_colour_folder, write_noisy_jpeg
 from vit_jax import data as data_lib
 from vit_jax.data import folder, specs
 from vit_jax.errors import UserError
@@ -220,3 +220,56 @@ def test_the_few_shot_pool_of_a_folder_is_read_in_place(images, tmp_path):
   channel = {'red': 0, 'green': 1, 'blue': 2}
   brightest = batch['image'][:6].mean(axis=(1, 2)).argmax(-1)
   np.testing.assert_array_equal(brightest, [channel[COLOURS[c]] for c in batch['label'][:6]])
+
+
+LIBJPEG_LINE = 'Corrupt JPEG data: 2 extraneous bytes before marker 0xc4'
+
+
+@pytest.mark.slow
+def test_an_image_that_makes_libjpeg_print_is_read_through_its_quiet_stand_in(tmp_path, capfd):
+  """A JPEG that decodes while libjpeg prints a line on fd 2 at every decode: indexing finds it,
+  the streams read a PNG of the same pixels in its place, and stderr holds no libjpeg line
+  through indexing, train batches across epochs and two eval passes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import preprocess, releases  # pylint: disable=g-import-not-at-top
+  root = tmp_path / 'noisy'
+  write_colour_folder(root, per_class=3)
+  write_noisy_jpeg(root / 'red' / 'noisy.jpg', 'red')
+  with open(root / 'red' / 'noisy.jpg', 'rb') as f:
+    raw = f.read()
+  # And one that does not decode: its Huffman table's code counts overflow.
+  bogus = bytearray(raw)
+  table = raw.index(b'\xff\xc4') + 5
+  bogus[table:table + 16] = b'\xff' * 16
+  with open(root / 'green' / 'bogus.jpg', 'wb') as f:
+    f.write(bogus)
+  capfd.readouterr()
+  want = preprocess.decode(tf.constant(raw), 3).numpy()
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    preprocess.decode(tf.constant(bytes(bogus)), 3)
+  err = capfd.readouterr().err  # the files do make libjpeg print
+  assert LIBJPEG_LINE in err and 'Bogus Huffman table definition' in err, err
+
+  dataset, cache = f'folder:{root}', str(tmp_path / 'cache')
+  info = data_lib.get_info(dataset, cache)
+  split = info.release.splits['train']
+  (row,) = [r for r in split.rows if split.index.name(r) == 'red/noisy.jpg']
+  assert list(split.stand_ins) == [row] and info.skipped['corrupt'] == ('green/bogus.jpg',
+                                                                        'red/broken.jpg')
+  key = [k for k in releases.records(info.release, 'train')[0] if releases.key_rows(k) == row]
+  (read,) = releases.read(info.release, np.asarray(key))
+  assert read != raw and read.startswith(b'\x89PNG')
+  np.testing.assert_array_equal(preprocess.decode(tf.constant(read), 3).numpy(), want)
+
+  stream = data_lib.train_iterator(dataset=dataset, split='train', data_dir=cache, batch_size=4,
+                                   spec=specs.train_spec('resize', 16), seed=0, shuffle_buffer=1)
+  labels = np.concatenate([next(stream)['label'] for _ in range(6)])  # 24 > 7 train images
+  assert len(labels) == 24
+  for _ in range(2):
+    batches, _ = data_lib.eval_iterator(dataset=dataset, split='train+test', data_dir=cache,
+                                        batch_size=8, spec=PP)
+    assert sum(int(b['mask'].sum()) for b in batches) == 10
+  # The index reused: the stand-in is read again, nothing decoded at load.
+  assert data_lib.get_info(dataset, cache).release.splits['train'].stand_ins == split.stand_ins
+  err = capfd.readouterr().err
+  assert 'Corrupt JPEG' not in err and 'Huffman' not in err, err

@@ -1,16 +1,15 @@
 """Reading this project's orbax checkpoints back as host numpy arrays, whatever device topology
-wrote them: which step directory a --workdir/--checkpoint names, and its params plus the config
-stored with them (only the `params` of the train state are read, not the optimizer state), always
-in the unrolled layout (vit_jax/models/layout.py).
+wrote them: a step's params (only the `params` of the train state, not the optimizer state),
+always in the unrolled layout (vit_jax/models/layout.py), and the config stored with them. Which
+step directory a --workdir/--checkpoint names is `steps.resolve_checkpoint` (re-exported here).
 
 Used by the analyses, the few-shot CLI and `config.init` (vit_jax.train.transfer).
 """
 
-import dataclasses
 import os
 import sys
 import time
-from typing import Callable, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Optional, Tuple, TypeVar
 
 import jax
 import ml_collections
@@ -19,63 +18,10 @@ from etils import epath
 
 from vit_jax.checkpoint import integrity
 from vit_jax.checkpoint import versions
+from vit_jax.checkpoint.steps import COMMANDS, INIT, Flags, available_steps, resolve_checkpoint  # pylint: disable=unused-import
 from vit_jax.errors import UserError
 from vit_jax.fileio import is_remote
 from vit_jax.models import layout
-
-
-@dataclasses.dataclass(frozen=True)
-class Flags:
-  """How the command that reads a checkpoint spells its two choices, for the hints of its errors:
-  the training run and, within it, the step."""
-  workdir: str = '--workdir'
-  step: str = '--checkpoint=STEP'
-  step_dir: str = '--checkpoint'  # the flag that takes a step directory
-
-
-COMMANDS = Flags()  # predict, export, analyze, fewshot
-INIT = Flags(workdir='--config.init', step='--config.init=WORKDIR/checkpoints/STEP',
-             step_dir='--config.init')
-
-
-def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None,
-                       passed: Sequence[int] = (), flags: Flags = COMMANDS) -> epath.Path:
-  """The step directory (holding `state/` and `config/`) named by --workdir/--checkpoint.
-
-  `checkpoint` is None (the newest step in `<workdir>/checkpoints`, leaving out the steps
-  `passed`), a step number, or the path of a step directory (`<workdir>/checkpoints/<step>`, or
-  its `state` subdirectory).
-  """
-  checkpoint = None if checkpoint in (None, '') else str(checkpoint)
-  if checkpoint is not None and not checkpoint.isdigit():
-    path = epath.Path(checkpoint)
-    if path.name == 'state':
-      path = path.parent
-    if not (path / 'state').is_dir() or not (path / 'config').is_dir():
-      raise UserError(f'{flags.step_dir}={checkpoint} is not a checkpoint step directory (one '
-                      f'holding state/ and config/, e.g. WORKDIR/checkpoints/1600): pass such a '
-                      f'path, or {flags.step}')
-    return path
-  if not workdir:
-    raise UserError('missing --workdir: pass --workdir=DIR of a training run (or '
-                    '--checkpoint=WORKDIR/checkpoints/STEP)')
-  root = epath.Path(workdir)
-  if not root.is_dir():
-    raise UserError(f'--workdir={workdir} does not exist: pass the --workdir of a training run')
-  steps = available_steps(root)
-  if not steps:
-    raise UserError(f'no checkpoints in {root / "checkpoints"}: train first (python -m '
-                    f'vit_jax.main --workdir={workdir} ...) or pass another {flags.workdir}')
-  if checkpoint is None:
-    healthy = [s for s in steps if s not in passed]
-    if not healthy:
-      raise UserError(f'every checkpoint in {root / "checkpoints"} is damaged or unverified '
-                      f'(steps {", ".join(map(str, steps))}): pass another {flags.workdir}')
-    return root / 'checkpoints' / str(healthy[-1])
-  if int(checkpoint) not in steps:
-    raise UserError(f'no checkpoint for step {int(checkpoint)} in {root / "checkpoints"}: '
-                    f'available steps are {", ".join(map(str, steps))}')
-  return root / 'checkpoints' / str(int(checkpoint))
 
 
 T = TypeVar('T')
@@ -133,15 +79,6 @@ def _removed(step_dir: epath.Path) -> bool:
       return False  # nothing replaced it: its failure is its own
     time.sleep(0.05)
   return True
-
-
-def available_steps(workdir) -> list[int]:
-  """Steps with a finished checkpoint in `<workdir>/checkpoints` (orbax temp dirs skipped)."""
-  directory = epath.Path(workdir) / 'checkpoints'
-  if not directory.is_dir():
-    return []
-  return sorted(int(p.name) for p in directory.iterdir()
-                if p.name.isdigit() and (p / 'state').is_dir() and (p / 'config').is_dir())
 
 
 class Damaged(UserError):

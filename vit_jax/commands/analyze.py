@@ -16,7 +16,10 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.checkpoint import steps
 from vit_jax.commands import flag_groups
+from vit_jax.data import image_files
+from vit_jax.formats import weights
 
 _WORKDIR = flag_groups.workdir()
 _CHECKPOINT = flag_groups.checkpoint()
@@ -28,6 +31,11 @@ _MODEL = flag_groups.model()
 
 
 def run(argv) -> int:
+  checkpoint = _CHECKPOINT.value
+  if _OUT.value and not (checkpoint and (weights.is_name(checkpoint) or checkpoint.endswith('.npz'))):
+    steps.resolve_checkpoint(_WORKDIR.value, checkpoint)  # a missing or empty run, before jax
+  for path in argv[1:]:  # as the figures read them: the first file that cannot be read is said
+    image_files.check_openable(path)
   from vit_jax.analysis import report  # pylint: disable=g-import-not-at-top
   summary = report.write_report(workdir=_WORKDIR.value, out=_OUT.value,
                                 checkpoint=_CHECKPOINT.value, images=argv[1:],

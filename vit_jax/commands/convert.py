@@ -27,7 +27,6 @@ _DROP_PRE_LOGITS = flags.DEFINE_bool(
 
 
 def run(argv) -> int:
-  from vit_jax.formats import npz, timm_layout  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {" ".join(argv[1:])}: name the source with '
                         '--checkpoint, --workdir or --bundle')
@@ -35,6 +34,8 @@ def run(argv) -> int:
   if not out.endswith(('.safetensors', '.npz')):
     raise cli.UserError(f'--out={out}: the extension chooses the format, use .safetensors (timm) '
                         'or .npz (released layout)')
+  _SOURCE.check()
+  from vit_jax.formats import npz, timm_layout  # pylint: disable=g-import-not-at-top
   if _SOURCE.params_file_only():
     params, spec, names = npz.load_npz(_SOURCE.checkpoint.value), None, None
   else:

@@ -10,12 +10,14 @@ results.md, results.png) goes to WORKDIR/evaluations/step_N/ and the features to
 WORKDIR/features/; a rerun skips what they hold.
 """
 
+import os
 import signal
 import sys
 
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.checkpoint import steps
 from vit_jax.commands import flag_groups
 from vit_jax.evaluate import registry  # the names and options are checked before jax loads
 
@@ -46,6 +48,23 @@ def _interrupt_on_sigterm() -> None:
   signal.signal(signal.SIGTERM, handler)
 
 
+def _refuse_unknown(names, step) -> None:
+  """A missing or empty run, and a name that is none of its config's evaluator entries (nor a
+  type or a suite), said before the heavy imports: the entries are read from the stored config
+  of the steps the command may read (with --weights: the schema's default entries)."""
+  if _WEIGHTS.value:
+    from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
+    from vit_jax.formats import weights  # pylint: disable=g-import-not-at-top
+    if not weights.is_name(_WEIGHTS.value) and not os.path.isfile(_WEIGHTS.value):
+      raise weights.unknown_source(_WEIGHTS.value)
+    entries = set(common.base_config().evals)
+  else:
+    steps.resolve_checkpoint(_WORKDIR.value, step)
+    entries = steps.evals_entries(_WORKDIR.value, step)
+  if entries is not None:
+    registry.refuse_unknown(names, entries)
+
+
 def parse_options(given) -> dict:
   """['vtab.tasks=dtd+svhn', ...] -> {'vtab': {'tasks': 'dtd+svhn'}}; values read as Python
   literals where they are one, else kept as strings."""
@@ -74,10 +93,14 @@ def run(argv) -> int:
                         "does not give its image size, a FlexiViT's): a run's size is its config's")
   if _WEIGHTS.value and step is not None:
     raise cli.UserError('--step names a checkpoint of a run: leave it out with --weights')
+  if _DATASET.value and not _WEIGHTS.value:
+    raise cli.UserError('--dataset is for --weights: a run is scored on its own dataset (an '
+                        "evaluator entry's dataset option names another)")
   names = [n for n in _EVALS.value if n]
   if not names:
     raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
   options = parse_options(_OPTION.value)
+  _refuse_unknown(names, step)
   known = registry.resolve(None, names, options, known_only=True)  # before any loading
   _interrupt_on_sigterm()
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
@@ -91,9 +114,6 @@ def run(argv) -> int:
         needs_dataset=not own_data_only)
   else:
     model, params, config, identity = checkpoint.load_run_checkpoint(_WORKDIR.value, step)
-    if _DATASET.value:
-      raise cli.UserError('--dataset is for --weights: a run is scored on its own dataset (an '
-                          "evaluator entry's dataset option names another)")
   if _PATCH_SIZE.value is not None:  # FlexiViT: its own table and feature cache per patch size
     from vit_jax.models import flexi  # pylint: disable=g-import-not-at-top
     model = flexi.at_patch_size(model, _PATCH_SIZE.value, config.image_size)

@@ -29,6 +29,7 @@ def run(argv) -> int:
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {" ".join(argv[1:])}: export takes only flags')
   names = formats.check(_FORMAT.value)
+  _SOURCE.check()
   from vit_jax.serving import bundle as bundle_lib  # pylint: disable=g-import-not-at-top
   bundle = _SOURCE.resolve()
   bundle_lib.save(bundle, _OUT.value)

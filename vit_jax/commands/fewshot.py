@@ -12,6 +12,7 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.checkpoint import steps
 from vit_jax.commands import flag_groups
 
 _WORKDIR = flag_groups.workdir()
@@ -27,15 +28,15 @@ _DATA_DIR = flag_groups.data_dir()
 
 def run(argv) -> int:
   del argv
-  from vit_jax.analysis import inputs  # pylint: disable=g-import-not-at-top
-  from vit_jax.evaluate import fewshot  # pylint: disable=g-import-not-at-top
   try:
     shots = [int(n) for n in _SHOTS.value]
   except ValueError:
     raise cli.UserError(f'--shots={",".join(_SHOTS.value)} must be integers, e.g. '
                         f'--shots=1,5,10,25') from None
+  step_dir = steps.resolve_checkpoint(_WORKDIR.value, _CHECKPOINT.value)  # before jax loads
+  from vit_jax.evaluate import fewshot  # pylint: disable=g-import-not-at-top
   dataset, num_classes, accuracies = fewshot.evaluate_checkpoint(
-      inputs.resolve_checkpoint(_WORKDIR.value, _CHECKPOINT.value), dataset=_DATASET.value,
+      step_dir, dataset=_DATASET.value,
       data_dir=_DATA_DIR.value, train_split=_TRAIN_SPLIT.value, eval_split=_EVAL_SPLIT.value,
       shots=shots, l2_reg=_L2_REG.value, batch_size=_BATCH_SIZE.value)
   for name, accuracy in accuracies.items():

@@ -133,6 +133,13 @@ class ModelSource:
     return path.endswith('.npz') and not (self.model.value or self.bundle.value or
                                           self.workdir.value)
 
+  def check(self) -> None:
+    """A bundle, run or params file that is not there, said before the heavy imports."""
+    from vit_jax.serving import paths  # pylint: disable=g-import-not-at-top
+    paths.check(workdir=self.workdir.value, checkpoint=self.checkpoint.value,
+                bundle=self.bundle.value,
+                params_options=bool(self.model.value or self.model_options.value))
+
   def resolve(self):
     """The `Bundle` the flags name."""
     from vit_jax.serving import bundle  # pylint: disable=g-import-not-at-top

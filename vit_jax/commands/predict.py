@@ -15,6 +15,7 @@ from absl import flags
 
 from vit_jax import cli
 from vit_jax.commands import flag_groups
+from vit_jax.data import image_files
 
 _SOURCE = flag_groups.model_source()
 _BATCH_SIZE = flag_groups.batch_size()
@@ -23,11 +24,13 @@ _JSON = flag_groups.json_output()
 
 
 def run(argv) -> int:
-  from vit_jax.serving import inference  # pylint: disable=g-import-not-at-top
   paths = argv[1:]
   if not paths:
     raise cli.UserError('no images given: pass image files, e.g. python -m vit_jax predict '
                         '--workdir=DIR img1.jpg img2.png')
+  _SOURCE.check()
+  image_files.check_all_openable(paths)
+  from vit_jax.serving import inference  # pylint: disable=g-import-not-at-top
   bundle = _SOURCE.resolve()
   note = bundle.source.get('class_names', '')
   if note.startswith('class indices'):

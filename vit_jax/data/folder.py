@@ -15,7 +15,10 @@ removed, renamed or rewritten) is indexed again, the indexes of its earlier cont
 and a run resumed after such a change is told that its data changed (vit_jax/data/identity.py).
 
 Indexing lists every file by the rules of vit_jax/data/archive/layouts.py and decodes each image
-once with `preprocess.decode` (the op the input pipelines use). Skipped, and named in one line on
+once with `preprocess.decode` (the op the input pipelines use). An image that decodes while the
+decoder prints (libjpeg's "Corrupt JPEG data: ..." lines, which TensorFlow writes to fd 2 at
+every decode) is read through a stand-in: a PNG of the same pixels kept in the index directory,
+read in its place after the image itself is read and checked as indexed. Skipped, and named in one line on
 stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and
 files beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
 cannot be read ('unreadable': dangling symbolic links, links to a folder that loop or lead out of
@@ -40,6 +43,7 @@ import hashlib
 import os
 import shutil
 import sys
+import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,7 +58,8 @@ from vit_jax.errors import UserError
 PREFIX = catalog.FOLDER_PREFIX
 EXTENSIONS = archive.IMAGE_EXTENSIONS
 TEST_FRACTION = 0.1
-_CHECKED = 'checked.json'  # in the index directory: the images that do not decode
+_CHECKED = 'checked.json'  # in the index directory: the images that do not decode, or print
+_STAND_INS = 'stand_ins'  # in the index directory: a PNG for each image whose decoding prints
 _SHOWN = 3  # file names shown per kind in the skip summary
 
 
@@ -88,8 +93,21 @@ def list_folder(root: str) -> Listing:
   return Listing(root=root, classes=classes)
 
 
-def find_corrupt(index: archive.Index) -> List[int]:
-  """The rows of `index` whose image the input pipeline's decoder cannot decode."""
+_CHUNK = 256  # images decoded together between two looks at what the decoder printed
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+  """What decoding every image of an index found: the rows that do not decode, and the rows that
+  decode while the decoder prints on fd 2 (libjpeg's "Corrupt JPEG data: ..." warnings)."""
+  corrupt: List[int]
+  noisy: List[int]
+
+
+def check_decodes(index: archive.Index) -> Decoded:
+  """Decodes every image of `index` with the input pipeline's decoder, in chunks of `_CHUNK` on
+  a thread pool, with fd 2 in a temporary file: a chunk after which the file grew is decoded
+  again one image at a time, to find the images that printed."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy, optional)
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
@@ -101,10 +119,33 @@ def find_corrupt(index: archive.Index) -> List[int]:
     except (tf.errors.InvalidArgumentError, ValueError):
       return True
 
-  # libjpeg reports what is wrong with a corrupt file on fd 2; the summary line says it instead.
-  with quiet.silenced_stderr(), concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-    flags = list(pool.map(corrupt, range(len(index))))
-  return [row for row, bad in enumerate(flags) if bad]
+  bad, noisy = [], []
+  with tempfile.TemporaryFile() as printed, quiet.stderr_to(printed), \
+      concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+    said = lambda: os.fstat(printed.fileno()).st_size
+    tf.io.decode_png(tf.io.encode_png(tf.zeros([1, 1, 3], tf.uint8)))  # TensorFlow's start-up lines
+    for start in range(0, len(index), _CHUNK):
+      rows = range(start, min(start + _CHUNK, len(index)))
+      before = said()
+      flags = list(pool.map(corrupt, rows))
+      bad += [row for row, flag in zip(rows, flags) if flag]
+      if said() == before:
+        continue
+      for row, flag in zip(rows, flags):
+        before = said()
+        if not flag and not corrupt(row) and said() > before:
+          noisy.append(row)
+  return Decoded(corrupt=bad, noisy=noisy)
+
+
+def stand_in(index: archive.Index, row: int) -> bytes:
+  """A PNG of the pixels the decoder gives for image `row` (made where it prints, fd 2 silenced):
+  read in the image's place, it gives the same pixels without the decoder's lines."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy, optional)
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  with quiet.silenced_stderr():
+    image = preprocess.decode(tf.constant(index.read(row)), 3)
+  return tf.io.encode_png(image).numpy()
 
 
 def num_test(n: int) -> int:
@@ -128,18 +169,26 @@ def assign_splits(images: Sequence[Tuple[str, int]]) -> Dict[str, List[Tuple[str
   return splits
 
 
-def _corrupt_rows(index: archive.Index) -> List[int]:
-  """`find_corrupt` once per index (kept in its directory)."""
+def _checked(index: archive.Index) -> Tuple[List[int], Dict[int, str]]:
+  """(corrupt rows, {noisy row: its stand-in PNG}) by `check_decodes`, once per index: kept in
+  its directory (`_CHECKED` and `_STAND_INS/<row>.png`)."""
   path = os.path.join(index.directory, _CHECKED)
   checked = archive.read_json(path)
-  if isinstance(checked, dict) and checked.get('content') == index.content:
-    return checked['corrupt']
-  rows = find_corrupt(index)
+  stand_ins = lambda rows: {row: os.path.join(index.directory, _STAND_INS, f'{row}.png')
+                            for row in rows}
+  if (isinstance(checked, dict) and checked.get('content') == index.content
+      and all(map(os.path.isfile, stand_ins(checked.get('noisy', [None])).values()))):
+    return checked['corrupt'], stand_ins(checked['noisy'])
+  decoded = check_decodes(index)
   try:
-    archive.write_json(path, dict(content=index.content, corrupt=rows))
+    os.makedirs(os.path.join(index.directory, _STAND_INS), exist_ok=True)
+    for row, png in stand_ins(decoded.noisy).items():
+      archive.write_file(png, stand_in(index, row))
+    archive.write_json(path, dict(content=index.content, corrupt=decoded.corrupt,
+                                  noisy=decoded.noisy))
   except OSError as e:
     raise UserError(archive.write_failure(e, index.directory)) from None
-  return rows
+  return decoded.corrupt, stand_ins(decoded.noisy)
 
 
 def _skipped(index: archive.Index, corrupt: Sequence[int]) -> Dict[str, Tuple[str, ...]]:
@@ -169,7 +218,7 @@ def load(dataset: str, data_dir: Optional[str]) -> releases.Release:
   root = _root(dataset)
   list_folder(root)  # the folder's own errors first
   index = releases.load_index(root, 'folders', archive.folder_index_base(data_dir), deep=True)
-  corrupt = _corrupt_rows(index)
+  corrupt, stand_ins = _checked(index)
   skipped = _skipped(index, corrupt)
   valid = np.ones(len(index), bool)
   valid[corrupt] = False
@@ -189,7 +238,8 @@ def load(dataset: str, data_dir: Optional[str]) -> releases.Release:
   in_test = {name for name, _ in assigned['test']}
   order = index.hash_order[valid[index.hash_order]]  # the valid rows in SHA-256 order of names
   test = np.asarray([index.name(r) in in_test for r in order], bool)
-  splits = {name: releases.Split(index, order[mask], index.unit[order[mask]].astype(np.int32))
+  splits = {name: releases.Split(index, order[mask], index.unit[order[mask]].astype(np.int32),
+                                   stand_ins)
             for name, mask in (('train', ~test), ('test', test)) if mask.any()}
   release = releases.Release(f'{PREFIX}{root}', root, tuple(shown(c) for c in index.units),
                              splits, skipped)
@@ -203,5 +253,5 @@ def load(dataset: str, data_dir: Optional[str]) -> releases.Release:
   return release
 
 
-__all__ = ['EXTENSIONS', 'Listing', 'PREFIX', 'TEST_FRACTION', 'assign_splits', 'find_corrupt',
-           'list_folder', 'load', 'num_test']
+__all__ = ['Decoded', 'EXTENSIONS', 'Listing', 'PREFIX', 'TEST_FRACTION', 'assign_splits',
+           'check_decodes', 'list_folder', 'load', 'num_test', 'stand_in']

@@ -8,7 +8,7 @@ Local file names need not be valid UTF-8 (`shown` gives them as text, with backs
 """
 
 import os
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import numpy as np
 
@@ -24,18 +24,24 @@ def shown(path: str) -> str:
   return os.fsencode(path).decode('utf-8', 'backslashreplace')
 
 
+def _open_local(path: str):
+  """A local image file opened for reading, under its real name whatever its encoding;
+  UserError if it is missing or unreadable."""
+  try:
+    return open(path, 'rb')
+  except FileNotFoundError:
+    raise UserError(f'cannot read image {shown(path)}: no such file; pass PNG or JPEG '
+                    'files') from None
+  except OSError as e:  # a directory, a symbolic-link loop, no permission, ...
+    raise UserError(f'cannot read image {shown(path)}: {e.strerror or first_line(e)}; pass PNG '
+                    'or JPEG files') from None
+
+
 def read_bytes(path: str) -> bytes:
   """The bytes of an image file; UserError if it is missing or unreadable."""
-  if not is_remote(path):  # local: read under its real name, whatever its encoding
-    try:
-      with open(path, 'rb') as f:
-        return f.read()
-    except FileNotFoundError:
-      raise UserError(f'cannot read image {shown(path)}: no such file; pass PNG or JPEG '
-                      'files') from None
-    except OSError as e:  # a directory, a symbolic-link loop, no permission, ...
-      raise UserError(f'cannot read image {shown(path)}: {e.strerror or first_line(e)}; pass PNG '
-                      'or JPEG files') from None
+  if not is_remote(path):
+    with _open_local(path) as f:
+      return f.read()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not tf.io.gfile.exists(path):
     raise UserError(f'cannot read image {path}: no such file; pass PNG or JPEG files')
@@ -80,6 +86,33 @@ def load_one(path: str, spec, decode_channels: int) -> np.ndarray:
     return preprocess.eval_preprocess(image, spec).numpy().astype(np.float32)
   except (tf.errors.InvalidArgumentError, ValueError):
     raise _undecodable(path) from None
+
+
+def check_openable(path: str) -> None:
+  """`read_bytes`' UserError for a local file that cannot be opened (nothing is read): said
+  before a command loads its model."""
+  if not is_remote(path):
+    _open_local(path).close()
+
+
+def check_all_openable(paths: Sequence[str]) -> None:
+  """`unusable`'s UserError for the files of `paths` that `check_openable` refuses."""
+  bad = []
+  for path in paths:
+    try:
+      check_openable(path)
+    except UserError as e:
+      bad.append((shown(path), str(e)))
+  if bad:
+    raise unusable(bad)
+
+
+def unusable(bad: Sequence[Tuple[str, str]]) -> UserError:
+  """One line for the files that cannot be used ([(shown name, its error)]): the first file's
+  error and the names of the others; nothing of the batch is printed."""
+  others = ', '.join(p for p, _ in bad[1:4]) + (', ...' if len(bad) > 4 else '')
+  more = f' (and {len(bad) - 1} more: {others})' if len(bad) > 1 else ''
+  return UserError(f'{bad[0][1]}{more}; nothing was printed: remove or fix these files')
 
 
 def _undecodable(path: str) -> UserError:

@@ -75,8 +75,7 @@ def load_weights(source: str, model_name: Optional[str], dataset: Optional[str],
                     f'the evaluators read, e.g. mnist5k)')
   path = weights.fetch_as(source, model_name)[0] if weights.is_name(source) else source
   if not os.path.isfile(path):
-    raise UserError(f'--weights={source} is neither a released name (python -m vit_jax weights '
-                    f'lists them) nor a params file')
+    raise weights.unknown_source(source)
   model, params, spec = inputs.load_params_file(source, model_name, size_if_unsaid)
   config = common.base_config()
   config.model_name, config.dataset, config.image_size = (spec.model_name, dataset or '',

@@ -238,6 +238,21 @@ def _check_values(name: str, call: registry.Call, config, where: str = 'config.e
     raise UserError(f'{where}{name}.{e}') from None
 
 
+def _unknown(name: str, entries: Iterable[str]) -> UserError:
+  choices = sorted(set(entries) | set(EVALUATORS.names()) | set(SUITES))
+  return UserError(f'unknown evaluator {name!r}: use one of {", ".join(choices)} (an entry of '
+                   f'the run\'s config.evals, a registered type or a suite; docs/evaluation.md)')
+
+
+def refuse_unknown(names: Iterable[str], entries: Iterable[str]) -> None:
+  """`resolve`'s line for a name that is no entry of `entries` (the names of the run's
+  config.evals, read from its stored config before the run is loaded), no type and no suite."""
+  entries = set(entries)
+  for name in names:
+    if name not in entries and name not in EVALUATORS and name not in SUITES:
+      raise _unknown(name, entries)
+
+
 def resolve(config, names: Iterable[str], options: Optional[Dict[str, Dict[str, Any]]] = None,
             known_only: bool = False) -> Dict[str, Tuple[registry.Call, Any]]:
   """{entry name: (call, every)} of `names`: an entry of `config.evals`, a registered type (its
@@ -256,9 +271,7 @@ def resolve(config, names: Iterable[str], options: Optional[Dict[str, Dict[str, 
     elif known_only:
       unknown.append(name)  # an entry of the run's config, perhaps: checked once it is read
     else:
-      choices = sorted(set(entries) | set(EVALUATORS.names()) | set(SUITES))
-      raise UserError(f'unknown evaluator {name!r}: use one of {", ".join(choices)} (an entry of '
-                      f'the run\'s config.evals, a registered type or a suite; docs/evaluation.md)')
+      raise _unknown(name, entries)
   options = options or {}
   for name, given in options.items():
     if name in out:

@@ -137,6 +137,12 @@ def is_name(text: Optional[str]) -> bool:
   return bool(text) and '@' in text and not os.path.exists(text) and not is_remote(text)
 
 
+def unknown_source(source: str, flag: str = '--weights') -> UserError:
+  """The line for weights given as `flag` that are no released name and no file."""
+  return UserError(f'{flag}={source} is neither a released name (python -m vit_jax weights '
+                   f'lists them) nor a params file')
+
+
 def lookup(name: str) -> Weights:
   if name not in KNOWN:
     model = name.partition('@')[0]
@@ -316,4 +322,4 @@ def listing() -> str:
 
 __all__ = ['KNOWN', 'Weights', 'base_url', 'cache_dir', 'check_model', 'fetch', 'fetch_as',
            'fetch_checked', 'is_name', 'listing', 'local_path', 'lookup', 'model_name', 'resolve',
-           'url']
+           'unknown_source', 'url']

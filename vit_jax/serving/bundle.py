@@ -29,6 +29,7 @@ from vit_jax.formats import timm_layout
 from vit_jax.formats import weights
 from vit_jax.checkpoint import restore
 from vit_jax.models import posemb_resize
+from vit_jax.serving.paths import MODEL_FILE, PARAM_SUFFIXES, bundle_model_file
 from vit_jax.models.spec import ModelSpec, infer_image_size, infer_options, input_channels
 from vit_jax import tasks
 from vit_jax.data import ops
@@ -38,8 +39,6 @@ from vit_jax.errors import UserError
 FORMAT = 'vit_jax.bundle'
 VERSION = 2  # version 1 described its preprocessing by crop and resize keys
 PARAMS_FILE = 'params.npz'
-MODEL_FILE = 'model.json'
-PARAM_SUFFIXES = ('.npz', '.safetensors')
 OUTPUTS = ('softmax', 'sigmoid')
 
 
@@ -214,10 +213,7 @@ def save(bundle: Bundle, out: str) -> None:
 def load(path: str) -> Bundle:
   """The bundle in directory `path`."""
   path = os.fspath(path)
-  model_file = os.path.join(path, MODEL_FILE)
-  if not os.path.isfile(model_file):
-    raise UserError(f'--bundle={path} is not a bundle (no {MODEL_FILE}): make one with python -m '
-                    'vit_jax export --workdir=DIR --out=BUNDLE')
+  model_file = bundle_model_file(path)
   try:
     with open(model_file) as f:
       meta = json.load(f)

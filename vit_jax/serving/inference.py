@@ -59,9 +59,7 @@ def predict(bundle: Bundle, paths: Sequence[str], *, batch_size: int = 32,
           {'class': bundle.class_names[i], 'index': int(i), 'probability': float(p[i])}
           for i in order]})
   if bad:
-    others = ', '.join(p for p, _ in bad[1:4]) + (', ...' if len(bad) > 4 else '')
-    more = f' (and {len(bad) - 1} more: {others})' if len(bad) > 1 else ''
-    raise UserError(f'{bad[0][1]}{more}; nothing was printed: remove or fix these files')
+    raise image_files.unusable(bad)
   return results
 
 

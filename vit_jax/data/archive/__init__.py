@@ -15,9 +15,11 @@ from vit_jax.data.archive.layouts import (IMAGE_EXTENSIONS, LAYOUTS, NOTE_KINDS,
                                           list_units)
 from vit_jax.data.archive.reading import Index, ReadError, load
 from vit_jax.data.archive.store import (DIR_VAR, folder_index_base, index_base, index_dir,
-                                        read_json, write_failure, write_json)
+                                        read_json, write_failure, write_file,
+                                        write_json)
 from vit_jax.data.archive.indexing import CHECKSUM
 
 __all__ = ['CHECKSUM', 'DIR_VAR', 'FORMAT', 'IMAGE_EXTENSIONS', 'Index', 'LAYOUTS', 'NOTE_KINDS',
            'ReadError', 'Unit', 'build', 'fingerprint', 'folder_index_base', 'index_base',
-           'index_dir', 'list_units', 'load', 'read_json', 'write_failure', 'write_json']
+           'index_dir', 'list_units', 'load', 'read_json', 'write_failure', 'write_file',
+           'write_json']

@@ -71,11 +71,16 @@ def index_dir(root: str, layout: str, base: str, tag: str = '') -> str:
   return os.path.join(base, f'{slug}-{digest}{f"-{tag}" if tag else ""}')
 
 
-def write_json(path: str, value) -> None:
+def write_file(path: str, data: bytes) -> None:
+  """`data` written to a temporary file renamed to `path` (readers never see part of it)."""
   tmp = f'{path}.{os.getpid()}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(value, f)
+  with open(tmp, 'wb') as f:
+    f.write(data)
   os.replace(tmp, path)
+
+
+def write_json(path: str, value) -> None:
+  write_file(path, json.dumps(value).encode())
 
 
 def read_json(path: str):
@@ -87,4 +92,4 @@ def read_json(path: str):
 
 
 __all__ = ['DIR_VAR', 'folder_index_base', 'index_base', 'index_dir', 'read_json',
-           'remove_earlier', 'write_failure', 'write_json']
+           'remove_earlier', 'write_failure', 'write_file', 'write_json']
