@@ -18,8 +18,8 @@ Indexing lists every file by the rules of vit_jax/data/archive/layouts.py and de
 once with `preprocess.decode` (the op the input pipelines use). An image that decodes while the
 decoder prints (libjpeg's "Corrupt JPEG data: ..." lines, which TensorFlow writes to fd 2 at
 every decode) is read through a stand-in: a PNG of the same pixels kept in the index directory,
-read in its place after the image itself is read and checked as indexed. Skipped, and named in one line on
-stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and
+read in its place after the image itself is read and checked as indexed. Skipped, and named in
+one line on stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and
 files beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
 cannot be read ('unreadable': dangling symbolic links, links to a folder that loop or lead out of
 their class folder, no read permission, special files), and second names of a file reached
