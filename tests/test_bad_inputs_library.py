@@ -9,6 +9,7 @@ simulations raise exactly those, from the same calls.
 """
 
 import errno
+import functools
 import io
 import os
 import re
@@ -22,6 +23,7 @@ from helpers import ROOT, file_tree
 from vit_jax import data as data_lib
 from vit_jax.data import folder, image_files, specs
 from vit_jax.data.archive import building
+from vit_jax import errors
 from vit_jax.errors import UserError
 from vit_jax.train import loop, program
 from vit_jax.run import logs
@@ -77,13 +79,15 @@ def test_fewshot_shots_above_the_class_size_are_refused(data_dir):
   mesh = parallel.make_mesh(ml_collections.ConfigDict({'data': -1}))
   with pytest.raises(UserError, match=f"^{smallest + 1}-shot needs {smallest + 1} images of every "
                                       f"class, but class '{name}' of 'mnist5k' split 'train' has "
-                                      f"{smallest}: use shots of at most {smallest} "):
+                                      f"{smallest}: use shots of at most {smallest} "
+                                      r"\(--config\.evals\.fewshot\.shots\)$"):
     FewShotEvaluator(
         model=models.create_model('ViT-Ze/4', num_classes=10), mesh=mesh,
         param_shardings=sharding.replicated(mesh), dataset='mnist5k', data_dir=data_dir,
         train_split='train', eval_split='test', shots=(1, smallest + 1), l2_reg=1.0,
         batch_size=8 * jax.device_count(), cache=False,
-        spec=specs.of_config(_config(data_dir)).eval)
+        spec=specs.of_config(_config(data_dir)).eval,
+        setting=functools.partial(errors.evals_option, 'fewshot'))  # as the trainer builds it
 
 
 # ---------------------------------------------------------------------------------------------

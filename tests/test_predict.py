@@ -240,7 +240,9 @@ def test_predict_odd_file_names(run, tmp_path, kind):
     assert [os.fsencode(r['file']) for r in back] == [os.fsencode(odd), os.fsencode(spelled),
                                                       os.fsencode(good)]
     assert back[0]['file'] != back[1]['file']
-    assert inference.format_text(results).splitlines()[0] == f'{tmp_path}/caf\\xe9.png'
+    shown = inference.format_text(results).splitlines()
+    assert shown[0] == f'{tmp_path}/caf\\xe9.png'
+    assert shown[len(results[0]['top']) + 1] == f'{tmp_path}/caf\\\\xe9.png'  # the backslash doubled
     assert results[0]['top'] == results[2]['top']  # the same bytes, the same prediction
     return
   odd = str(tmp_path / 'link.png')
@@ -264,6 +266,7 @@ def test_text_output_keeps_each_name_on_its_line():
       {'class': '\x1b[31mcaf\udce9 \u00e9', 'index': 0, 'probability': 0.25}]}]
   assert inference.format_text(results).splitlines() == [
       'a\\nb.png', '  0.7500  red\\nwine', '  0.2500  \\x1b[31mcaf\\xe9 \u00e9']
+  assert inference.one_line('a\\nb') == 'a\\\\nb'  # a backslash of the name, not a newline
   assert json.loads(json.dumps(results)) == results
 
 

@@ -28,6 +28,12 @@ def setting(name: str) -> str:
   return f'--{name}' if name in COMMAND_FLAGS else f'--config.{name}'
 
 
+def evals_option(entry: str, key: str) -> str:
+  """Option `key` of evaluator entry `entry` as the running command sets it: evaluate's
+  `--option=ENTRY.KEY`, else the trainer's `--config.evals.ENTRY.KEY`."""
+  return f'--option={entry}.{key}' if 'option' in COMMAND_FLAGS else f'--config.evals.{entry}.{key}'
+
+
 _FIXES = {
     errno.ENOSPC: 'free space there, then rerun the same command',
     errno.EDQUOT: 'free space (or raise the quota) there, then rerun the same command',

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax import data as data_lib
+from vit_jax import errors
 from vit_jax import parallel
 from vit_jax.evaluate import features as features_lib
 from vit_jax.data import pipeline
@@ -102,7 +103,7 @@ def _pool_records(records, max_shots: int, num_classes: int):
 
 
 def _check_shots(shots, labels: np.ndarray, class_name: Callable[[int], str], dataset: str,
-                 split: str) -> None:
+                 split: str, setting: Callable[[str], str]) -> None:
   """An n-shot result needs n images of every class: a larger n is refused (never reported
   under a count it did not have)."""
   counts = np.bincount(labels)
@@ -112,7 +113,7 @@ def _check_shots(shots, labels: np.ndarray, class_name: Callable[[int], str], da
     name = class_name(int(smallest))
     raise UserError(f"{max(shots)}-shot needs {max(shots)} images of every class, but class "
                     f"{name!r} of '{dataset}' split '{split}' has {counts[smallest]}: use shots of "
-                    f'at most {counts[smallest]} (--shots, or config.fewshot.shots in training)')
+                    f'at most {counts[smallest]} ({setting("shots")})')
 
 
 class FewShotEvaluator:
@@ -120,10 +121,12 @@ class FewShotEvaluator:
 
   def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
                train_split: str, eval_split: str, shots: Sequence[int], l2_reg: float,
-               batch_size: int, spec: specs.Spec, cache: bool = True, info=None):
+               batch_size: int, spec: specs.Spec, cache: bool = True, info=None,
+               setting: Callable[[str], str] = errors.setting):
     """`spec`: the parsed eval preprocessing (`specs.eval_spec`). `info`: the dataset's
     `data.DatasetInfo` when the caller holds it (a run evaluating on its own dataset); else
-    `dataset` is looked up in `data_dir`."""
+    `dataset` is looked up in `data_dir`. `setting(option)`: how the running command sets an
+    option (`--shots` of the fewshot command, an evaluator entry's key), for the hints."""
     shots = tuple(int(n) for n in shots)
     if not shots or min(shots) < 1:
       raise UserError(f'fewshot.shots={shots} must be positive numbers of examples per class, '
@@ -141,8 +144,8 @@ class FewShotEvaluator:
     labels = np.array([int(label) for _, label in pool.as_numpy_iterator()], np.int64)
     if not len(labels):
       raise UserError(f"few-shot split '{train_split}' of '{info.name}' is empty: set "
-                      f'config.fewshot.train_split')
-    _check_shots(shots, labels, lambda c: info.class_names[c], info.name, train_split)
+                      f'{setting("train_split")}')
+    _check_shots(shots, labels, lambda c: info.class_names[c], info.name, train_split, setting)
     # Contiguous shares, so the gathered features keep the pool's order on any process count.
     counts = [len(share) for share in np.array_split(np.arange(len(labels)), pcount)]
     start = sum(counts[:pindex])

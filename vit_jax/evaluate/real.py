@@ -8,13 +8,14 @@ the ILSVRC2012 archives read in place (vit_jax/data/releases.py) with the ReaL l
 beside them (the validation images in file-name order).
 """
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import errors
 from vit_jax import parallel
 from vit_jax.data import catalog
 from vit_jax.data import pipeline, specs
@@ -35,13 +36,13 @@ def real_hits(logits: jax.Array, label_sets: jax.Array, mask: jax.Array) -> Dict
   return {'correct': jnp.sum(hit * scored), 'count': jnp.sum(scored)}
 
 
-def _label_set_feature(builder, dataset: str):
+def _label_set_feature(builder, dataset: str, setting: Callable[[str], str]):
   features = builder.info.features if builder is not None else {}
   real = features[LABELS_KEY] if LABELS_KEY in features else None
   if (IMAGE_KEY not in features or not isinstance(real, tfds.features.Sequence)
       or not isinstance(real.feature, tfds.features.ClassLabel)):
     raise UserError(f"dataset '{dataset}' has no '{IMAGE_KEY}' image with a '{LABELS_KEY}' "
-                    f"sequence of class labels: use config.real.dataset=imagenet2012_real")
+                    f'sequence of class labels: use {setting("dataset")}=imagenet2012_real')
   return real.feature.num_classes
 
 
@@ -49,8 +50,10 @@ class RealEvaluator:
   """`evaluator(params) -> {'accuracy', 'count'}` of a classifier on the ReaL label sets."""
 
   def __init__(self, *, model, mesh, param_shardings, dataset: str, data_dir: Optional[str],
-               split: str, batch_size: int, spec: specs.Spec, cache: bool = True):
-    """`spec`: the parsed eval preprocessing (`specs.eval_spec`)."""
+               split: str, batch_size: int, spec: specs.Spec, cache: bool = True,
+               setting: Callable[[str], str] = errors.setting):
+    """`spec`: the parsed eval preprocessing (`specs.eval_spec`). `setting(option)`: how the
+    running command sets an option of the evaluator, for the hints."""
     self.mesh = mesh
     self._step = self._scoring_step(model, param_shardings)
     pcount, pindex = jax.process_count(), jax.process_index()
@@ -65,7 +68,7 @@ class RealEvaluator:
     # (An embedded dataset, read from its arrays, has no label sets.)
     builder = (None if dataset in catalog.EMBEDDED else
                tfds_source.load_builder(dataset, data_dir))
-    num_classes = _label_set_feature(builder, dataset)
+    num_classes = _label_set_feature(builder, dataset, setting)
     self._check_classes(model, dataset, num_classes)
     shares = tfds.even_splits(split, n=pcount)
     try:
@@ -89,8 +92,8 @@ class RealEvaluator:
   def _check_classes(model, dataset: str, num_classes: int) -> None:
     if model.num_classes != num_classes:
       raise UserError(f"the model has {model.num_classes} classes but '{dataset}' labels "
-                      f'{num_classes}: ReaL scores ImageNet-1k classifiers; unset '
-                      f'config.real.dataset for other runs')
+                      f'{num_classes}: ReaL scores ImageNet-1k classifiers; leave the ReaL '
+                      f'evaluator out for other runs')
 
   def _scoring_step(self, model, param_shardings):
 

@@ -22,11 +22,13 @@ test; docs/evaluation.md lists them all (a test checks the table).
 """
 
 import dataclasses
+import functools
 import inspect
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vit_jax import data as data_lib
+from vit_jax import errors
 from vit_jax import lazy
 from vit_jax import registry
 from vit_jax.errors import UserError
@@ -110,6 +112,7 @@ class Run:
   init: Optional[str] = None
   directory: Optional[str] = None
   train: Optional[Callable] = None
+  entry: str = ''  # the name of the config.evals entry being built (`build` sets it)
   _memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   def info(self, dataset: Optional[str] = None):
@@ -308,6 +311,7 @@ def build(run: Run, name: str, call: registry.Call, every=None,
   every = run.config.eval_every if every is None else int(every)
   options, sizes = _own_options(call)
   fn = EVALUATORS.get(call.name).fn
+  run = dataclasses.replace(run, entry=name)
   evaluation = fn(run, **options)
   sizes = patch_sizes if sizes is None else sizes
   if sizes:
@@ -437,7 +441,7 @@ def fewshot(run: Run, dataset: Optional[str] = None, train_split: str = 'train',
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
       data_dir=c.data_dir, train_split=train_split, eval_split=eval_split, shots=shots,
       l2_reg=l2_reg, batch_size=c.eval_batch_size, spec=run.eval_pp, cache=c.cache,
-      info=run.info(dataset)))
+      info=run.info(dataset), setting=functools.partial(errors.evals_option, run.entry)))
 
 
 @register('real')
@@ -449,7 +453,7 @@ def real(run: Run, dataset: str = 'imagenet2012_real', split: str = 'validation'
   return Evaluation(RealEvaluator(
       model=run.model, mesh=run.mesh, param_shardings=run.param_shardings, dataset=dataset,
       data_dir=c.data_dir, split=split, batch_size=c.eval_batch_size, spec=run.eval_pp,
-      cache=c.cache))
+      cache=c.cache, setting=functools.partial(errors.evals_option, run.entry)))
 
 
 def _check_robustness(config, sets):

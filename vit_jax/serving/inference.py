@@ -75,8 +75,10 @@ def format_text(results: Sequence[Dict[str, Any]]) -> str:
 
 def one_line(name: str) -> str:
   """A file or class name for a terminal: bytes that are not UTF-8 and control characters (a
-  newline, a terminal escape) as backslash escapes (`caf\\xe9`, `a\\nb`), so that each name
-  stays on its own line and prints as text."""
-  text = name.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')
+  newline, a terminal escape) as backslash escapes (`caf\\xe9`, `a\\nb`), and a backslash of the
+  name doubled, so that each name stays on its own line, prints as text and reads back as one
+  name (`caf\\\\xe9` is the name spelled with a backslash)."""
+  text = name.replace('\\', '\\\\').encode('utf-8', 'surrogateescape').decode(
+      'utf-8', 'backslashreplace')
   return ''.join(c if c.isprintable() else c.encode('unicode_escape').decode('ascii')
                  for c in text)
