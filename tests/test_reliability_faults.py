@@ -192,8 +192,8 @@ def test_a_step_without_manifest_is_never_used_by_resume_predict_export_or_init(
   assert pretrained.source == str(workdir / 'checkpoints' / '2')
   assert capfd.readouterr().err == f'note: {unverified}; reading the newest healthy one\n'
   with pytest.raises(restore.Damaged, match=rf'^{re.escape(unverified)}: use another step '
-                                            r'\(--config.init='
-                                            r'WORKDIR/checkpoints/STEP; '):
+                                            rf'\(--config.init={re.escape(str(workdir))}'
+                                            r'/checkpoints/STEP; '):
     transfer.load_pretrained(str(step_dir))
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['2', '4']  # readers move nothing
 

@@ -61,7 +61,8 @@ CASES = [
          ["import_config.py imports 'no_such_module_xyz', which is not installed"]),
     Case('relative config path from another directory',
          lambda r: [*MAIN, '--config=configs/default.py', f'--workdir={r["work"]}'],
-         ['configs/default.py does not exist (relative to the working directory /)'], cwd='/'),
+         ['configs/default.py does not exist (relative to the working directory /)',
+          f'e.g. --config={ROOT}/configs/default.py '], cwd='/'),
     Case('unset a key that always has a value', _main('--config.lr=None'),
          ['--config.lr=None: lr always has a value']),
     Case('unset total_steps to train by epochs',  # the unset works: the next check speaks

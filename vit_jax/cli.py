@@ -148,7 +148,7 @@ def _check_config_file(argv) -> None:
   if value is None or 'config' not in flags.FLAGS:
     return
   path = value.partition(':')[0]
-  fix = 'pass --config=<file.py>, e.g. --config=configs/default.py (see configs/README.md)'
+  fix = f'pass --config=<file.py>, e.g. --config={_shipped_config(path)} (see configs/README.md)'
   if not os.path.exists(path):
     where = '' if os.path.isabs(path) else f' (relative to the working directory {os.getcwd()})'
     fail(f'the --config file {path} does not exist{where}: {fix}')
@@ -164,6 +164,19 @@ def _check_config_file(argv) -> None:
   if not _defines(tree, 'get_config'):
     fail(f'the --config file {path} defines no get_config(): a config file returns its '
          f'ConfigDict from get_config(arg=None), as configs/default.py does')
+
+
+def _shipped_config(path: str) -> str:
+  """The checkout's config file of `path`'s name (configs/default.py when it has none), as a
+  path that works from the working directory: `configs/NAME` in the checkout, else absolute."""
+  folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+  shipped = os.path.join(folder, os.path.basename(path))
+  if not os.path.isfile(shipped):
+    shipped = os.path.join(folder, 'default.py')
+  if not os.path.isfile(shipped):  # an installed package without the checkout's configs/
+    return 'configs/default.py'
+  relative = os.path.join('configs', os.path.basename(shipped))
+  return relative if os.path.abspath(relative) == shipped else shipped
 
 
 def _defines(tree: ast.Module, name: str) -> bool:

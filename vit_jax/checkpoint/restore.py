@@ -124,7 +124,8 @@ _ANOTHER = ': use another step'
 
 def _damaged(step_dir, what: str, flags: Flags) -> Damaged:
   state = 'cannot be verified' if what == integrity.UNVERIFIED else 'is damaged'
-  return Damaged(f'checkpoint {step_dir} {state} ({what}){_ANOTHER} ({flags.step}; the '
+  hint = flags.step_hint(os.path.dirname(os.path.dirname(os.path.normpath(str(step_dir)))))
+  return Damaged(f'checkpoint {step_dir} {state} ({what}){_ANOTHER} ({hint}; the '
                  f'training run sets it aside when it resumes)')
 
 

@@ -20,12 +20,15 @@ class Flags:
   """How the command that reads a checkpoint spells its two choices, for the hints of its errors:
   the training run and, within it, the step."""
   workdir: str = '--workdir'
-  step: str = '--checkpoint=STEP'
+  step: str = '--checkpoint=STEP'  # `{workdir}`: the run's directory where it is known
   step_dir: str = '--checkpoint'  # the flag that takes a step directory
+
+  def step_hint(self, workdir: str = 'WORKDIR') -> str:
+    return self.step.format(workdir=workdir)
 
 
 COMMANDS = Flags()  # predict, export, analyze, fewshot
-INIT = Flags(workdir='--config.init', step='--config.init=WORKDIR/checkpoints/STEP',
+INIT = Flags(workdir='--config.init', step='--config.init={workdir}/checkpoints/STEP',
              step_dir='--config.init')
 
 
@@ -45,7 +48,7 @@ def resolve_checkpoint(workdir: Optional[str], checkpoint: Optional[str] = None,
     if not (path / 'state').is_dir() or not (path / 'config').is_dir():
       raise UserError(f'{flags.step_dir}={checkpoint} is not a checkpoint step directory (one '
                       f'holding state/ and config/, e.g. WORKDIR/checkpoints/1600): pass such a '
-                      f'path, or {flags.step}')
+                      f'path, or {flags.step_hint()}')
     return path
   if not workdir:
     raise UserError('missing --workdir: pass --workdir=DIR of a training run (or '
