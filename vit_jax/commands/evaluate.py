@@ -100,8 +100,9 @@ def run(argv) -> int:
   if not names:
     raise cli.UserError('--evals is empty: name evaluators, e.g. --evals=knn,linear_probe,fewshot')
   options = parse_options(_OPTION.value)
+  # The flags first (the options of the registered evaluators named), then the run on disk.
+  known = registry.resolve(None, names, options, known_only=True)
   _refuse_unknown(names, step)
-  known = registry.resolve(None, names, options, known_only=True)  # before any loading
   _interrupt_on_sigterm()
   from vit_jax.evaluate import checkpoint  # pylint: disable=g-import-not-at-top
   from vit_jax.evaluate import results  # pylint: disable=g-import-not-at-top

@@ -13,20 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.errors import UserError
+from vit_jax.evaluate import options
 
-WEIGHTINGS = ('exp', 'uniform')
+WEIGHTINGS = options.KNN_WEIGHTINGS
+check_options = options.check_knn
 _CHUNK = 1024  # test rows scored at once (bounds the [rows, train] similarity matrix)
-
-
-def check_options(k: int, temperature: float, weighting: str) -> None:
-  """UserError for options no k-NN can use."""
-  if int(k) < 1:
-    raise UserError(f'k={k} must be at least 1 (e.g. 20, as DINO)')
-  if not temperature > 0:
-    raise UserError(f'temperature={temperature} must be positive (e.g. 0.07, as DINO)')
-  if weighting not in WEIGHTINGS:
-    raise UserError(f'weighting={weighting!r}: use one of {", ".join(WEIGHTINGS)}')
 
 
 def _normalise(x):

@@ -19,20 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax.errors import UserError
+from vit_jax.evaluate import options
 
-DEFAULT_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
-
-
-def check_options(l2_grid: Sequence[float], holdout: float, steps: int) -> None:
-  """UserError for options no probe can use."""
-  grid = tuple(l2_grid)
-  if not grid or min(grid) < 0:
-    raise UserError(f'l2_grid={grid} must be one or more L2 strengths >= 0, e.g. {DEFAULT_GRID}')
-  if not 0 < holdout < 1:
-    raise UserError(f'holdout={holdout} must be a fraction between 0 and 1, e.g. 0.2')
-  if int(steps) < 1:
-    raise UserError(f'steps={steps} must be at least 1 (L-BFGS iterations, e.g. 500)')
+DEFAULT_GRID = options.PROBE_L2_GRID
+check_options = options.check_probe
 
 
 @functools.partial(jax.jit, static_argnames=('num_classes', 'steps'))

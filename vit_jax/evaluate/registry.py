@@ -488,8 +488,8 @@ def _train_test(run: Run, params, dataset, train_split, test_split):
 
 def _check_knn(config, dataset, train_split, eval_split, k, temperature, weighting):
   del config, dataset, train_split, eval_split
-  from vit_jax.evaluate import knn as knn_lib  # pylint: disable=g-import-not-at-top
-  knn_lib.check_options(k, temperature, weighting)
+  from vit_jax.evaluate import options  # pylint: disable=g-import-not-at-top
+  options.check_knn(k, temperature, weighting)
 
 
 @register('knn', check=_check_knn)
@@ -511,8 +511,8 @@ def knn(run: Run, dataset: Optional[str] = None, train_split: str = 'train',
 
 def _check_probe(config, dataset, train_split, eval_split, l2_grid, holdout, steps):
   del config, dataset, train_split, eval_split
-  from vit_jax.evaluate import linear_probe as probe_lib  # pylint: disable=g-import-not-at-top
-  probe_lib.check_options(l2_grid, holdout, steps)
+  from vit_jax.evaluate import options  # pylint: disable=g-import-not-at-top
+  options.check_probe(l2_grid, holdout, steps)
 
 
 @register('linear_probe', check=_check_probe)
