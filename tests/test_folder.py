@@ -273,3 +273,13 @@ def test_an_image_that_makes_libjpeg_print_is_read_through_its_quiet_stand_in(tm
   assert data_lib.get_info(dataset, cache).release.splits['train'].stand_ins == split.stand_ins
   err = capfd.readouterr().err
   assert 'Corrupt JPEG' not in err and 'Huffman' not in err, err
+
+  # A stand-in damaged or removed since it was made is passed over: the image itself is read.
+  png = split.stand_ins[row].path
+  damaged = bytearray(read)
+  damaged[len(damaged) // 2] ^= 0xff
+  with open(png, 'wb') as f:
+    f.write(damaged)
+  assert releases.read(info.release, np.asarray(key)) == [raw]
+  os.remove(png)
+  assert releases.read(info.release, np.asarray(key)) == [raw]

@@ -18,9 +18,10 @@ Indexing lists every file by the rules of vit_jax/data/archive/layouts.py and de
 once with `preprocess.decode` (the op the input pipelines use). An image that decodes while the
 decoder prints (libjpeg's "Corrupt JPEG data: ..." lines, which TensorFlow writes to fd 2 at
 every decode) is read through a stand-in: a PNG of the same pixels kept in the index directory,
-read in its place after the image itself is read and checked as indexed. Skipped, and named in
-one line on stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension and
-files beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
+read in its place after the image itself is read and checked as indexed (a stand-in that no
+longer matches its recorded CRC-32 is passed over for the image). Skipped, and named in one line
+on stderr (counts and first names) and in `Release.skipped`: files without a JPEG/PNG extension
+and files beside the class folders ('non_image'), files that do not decode ('corrupt'), entries that
 cannot be read ('unreadable': dangling symbolic links, links to a folder that loop or lead out of
 their class folder, no read permission, special files), and second names of a file reached
 twice through links ('duplicate': the image is read once). A class folder that links to another
@@ -44,6 +45,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -169,26 +171,29 @@ def assign_splits(images: Sequence[Tuple[str, int]]) -> Dict[str, List[Tuple[str
   return splits
 
 
-def _checked(index: archive.Index) -> Tuple[List[int], Dict[int, str]]:
-  """(corrupt rows, {noisy row: its stand-in PNG}) by `check_decodes`, once per index: kept in
-  its directory (`_CHECKED` and `_STAND_INS/<row>.png`)."""
+def _checked(index: archive.Index) -> Tuple[List[int], Dict[int, releases.StandIn]]:
+  """(corrupt rows, {noisy row: its stand-in PNG and the PNG's CRC-32}) by `check_decodes`, once
+  per index: kept in its directory (`_CHECKED` and `_STAND_INS/<row>.png`)."""
   path = os.path.join(index.directory, _CHECKED)
   checked = archive.read_json(path)
-  stand_ins = lambda rows: {row: os.path.join(index.directory, _STAND_INS, f'{row}.png')
-                            for row in rows}
+  png = lambda row: os.path.join(index.directory, _STAND_INS, f'{row}.png')
   if (isinstance(checked, dict) and checked.get('content') == index.content
-      and all(map(os.path.isfile, stand_ins(checked.get('noisy', [None])).values()))):
-    return checked['corrupt'], stand_ins(checked['noisy'])
+      and isinstance(checked.get('stand_ins'), dict)):
+    return checked['corrupt'], {int(row): releases.StandIn(png(row), crc)
+                                for row, crc in checked['stand_ins'].items()}
   decoded = check_decodes(index)
+  stand_ins = {}
   try:
     os.makedirs(os.path.join(index.directory, _STAND_INS), exist_ok=True)
-    for row, png in stand_ins(decoded.noisy).items():
-      archive.write_file(png, stand_in(index, row))
+    for row in decoded.noisy:
+      data = stand_in(index, row)
+      archive.write_file(png(row), data)
+      stand_ins[row] = releases.StandIn(png(row), zlib.crc32(data))
     archive.write_json(path, dict(content=index.content, corrupt=decoded.corrupt,
-                                  noisy=decoded.noisy))
+                                  stand_ins={str(r): s.crc32 for r, s in stand_ins.items()}))
   except OSError as e:
     raise UserError(archive.write_failure(e, index.directory)) from None
-  return decoded.corrupt, stand_ins(decoded.noisy)
+  return decoded.corrupt, stand_ins
 
 
 def _skipped(index: archive.Index, corrupt: Sequence[int]) -> Dict[str, Tuple[str, ...]]:

@@ -47,7 +47,7 @@ import re
 import sys
 import tarfile
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,7 +75,13 @@ class Split:
   labels: np.ndarray  # int32 [n]
   # index row -> a file read in the image's place: the same pixels in a file whose decoding
   # prints nothing (a folder's images that make libjpeg print; vit_jax/data/folder.py)
-  stand_ins: Dict[int, str] = dataclasses.field(default_factory=dict)
+  stand_ins: Dict[int, 'StandIn'] = dataclasses.field(default_factory=dict)
+
+
+class StandIn(NamedTuple):
+  """A file read in an image's place, and the CRC-32 it had when it was made."""
+  path: str
+  crc32: int
 
 
 @dataclasses.dataclass
@@ -150,14 +156,18 @@ def read(release: Release, keys: np.ndarray) -> List[bytes]:
     split, row = _split_row(release, key)
     data = split.index.read(row)  # checked as indexed, whether or not a stand-in is read
     stand_in = split.stand_ins.get(row)
-    if stand_in is not None:
-      try:
-        with open(stand_in, 'rb') as f:
-          data = f.read()
-      except OSError:  # gone since the index was checked: the image itself, as it is
-        pass
-    out.append(data)
+    out.append(data if stand_in is None else _stand_in_or(stand_in, data))
   return out
+
+
+def _stand_in_or(stand_in: StandIn, image: bytes) -> bytes:
+  """The stand-in's bytes; `image` where the stand-in is gone or no longer what was made."""
+  try:
+    with open(stand_in.path, 'rb') as f:
+      data = f.read()
+  except OSError:
+    return image
+  return data if zlib.crc32(data) == stand_in.crc32 else image
 
 
 def image_name(release: Release, key: int) -> str:
@@ -495,4 +505,4 @@ def find(dataset: str, data_dir: Optional[str]) -> Optional[Release]:
 __all__ = ['I1K_TRAIN', 'I1K_VAL', 'NAMES', 'REAL_LABELS', 'Release', 'SYNSET', 'Split',
            'data_dir_of', 'find', 'i1k_root', 'image_name', 'imagenet2012', 'imagenet21k',
            'is_synset', 'key_rows', 'listed', 'load_index', 'note_lines', 'read',
-           'real_label_sets', 'records']
+           'real_label_sets', 'records', 'StandIn']
