@@ -187,8 +187,9 @@ def test_command_options_replace_an_evaluators_own_and_are_checked():
   from vit_jax.evaluate import registry  # pylint: disable=g-import-not-at-top
   config = mnist5k.get_config('model_name=ViT-Ze/4,steps=4')
   config.evals.knn.k = 5
-  assert registry.option_value('(1, 5)') == (1, 5)
-  assert registry.option_value('dtd+svhn') == 'dtd+svhn'
+  from vit_jax import registry as shared  # pylint: disable=g-import-not-at-top
+  assert shared.option_value('(1, 5)') == (1, 5)
+  assert shared.option_value('dtd+svhn') == 'dtd+svhn'
   resolved = registry.resolve(config, ['knn', 'vtab'],
                               {'knn': {'k': 7}, 'vtab': {'tasks': 'svhn+dtd'}})
   assert resolved['knn'][0].keywords['k'] == 7 and resolved['knn'][0].keywords['weighting'] == 'exp'

@@ -16,10 +16,9 @@ import sys
 from absl import flags
 
 from vit_jax import cli
-from vit_jax.checkpoint import steps
 from vit_jax.commands import flag_groups
 from vit_jax.data import image_files
-from vit_jax.formats import weights
+from vit_jax.serving import paths
 
 _WORKDIR = flag_groups.workdir()
 _CHECKPOINT = flag_groups.checkpoint()
@@ -31,9 +30,9 @@ _MODEL = flag_groups.model()
 
 
 def run(argv) -> int:
-  checkpoint = _CHECKPOINT.value
-  if _OUT.value and not (checkpoint and (weights.is_name(checkpoint) or checkpoint.endswith('.npz'))):
-    steps.resolve_checkpoint(_WORKDIR.value, checkpoint)  # a missing or empty run, before jax
+  if _OUT.value:  # a missing run, step or params file, before jax (no --out: the report says so)
+    paths.check(workdir=_WORKDIR.value, checkpoint=_CHECKPOINT.value, bundle=None,
+                params_options=bool(_MODEL.value))
   for path in argv[1:]:  # as the figures read them: the first file that cannot be read is said
     image_files.check_openable(path)
   from vit_jax.analysis import report  # pylint: disable=g-import-not-at-top

@@ -17,6 +17,7 @@ import sys
 from absl import flags
 
 from vit_jax import cli
+from vit_jax import registry as shared_registry
 from vit_jax.checkpoint import steps
 from vit_jax.commands import flag_groups
 from vit_jax.evaluate import registry  # the names and options are checked before jax loads
@@ -75,7 +76,7 @@ def parse_options(given) -> dict:
     if not (eq and dot and name and key):
       raise cli.UserError(f'--option={text} is not NAME.OPTION=VALUE: e.g. '
                           f'--option=vtab.tasks=dtd+svhn')
-    out.setdefault(name, {})[key] = registry.option_value(raw)
+    out.setdefault(name, {})[key] = shared_registry.option_value(raw)
   return out
 
 

@@ -15,8 +15,6 @@ import numpy as np
 
 from vit_jax.evaluate import options
 
-WEIGHTINGS = options.KNN_WEIGHTINGS
-check_options = options.check_knn
 _CHUNK = 1024  # test rows scored at once (bounds the [rows, train] similarity matrix)
 
 
@@ -38,7 +36,7 @@ def _votes(train_x, train_y, test_x, *, num_classes: int, k: int, temperature: f
 def knn_votes(train_x, train_y, test_x, *, num_classes: int, k: int = 20,
               temperature: float = 0.07, weighting: str = 'exp') -> np.ndarray:
   """[N_test, num_classes] summed neighbour weights (the largest is the prediction)."""
-  check_options(k, temperature, weighting)
+  options.check_knn(k, temperature, weighting)
   train_x, train_y = _normalise(train_x), jnp.asarray(train_y, jnp.int32)
   k = min(int(k), train_x.shape[0])
   out = [np.asarray(_votes(train_x, train_y, _normalise(test_x[i:i + _CHUNK]),
@@ -63,4 +61,4 @@ def knn_accuracy(train_x, train_y, test_x, test_y, *, num_classes: int, k: int =
           'top5': float(np.mean(topk_hits(votes, test_y, min(5, num_classes))))}
 
 
-__all__ = ['WEIGHTINGS', 'check_options', 'knn_accuracy', 'knn_votes', 'topk_hits']
+__all__ = ['knn_accuracy', 'knn_votes', 'topk_hits']

@@ -21,8 +21,6 @@ import optax
 
 from vit_jax.evaluate import options
 
-DEFAULT_GRID = options.PROBE_L2_GRID
-check_options = options.check_probe
 
 
 @functools.partial(jax.jit, static_argnames=('num_classes', 'steps'))
@@ -86,16 +84,15 @@ def choose_l2(x, y, num_classes: int, grid: Sequence[float], holdout: float = 0.
 
 
 def probe_accuracy(train_x, train_y, test_x, test_y, *, num_classes: int,
-                   l2_grid: Sequence[float] = DEFAULT_GRID, holdout: float = 0.2,
+                   l2_grid: Sequence[float] = options.PROBE_L2_GRID, holdout: float = 0.2,
                    steps: int = 500) -> Dict[str, float]:
   """{'top1': test top-1 of the probe refit on all training features with the chosen L2,
   'l2': that strength, 'holdout_top1': its held-out top-1}."""
-  check_options(l2_grid, holdout, steps)
+  options.check_probe(l2_grid, holdout, steps)
   l2, scores = choose_l2(train_x, train_y, num_classes, l2_grid, holdout, steps)
   w, b = fit(train_x, train_y, num_classes, l2, steps)
   top1 = float(np.mean(predict(test_x, w, b) == np.asarray(test_y)))
   return {'top1': top1, 'l2': l2, 'holdout_top1': scores[l2]}
 
 
-__all__ = ['DEFAULT_GRID', 'check_options', 'choose_l2', 'fit', 'holdout_split', 'predict',
-           'probe_accuracy']
+__all__ = ['choose_l2', 'fit', 'holdout_split', 'predict', 'probe_accuracy']

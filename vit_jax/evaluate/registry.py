@@ -38,7 +38,6 @@ parallel = lazy.Module('vit_jax.parallel')
 
 EVALUATORS = registry.Registry('evaluator type', leading=('run',), docs='docs/evaluation.md')
 SUITES: Dict[str, Tuple[str, ...]] = {}
-option_value = registry.option_value  # how the command reads --option values
 FIELDS = ('type', 'every')  # the fields of every entry; the others are the type's options
 GENERIC = ('patch_sizes',)  # options every type takes, applied by `build`, not by the type
 RESERVED = ('train',)  # split names of the metrics log that an entry may not take
@@ -572,6 +571,6 @@ def vtab(run: Run, tasks: str = 'all', overrides: str = '',
 
 
 __all__ = ['EVALUATORS', 'Evaluation', 'FIELDS', 'Run', 'SUITES', 'Scheduled', 'build', 'check',
-           'fewshot', 'knn', 'linear_probe', 'option_value', 'own_data', 'periodic_evaluators',
-           'real', 'register', 'register_suite', 'resolve', 'robustness', 'run_due', 'table',
-           'top1', 'vtab']
+           'fewshot', 'knn', 'linear_probe', 'own_data', 'periodic_evaluators', 'real',
+           'register', 'register_suite', 'resolve', 'robustness', 'run_due', 'table', 'top1',
+           'vtab']

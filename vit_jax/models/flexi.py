@@ -27,6 +27,7 @@ import numpy as np
 
 from vit_jax.errors import UserError
 
+
 def initializer(width: int):
   """The initializer of a FlexiViT's stored patch kernel and learned position embedding:
   normal with stddev 1/sqrt(width), as big_vision's models/proj/flexi/vit.py (its `Patchify`
